@@ -1,0 +1,71 @@
+"""The blob-store protocol: whole objects, uploaded in parts, read by byte range.
+
+A driver never knows the formats: it stores bytes plus string user metadata. Every driver stores
+the same objects (no driver-specific on-disk format for the bytes). An object becomes visible only
+when its upload completes: a reader never sees half an object.
+
+Parts: ``start_upload`` returns a :class:`MultipartUpload`; parts (numbered from 1, contiguous,
+each given as a sequence of buffers so callers never join) may be uploaded concurrently and out of
+order; ``complete()`` publishes the object; ``abort()`` discards it. ``put`` is the one-shot form
+used for index objects.
+
+Errors: ``NotFound``, ``Retriable`` (transient; caller may retry), ``Fatal``; nothing else.
+
+Implementations: ``filesystem.py``, ``s3.py`` (aiobotocore), ``memory.py`` (unit tests).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+Buffers = Sequence[bytes | bytearray | memoryview]
+
+
+@dataclass(frozen=True)
+class ObjectInfo:
+    key: str
+    size: int
+    metadata: Mapping[str, str] = field(default_factory=dict)
+    mtime: float = 0.0  # seconds since the epoch
+
+
+@runtime_checkable
+class MultipartUpload(Protocol):
+    key: str
+
+    async def put_part(self, part_number: int, offset: int, data: Buffers) -> None:
+        """Upload part ``part_number`` (1-based) whose bytes start at ``offset`` of the object."""
+        ...
+
+    async def complete(self) -> ObjectInfo: ...
+
+    async def abort(self) -> None: ...
+
+
+@runtime_checkable
+class BlobStore(Protocol):
+    name: str  # driver name as Pulsar writes it in OffloadDriverMetadata: "filesystem", "aws-s3"
+
+    async def start_upload(self, key: str, metadata: Mapping[str, str]) -> MultipartUpload: ...
+
+    async def put(self, key: str, data: Buffers, metadata: Mapping[str, str]) -> ObjectInfo: ...
+
+    async def get_range(self, key: str, start: int, end: int) -> bytes:
+        """Bytes ``[start, end)``; ``NotFound`` if absent; short only at the object's end."""
+        ...
+
+    async def head(self, key: str) -> ObjectInfo: ...
+
+    async def delete(self, key: str) -> None:
+        """Delete; deleting an absent key is not an error (idempotent retries)."""
+        ...
+
+    def list(self, prefix: str = "") -> AsyncIterator[ObjectInfo]: ...
+
+    def driver_properties(self) -> Mapping[str, str]:
+        """Pulsar's ``OffloadDriverMetadata`` properties (bucket, region, serviceEndpoint...)."""
+        ...
+
+    async def close(self) -> None: ...

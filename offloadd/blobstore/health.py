@@ -1,0 +1,237 @@
+"""Store health: a circuit breaker on a store's recent error rate, with high/low watermarks.
+
+A driver records the outcome of every request it makes (``record_success`` / ``record_failure``;
+only *transient* failures count: a 404 or an access-denied answer proves the store is up). The
+component keeps the outcomes of the last ``window_s`` seconds (at most ``max_samples`` of them, so
+memory is bounded whatever the request rate) and moves between three states::
+
+                    error rate >= high                    a probe succeeds
+      HEALTHY ─────────────────────────────▶ PAUSED ─────────────────────────▶ RECOVERING
+      (closed)                               (open)                            (half-open)
+         ▲                                     ▲        error rate >= high          │
+         │                                     └────────────────────────────────────┤
+         └────────────────────── error rate <= low ─────────────────────────────────┘
+
+Rates are judged only once the window holds ``min_samples`` outcomes; between the watermarks the
+state does not change (hysteresis, so a store at the edge does not flap). Entering RECOVERING
+starts a fresh window so old outage failures do not hold the circuit open.
+
+While PAUSED, writers wait in :meth:`StoreHealth.wait_until_healthy` (bounded: a deadline turns
+into ``Retriable``) instead of hammering a failing store, and only probes reach it:
+:meth:`StoreHealth.run_prober` calls a driver-supplied cheap probe every ``probe_interval_s``
+while the state is not HEALTHY, so the circuit closes by itself once the store answers again.
+RECOVERING lets writers through; their outcomes (and further probes) decide the rest.
+
+The component does no I/O and reads time only through the injected ``clock``; ``on_change(old,
+new)`` is called synchronously on every transition (metrics, status). It knows nothing about S3:
+any driver can feed it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from offloadd.errors import ConfigError, Retriable
+
+__all__ = ["HealthPolicy", "HealthSnapshot", "HealthState", "StoreHealth"]
+
+log = logging.getLogger(__name__)
+
+
+class HealthState(enum.Enum):
+    HEALTHY = "healthy"
+    PAUSED = "degraded-paused"
+    RECOVERING = "recovering"
+
+
+@dataclass(frozen=True)
+class HealthPolicy:
+    window_s: float = 30.0  # how far back the error rate looks
+    high: float = 0.5  # error rate at or above which writes pause
+    low: float = 0.1  # error rate at or below which the store counts as healthy again
+    min_samples: int = 10  # outcomes needed before a rate is trusted
+    max_samples: int = 1024  # memory bound on the window
+    probe_interval_s: float = 5.0  # time between probes while not HEALTHY
+    pause_timeout_s: float = 60.0  # how long one operation may wait for the store in total
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.low < self.high <= 1.0:
+            raise ConfigError(
+                f"store health: need 0 <= low < high <= 1, got low={self.low} high={self.high}"
+            )
+        if self.window_s <= 0 or self.probe_interval_s <= 0 or self.pause_timeout_s < 0:
+            raise ConfigError(
+                "store health: window_s and probe_interval_s must be > 0, pause_timeout_s >= 0"
+            )
+        if not 1 <= self.min_samples <= self.max_samples:
+            raise ConfigError(
+                f"store health: need 1 <= min_samples <= max_samples, got {self.min_samples}"
+                f" and {self.max_samples}"
+            )
+
+
+@dataclass(frozen=True)
+class HealthSnapshot:
+    state: HealthState
+    error_rate: float  # over the current window; 0.0 when it is empty
+    samples: int
+    since: float  # clock() value at the last transition
+
+
+class StoreHealth:
+    """Error-rate circuit for one store; see the module docstring for the state machine."""
+
+    def __init__(
+        self,
+        policy: HealthPolicy | None = None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        on_change: Callable[[HealthState, HealthState], None] | None = None,
+    ) -> None:
+        self.policy = policy or HealthPolicy()
+        self._clock = clock
+        self._on_change = on_change
+        self._samples: deque[tuple[float, bool]] = deque(maxlen=self.policy.max_samples)
+        self._failures = 0
+        self._state = HealthState.HEALTHY
+        self._since = clock()
+        self._last_probe = self._since
+        # Two events, not one Condition: waiters and the prober wait on opposite edges.
+        self._writable = asyncio.Event()
+        self._writable.set()
+        self._unhealthy = asyncio.Event()
+
+    # -- recording ---------------------------------------------------------------------------
+
+    @property
+    def state(self) -> HealthState:
+        return self._state
+
+    def record_success(self) -> None:
+        self._record(True)
+
+    def record_failure(self) -> None:
+        self._record(False)
+
+    def record_probe(self, ok: bool) -> None:
+        """A probe's outcome: the only way out of PAUSED."""
+        now = self._clock()
+        self._last_probe = now
+        if self._state is HealthState.PAUSED:
+            if not ok:
+                return
+            self._transition(HealthState.RECOVERING, now)  # starts a fresh window...
+        self._record(ok)  # ...whose first outcome is this probe
+
+    def _record(self, ok: bool) -> None:
+        now = self._clock()
+        if len(self._samples) == self._samples.maxlen and not self._samples[0][1]:
+            self._failures -= 1  # the append below evicts this failure
+        self._samples.append((now, ok))
+        if not ok:
+            self._failures += 1
+        self._evaluate(now)
+
+    def _prune(self, now: float) -> None:
+        horizon = now - self.policy.window_s
+        while self._samples and self._samples[0][0] < horizon:
+            _, ok = self._samples.popleft()
+            if not ok:
+                self._failures -= 1
+
+    def _evaluate(self, now: float) -> None:
+        self._prune(now)
+        if len(self._samples) < self.policy.min_samples:
+            return
+        rate = self._failures / len(self._samples)
+        if self._state is not HealthState.PAUSED and rate >= self.policy.high:
+            self._transition(HealthState.PAUSED, now)
+        elif self._state is HealthState.RECOVERING and rate <= self.policy.low:
+            self._transition(HealthState.HEALTHY, now)
+
+    def _transition(self, new: HealthState, now: float) -> None:
+        old, self._state, self._since = self._state, new, now
+        if new is HealthState.PAUSED:
+            self._writable.clear()
+            self._last_probe = now  # first probe one interval after the trip
+        else:
+            self._writable.set()
+        if new is HealthState.HEALTHY:
+            self._unhealthy.clear()
+        else:
+            self._unhealthy.set()
+        if new is HealthState.RECOVERING:
+            self._samples.clear()
+            self._failures = 0
+        log.warning("store health %s -> %s", old.value, new.value)
+        if self._on_change is not None:
+            try:
+                self._on_change(old, new)
+            except Exception:  # a broken metrics hook must not break the data path
+                log.exception("store health on_change hook failed")
+
+    # -- reading -----------------------------------------------------------------------------
+
+    @property
+    def error_rate(self) -> float:
+        self._prune(self._clock())
+        return self._failures / len(self._samples) if self._samples else 0.0
+
+    def snapshot(self) -> HealthSnapshot:
+        rate = self.error_rate
+        return HealthSnapshot(self._state, rate, len(self._samples), self._since)
+
+    def next_probe_in(self) -> float:
+        """Seconds until a probe is due (0 when due now); ``inf`` while HEALTHY."""
+        if self._state is HealthState.HEALTHY:
+            return float("inf")
+        return max(0.0, self._last_probe + self.policy.probe_interval_s - self._clock())
+
+    # -- waiting -----------------------------------------------------------------------------
+
+    async def wait_until_healthy(self, timeout_s: float | None = None) -> None:
+        """Return at once unless PAUSED; otherwise wait for the circuit to let writes through.
+
+        Raises ``Retriable`` if still paused after ``timeout_s`` (default: the policy's
+        ``pause_timeout_s``).
+        """
+        if self._writable.is_set():
+            return
+        timeout = self.policy.pause_timeout_s if timeout_s is None else timeout_s
+        try:
+            await asyncio.wait_for(self._writable.wait(), max(0.0, timeout))
+        except TimeoutError:
+            raise Retriable(
+                f"store unavailable: writes paused since its error rate reached "
+                f"{self.policy.high:.0%}; still paused after waiting {timeout:.1f}s"
+            ) from None
+
+    async def run_prober(
+        self,
+        probe: Callable[[], Awaitable[None]],
+        *,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
+        """Probe the store while it is not HEALTHY; runs until cancelled.
+
+        ``probe`` raises (anything) when the store does not answer properly.
+        """
+        while True:
+            await self._unhealthy.wait()
+            delay = self.next_probe_in()
+            if delay > 0:
+                await sleep(delay)
+                continue
+            try:
+                await probe()
+            except Exception as exc:  # any failure of the probe is the answer "not yet"
+                log.debug("store probe failed: %s", exc)
+                self.record_probe(False)
+            else:
+                self.record_probe(True)

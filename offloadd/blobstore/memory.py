@@ -1,0 +1,153 @@
+"""In-memory blob store for unit tests, with a fault hook.
+
+Objects are ``key → (bytes, metadata, mtime)``. Multipart uploads collect parts and publish the
+joined bytes on ``complete()``, so an object is absent until then, as with every driver.
+
+``fault`` (constructor argument or attribute, replaceable at any time) is called as
+``fault(operation, key)`` before each operation — ``operation`` is one of ``start_upload``,
+``put_part``, ``complete``, ``abort``, ``put``, ``get_range``, ``head``, ``delete``, ``list``
+(``key`` is the prefix for ``list``). It may raise (say ``Retriable``) to inject a failure, and
+may return an awaitable, which is awaited: a test can hold an operation mid-flight.
+
+:func:`check_parts` is the part-layout rule every driver applies on ``complete()``.
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass
+
+from offloadd.blobstore.base import Buffers, ObjectInfo
+from offloadd.errors import Fatal, NotFound
+
+FaultHook = Callable[[str, str], Awaitable[object] | None]
+
+
+def check_parts(key: str, parts: Mapping[int, tuple[int, int]]) -> int:
+    """Validate ``{part_number: (offset, length)}`` and return the object's size.
+
+    Parts must be numbered 1..N without gaps and tile ``[0, size)`` in number order (no hole, no
+    overlap); a ``Fatal`` names the key and the first offending part.
+    """
+    if not parts:
+        raise Fatal(f"upload of {key}: no parts uploaded; nothing to complete")
+    size = 0
+    for number in range(1, len(parts) + 1):
+        if number not in parts:
+            raise Fatal(f"upload of {key}: part numbers {sorted(parts)} are not 1..{len(parts)}")
+        offset, length = parts[number]
+        if offset != size:
+            raise Fatal(f"upload of {key}: part {number} starts at byte {offset}, expected "
+                        f"{size} (a hole or an overlap)")
+        size += length
+    return size
+
+
+def check_range(key: str, start: int, end: int) -> None:
+    if start < 0 or end < start:
+        raise Fatal(f"bad byte range [{start}, {end}) for {key}")
+
+
+@dataclass(frozen=True)
+class _Object:
+    data: bytes
+    metadata: Mapping[str, str]
+    mtime: float
+
+    def info(self, key: str) -> ObjectInfo:
+        return ObjectInfo(key, len(self.data), self.metadata, self.mtime)
+
+
+class MemoryBlobStore:
+    name = "memory"
+
+    def __init__(self, fault: FaultHook | None = None) -> None:
+        self.fault = fault
+        self.objects: dict[str, _Object] = {}
+
+    async def _hook(self, operation: str, key: str) -> None:
+        if self.fault is not None:
+            result = self.fault(operation, key)
+            if inspect.isawaitable(result):
+                await result
+
+    async def start_upload(self, key: str, metadata: Mapping[str, str]) -> MemoryUpload:
+        await self._hook("start_upload", key)
+        return MemoryUpload(self, key, dict(metadata))
+
+    async def put(self, key: str, data: Buffers, metadata: Mapping[str, str]) -> ObjectInfo:
+        await self._hook("put", key)
+        obj = _Object(b"".join(data), dict(metadata), time.time())
+        self.objects[key] = obj
+        return obj.info(key)
+
+    async def get_range(self, key: str, start: int, end: int) -> bytes:
+        await self._hook("get_range", key)
+        check_range(key, start, end)
+        return self._get(key).data[start:end]
+
+    async def head(self, key: str) -> ObjectInfo:
+        await self._hook("head", key)
+        return self._get(key).info(key)
+
+    async def delete(self, key: str) -> None:
+        await self._hook("delete", key)
+        self.objects.pop(key, None)
+
+    async def list(self, prefix: str = "") -> AsyncIterator[ObjectInfo]:
+        await self._hook("list", prefix)
+        for key in sorted(k for k in self.objects if k.startswith(prefix)):
+            obj = self.objects.get(key)
+            if obj is not None:  # deleted while the caller was iterating
+                yield ObjectInfo(key, len(obj.data), {}, obj.mtime)
+
+    def driver_properties(self) -> Mapping[str, str]:
+        return {"managedLedgerOffloadDriver": self.name}
+
+    async def close(self) -> None:
+        pass
+
+    def _get(self, key: str) -> _Object:
+        obj = self.objects.get(key)
+        if obj is None:
+            raise NotFound(f"object {key} does not exist")
+        return obj
+
+
+class MemoryUpload:
+    def __init__(self, store: MemoryBlobStore, key: str, metadata: dict[str, str]) -> None:
+        self.key = key
+        self._store = store
+        self._metadata = metadata
+        self._parts: dict[int, tuple[int, bytes]] = {}
+        self._state = "open"
+
+    async def put_part(self, part_number: int, offset: int, data: Buffers) -> None:
+        await self._store._hook("put_part", self.key)
+        self._check_open()
+        if part_number < 1 or offset < 0:
+            raise Fatal(f"upload of {self.key}: bad part {part_number} at offset {offset}")
+        # Copied: the caller may reuse its buffers once this returns.
+        self._parts[part_number] = (offset, b"".join(data))
+
+    async def complete(self) -> ObjectInfo:
+        await self._store._hook("complete", self.key)
+        self._check_open()
+        check_parts(self.key, {n: (off, len(b)) for n, (off, b) in self._parts.items()})
+        data = b"".join(b for _, (_, b) in sorted(self._parts.items()))
+        self._state = "completed"
+        obj = _Object(data, self._metadata, time.time())
+        self._store.objects[self.key] = obj
+        return obj.info(self.key)
+
+    async def abort(self) -> None:
+        await self._store._hook("abort", self.key)
+        if self._state == "open":
+            self._state = "aborted"
+            self._parts.clear()
+
+    def _check_open(self) -> None:
+        if self._state != "open":
+            raise Fatal(f"upload of {self.key} is already {self._state}")

@@ -1,0 +1,213 @@
+"""The segment catalog: what is offloaded where, derived from ``ManagedLedgerInfo`` (pure).
+
+A streaming segment appears as one ``OffloadSegment`` (same uuid) in every ledger it touches,
+with ``endEntryId`` = its last entry in that ledger (DESIGN §6). Its begin in each ledger is
+implicit: the entry after the previous segment's end in that ledger, or 0. A ledger offloaded
+whole in the ledger-based format (PIP-17) carries an ``OffloadContext`` with ``complete``.
+
+State of a segment (one module owns the transitions: :mod:`offloadd.offload.state`)::
+
+    ASSIGNED  (records present, complete=false)  -> range fixed, objects being written
+    OFFLOADED (complete=true on every record)    -> readable from the tier
+
+Everything here works on the protobuf message in memory; persisting is the caller's job
+(:func:`offloadd.metadata.managed_ledger.update`).
+"""
+
+from __future__ import annotations
+
+import enum
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from offloadd._proto import mldataformats_pb2 as pb
+from offloadd.model import Position
+from offloadd.paths import msb_lsb_to_uuid, uuid_to_msb_lsb
+
+
+class SegmentKind(enum.Enum):
+    STREAMING = "streaming"  # PIP-76 object pair <uuid>, <uuid>-index
+    LEDGER = "ledger"  # PIP-17 object pair per ledger
+
+
+@dataclass(frozen=True)
+class LedgerRange:
+    """Entries ``first..last`` of ``ledger_id`` (inclusive)."""
+
+    ledger_id: int
+    first: int
+    last: int
+
+    @property
+    def count(self) -> int:
+        return self.last - self.first + 1
+
+
+@dataclass(frozen=True)
+class Segment:
+    uid: uuid.UUID
+    kind: SegmentKind
+    ranges: tuple[LedgerRange, ...]  # in log order, non-empty
+    complete: bool
+    assigned_ms: int = 0
+    offloaded_ms: int = 0
+    driver: str = ""
+    driver_properties: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def begin(self) -> Position:
+        return Position(self.ranges[0].ledger_id, self.ranges[0].first)
+
+    @property
+    def end(self) -> Position:
+        return Position(self.ranges[-1].ledger_id, self.ranges[-1].last)
+
+    @property
+    def entries(self) -> int:
+        return sum(r.count for r in self.ranges)
+
+    def ledger_ids(self) -> tuple[int, ...]:
+        return tuple(r.ledger_id for r in self.ranges)
+
+    def contains(self, pos: Position) -> bool:
+        return any(r.ledger_id == pos.ledger_id and r.first <= pos.entry_id <= r.last
+                   for r in self.ranges)
+
+
+def segments(info: pb.ManagedLedgerInfo) -> list[Segment]:
+    """Every segment recorded in ``info``, in log order."""
+    order: list[uuid.UUID] = []
+    parts: dict[uuid.UUID, list[tuple[LedgerRange, pb.OffloadSegment]]] = {}
+    out: list[Segment] = []
+    for li in info.ledgerInfo:
+        ctx = li.offloadContext if li.HasField("offloadContext") else None
+        if ctx is not None and (ctx.uidMsb or ctx.uidLsb) and not len(ctx.offloadSegment):
+            if li.HasField("entries") and li.entries > 0:
+                uid = msb_lsb_to_uuid(ctx.uidMsb, ctx.uidLsb)
+                out.append(Segment(uid, SegmentKind.LEDGER,
+                                   (LedgerRange(li.ledgerId, 0, li.entries - 1),),
+                                   bool(ctx.complete), ctx.timestamp, ctx.timestamp,
+                                   *_driver(ctx.driverMetadata if ctx.HasField("driverMetadata")
+                                            else None)))
+            continue
+        if ctx is None:
+            continue
+        nxt = 0
+        for seg in ctx.offloadSegment:
+            uid = msb_lsb_to_uuid(seg.uidMsb, seg.uidLsb)
+            r = LedgerRange(li.ledgerId, nxt, seg.endEntryId)
+            nxt = seg.endEntryId + 1
+            if uid not in parts:
+                parts[uid] = []
+                order.append(uid)
+            parts[uid].append((r, seg))
+    for uid in order:
+        recs = parts[uid]
+        first = recs[0][1]
+        drv = _driver(first.driverMetadata if first.HasField("driverMetadata") else None)
+        out.append(Segment(uid, SegmentKind.STREAMING, tuple(r for r, _ in recs),
+                           all(s.complete for _, s in recs), first.assignedTimestamp,
+                           first.offloadedTimestamp, *drv))
+    ledger_pos = {li.ledgerId: i for i, li in enumerate(info.ledgerInfo)}
+    out.sort(key=lambda s: (ledger_pos.get(s.ranges[0].ledger_id, -1), s.ranges[0].first))
+    return out
+
+
+def _driver(md: pb.OffloadDriverMetadata | None) -> tuple[str, tuple[tuple[str, str], ...]]:
+    if md is None:
+        return "", ()
+    return md.name, tuple((kv.key, kv.value) for kv in md.properties)
+
+
+def driver_metadata(name: str, props: Mapping[str, str]) -> pb.OffloadDriverMetadata:
+    md = pb.OffloadDriverMetadata(name=name)
+    for k in sorted(props):
+        md.properties.add(key=k, value=props[k])
+    return md
+
+
+def add_assigned(info: pb.ManagedLedgerInfo, uid: uuid.UUID, ranges: Sequence[LedgerRange],
+                 now_ms: int, driver: pb.OffloadDriverMetadata) -> bool:
+    """Record a streaming segment as ASSIGNED in every ledger it touches.
+
+    Refuses (``ValueError``) a range that does not start right after the last recorded
+    segment of its ledger: segments are contiguous and never overlap.
+    """
+    msb, lsb = uuid_to_msb_lsb(uid)
+    by_id = {li.ledgerId: li for li in info.ledgerInfo}
+    for r in ranges:
+        li = by_id.get(r.ledger_id)
+        if li is None:
+            raise ValueError(f"ledger {r.ledger_id} is not in the managed ledger")
+        ctx = li.offloadContext
+        expected = ctx.offloadSegment[-1].endEntryId + 1 if len(ctx.offloadSegment) else 0
+        if r.first != expected:
+            raise ValueError(f"segment {uid} would start at {r.ledger_id}:{r.first}, "
+                             f"but ledger {r.ledger_id} continues at entry {expected}")
+    for r in ranges:
+        seg = by_id[r.ledger_id].offloadContext.offloadSegment.add()
+        seg.uidMsb, seg.uidLsb = msb, lsb
+        seg.complete = False
+        seg.assignedTimestamp = now_ms
+        seg.endEntryId = r.last
+        seg.driverMetadata.CopyFrom(driver)
+    return True
+
+
+def mark_offloaded(info: pb.ManagedLedgerInfo, uid: uuid.UUID, now_ms: int) -> bool:
+    """ASSIGNED -> OFFLOADED on every record of ``uid``; ``KeyError`` if none exists."""
+    found = False
+    for seg in _records(info, uid):
+        found = True
+        seg.complete = True
+        seg.offloadedTimestamp = now_ms
+    if not found:
+        raise KeyError(f"segment {uid} is not recorded")
+    return True
+
+
+def remove_segment(info: pb.ManagedLedgerInfo, uid: uuid.UUID) -> bool:
+    """Drop every record of ``uid``.
+
+    Used for an abandoned attempt (always the newest segment, so the rest stay contiguous).
+    """
+    changed = False
+    msb, lsb = uuid_to_msb_lsb(uid)
+    for li in info.ledgerInfo:
+        if not li.HasField("offloadContext"):
+            continue
+        segs = li.offloadContext.offloadSegment
+        keep = [s for s in segs if not (s.uidMsb == msb and s.uidLsb == lsb)]
+        if len(keep) != len(segs):
+            changed = True
+            copies = [pb.OffloadSegment() for _ in keep]
+            for c, s in zip(copies, keep, strict=True):
+                c.CopyFrom(s)
+            del segs[:]
+            segs.extend(copies)
+    return changed
+
+
+def _records(info: pb.ManagedLedgerInfo, uid: uuid.UUID) -> Iterable[pb.OffloadSegment]:
+    msb, lsb = uuid_to_msb_lsb(uid)
+    for li in info.ledgerInfo:
+        if li.HasField("offloadContext"):
+            for seg in li.offloadContext.offloadSegment:
+                if seg.uidMsb == msb and seg.uidLsb == lsb:
+                    yield seg
+
+
+def next_position(info: pb.ManagedLedgerInfo) -> Position | None:
+    """The position right after the last recorded segment (complete or not), else the first
+    ledger's entry 0; ``None`` for a managed ledger without ledgers.
+
+    The result may be one past the end of a closed ledger: callers normalise against the source.
+    """
+    segs = segments(info)
+    if segs:
+        end = segs[-1].end
+        return Position(end.ledger_id, end.entry_id + 1)
+    if len(info.ledgerInfo):
+        return Position(info.ledgerInfo[0].ledgerId, 0)
+    return None

@@ -1,0 +1,278 @@
+"""The daemon: discovers topics, runs one offload task per owned topic, handles signals.
+
+Lifecycle ``NEW → RUNNING → STOPPING → STOPPED``. Signals (installed by :meth:`Daemon.run`):
+``SIGUSR1`` closes every open segment now, ``SIGHUP`` reloads the configuration (throttle,
+policies) without dropping work, ``SIGTERM``/``SIGINT`` stop gracefully: no new entries are
+taken, open segments are closed and committed within ``shutdown_deadline_s``, and whatever is
+still in flight then is abandoned safely (nothing half-committed; a later run redoes it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import fnmatch
+import logging
+import os
+import signal
+import socket
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from offloadd.blobstore.base import BlobStore
+from offloadd.config import Settings
+from offloadd.errors import OffloaddError
+from offloadd.ledger.base import LedgerSource
+from offloadd.metadata.base import MetadataStore
+from offloadd.model import TopicName
+from offloadd.offload.buffer import OffloadBuffer
+from offloadd.offload.commit import Fence, NoFence
+from offloadd.offload.roller import RollPolicy
+from offloadd.offload.throttle import Throttle
+from offloadd.offload.topic import OffloadEnv, TopicOffloader, TopicPolicy, TopicProbe
+
+log = logging.getLogger(__name__)
+MiB = 1024 * 1024
+
+
+class DaemonState(enum.Enum):
+    NEW = "new"
+    RUNNING = "running"
+    STOPPING = "stopping"
+    STOPPED = "stopped"
+
+
+class Ownership:
+    """Decides which topics this process offloads; the default owns every topic."""
+
+    async def acquire(self, topic: TopicName) -> Fence | None:
+        return NoFence()
+
+    async def release(self, topic: TopicName) -> None:
+        return None
+
+    async def still_owned(self, topic: TopicName) -> bool:
+        return True
+
+
+@dataclass
+class _Running:
+    task: asyncio.Task[None]
+    offloader: TopicOffloader
+
+
+ProbeFactory = Callable[[TopicName], TopicProbe]
+
+
+def default_owner_id() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+class Daemon:
+    def __init__(self, settings: Settings, *, source: LedgerSource, metadata: MetadataStore,
+                 blobstore: BlobStore, ownership: Ownership | None = None,
+                 probe_factory: ProbeFactory | None = None,
+                 on_buffer: Callable[[int, int], None] | None = None,
+                 discovery_interval_s: float = 1.0) -> None:
+        self.settings = settings
+        self.source = source
+        self.metadata = metadata
+        self.blobstore = blobstore
+        self.ownership = ownership or Ownership()
+        self._probe_factory = probe_factory
+        self.state = DaemonState.NEW
+        off = settings.offload
+        self.buffer = OffloadBuffer(off.buffer_max_bytes, on_change=on_buffer)
+        self.throttle = Throttle(off.flow_permits_per_second, off.burst_bytes)
+        self.env = OffloadEnv(
+            source=source, metadata=metadata, blobstore=blobstore, buffer=self.buffer,
+            acquire=self.throttle.acquire, blocks_in_flight=off.blocks_in_flight,
+            key_prefix=settings.blobstore.prefix if settings.blobstore.driver == "aws-s3" else "",
+            retry_base_s=off.retry_base_s, retry_max_s=off.retry_max_s)
+        self.topics: dict[TopicName, _Running] = {}
+        self._stop = asyncio.Event()
+        self._discovery_interval = discovery_interval_s
+        self.ready = False
+
+    # ---- configuration -------------------------------------------------------------------
+    def policy(self, topic: TopicName) -> TopicPolicy:
+        s = self.settings
+        p = s.policy_for(topic)
+        return TopicPolicy(RollPolicy(max_bytes=max(int(p.max_size_per_segment_mbytes * MiB), 1),
+                                      max_age_s=p.max_segment_rollover_time_minutes * 60,
+                                      max_block_size=p.max_block_size_bytes,
+                                      min_block_size=min(s.min_block_size(p),
+                                                         p.max_block_size_bytes)),
+                           mode=p.mode)
+
+    def _policy_fn(self, topic: TopicName) -> Callable[[], TopicPolicy]:
+        return lambda: self.policy(topic)
+
+    def reload(self, settings: Settings) -> None:
+        """Apply a new configuration to running work (SIGHUP)."""
+        self.settings = settings
+        self.throttle.set_rate(settings.offload.flow_permits_per_second,
+                               settings.offload.burst_bytes)
+        log.info("configuration reloaded: flow_permits_per_second=%s",
+                 settings.offload.flow_permits_per_second)
+
+    def wanted(self, topic: TopicName) -> bool:
+        pats = self.settings.source.topics
+        return not pats or any(fnmatch.fnmatchcase(str(topic), p) for p in pats)
+
+    # ---- control -------------------------------------------------------------------------
+    def trigger(self, topics: list[TopicName] | None = None) -> None:
+        for name, r in self.topics.items():
+            if topics is None or name in topics:
+                r.offloader.trigger()
+
+    def request_stop(self) -> None:
+        if self.state in (DaemonState.NEW, DaemonState.RUNNING):
+            self.state = DaemonState.STOPPING
+        self._stop.set()
+
+    # ---- running -------------------------------------------------------------------------
+    async def run(self, *, install_signals: bool = True,
+                  reload: Callable[[], Settings] | None = None,
+                  on_ready: Callable[[], Awaitable[None] | None] | None = None,
+                  trigger_file: Path | None = None) -> None:
+        loop = asyncio.get_running_loop()
+        installed: list[int] = []
+        if install_signals:
+            handlers: dict[int, Callable[[], None]] = {
+                signal.SIGUSR1: lambda: self._signal_trigger(trigger_file),
+                signal.SIGTERM: self.request_stop,
+                signal.SIGINT: self.request_stop,
+            }
+            if reload is not None:
+                handlers[signal.SIGHUP] = lambda: self._signal_reload(reload)
+            for sig, fn in handlers.items():
+                loop.add_signal_handler(sig, fn)
+                installed.append(sig)
+        self.state = DaemonState.RUNNING
+        try:
+            first = True
+            while not self._stop.is_set():
+                try:
+                    await self._discover()
+                except OffloaddError as exc:
+                    log.error("topic discovery failed: %s", exc)
+                if first:
+                    first = False
+                    self.ready = True
+                    if on_ready is not None:
+                        res = on_ready()
+                        if res is not None:
+                            await res
+                self._reap()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._stop.wait(), self._discovery_interval)
+            await self._shutdown()
+        finally:
+            for sig in installed:
+                loop.remove_signal_handler(sig)
+            self.state = DaemonState.STOPPED
+            self.ready = False
+
+    def _signal_trigger(self, trigger_file: Path | None) -> None:
+        """SIGUSR1: all topics, or those ``offloadd offload-now --topic`` wrote down."""
+        names: list[TopicName] | None = None
+        if trigger_file is not None:
+            try:
+                text = trigger_file.read_text()
+                trigger_file.unlink()
+                names = [TopicName.parse(line.strip()) for line in text.splitlines()
+                         if line.strip()] or None
+            except FileNotFoundError:
+                pass
+            except (OSError, OffloaddError) as exc:
+                log.warning("SIGUSR1: ignoring trigger file %s: %s", trigger_file, exc)
+        log.info("SIGUSR1: closing open segments now (%s)",
+                 "all topics" if names is None else ", ".join(map(str, names)))
+        self.trigger(names)
+
+    def _signal_reload(self, reload: Callable[[], Settings]) -> None:
+        try:
+            self.reload(reload())
+        except OffloaddError as exc:
+            log.error("SIGHUP: configuration not reloaded, keeping the old one: %s", exc)
+
+    async def _discover(self) -> None:
+        for topic in await self.source.list_topics():
+            if topic in self.topics or not self.wanted(topic):
+                continue
+            fence = await self.ownership.acquire(topic)
+            if fence is None:
+                continue
+            probe = self._probe_factory(topic) if self._probe_factory else None
+            off = TopicOffloader(topic, self.env, self._policy_fn(topic), fence, probe)
+            task = asyncio.create_task(off.run(), name=f"offload {topic}")
+            self.topics[topic] = _Running(task, off)
+            log.info("offloading topic %s", topic)
+
+    def _reap(self) -> None:
+        for topic, r in list(self.topics.items()):
+            if r.task.done():
+                del self.topics[topic]
+                exc = r.task.exception() if not r.task.cancelled() else None
+                if exc is not None:
+                    log.error("topic %s task ended: %r", topic, exc)
+                asyncio.ensure_future(self.ownership.release(topic))
+
+    async def _shutdown(self) -> None:
+        deadline = self.settings.daemon.shutdown_deadline_s
+        for r in self.topics.values():
+            r.offloader.request_stop()
+        tasks = [r.task for r in self.topics.values()]
+        if tasks:
+            done, pending = await asyncio.wait(tasks, timeout=deadline)
+            for t in pending:
+                t.cancel()
+            if pending:
+                log.warning("shutdown deadline (%.0fs) passed: abandoning %d in-flight "
+                            "segment(s); they are redone on the next start", deadline,
+                            len(pending))
+                await asyncio.gather(*pending, return_exceptions=True)
+        for topic in list(self.topics):
+            await self.ownership.release(topic)
+        self.topics.clear()
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "state": self.state.value,
+            "buffer": {"used": self.buffer.used, "cap": self.buffer.cap},
+            "topics": {str(t): dict(r.offloader.status()) for t, r in self.topics.items()},
+        }
+
+
+# ---- pid file ------------------------------------------------------------------------------
+def write_pid_file(path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(f"{os.getpid()}\n")
+    os.replace(tmp, path)
+
+
+def remove_pid_file(path: Path) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        if path.read_text().strip() == str(os.getpid()):
+            path.unlink()
+
+
+def read_pid_file(path: Path) -> int:
+    try:
+        pid = int(path.read_text().strip())
+    except FileNotFoundError:
+        raise OffloaddError(f"no daemon pid file at {path}: is offloadd running with this "
+                            "config? (see [daemon] pid_file)") from None
+    except ValueError:
+        raise OffloaddError(f"pid file {path} does not hold a process id") from None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        raise OffloaddError(f"pid file {path} names process {pid}, which is not running "
+                            "(stale pid file)") from None
+    return pid

@@ -1,0 +1,58 @@
+"""offloadd's per-block checksum, carried in bytes Pulsar leaves zero (pure, no I/O).
+
+Pulsar's block header is 128 bytes; after its fields (magic, header length, block length, first
+entry id, and the ledger id in streaming blocks: bytes 0..35) the rest is zeros that Pulsar's
+readers skip without looking. offloadd writes, at bytes 36..43 of the header::
+
+    [int32 mark 0x4F464443 ("OFDC")][uint32 CRC32C of the block's bytes 128..block_len)]
+
+so every block can be checked on its own by a ranged read, while Pulsar still reads the object.
+A block without the mark (Pulsar's own, or the conformance vectors) is accepted unchecked.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+from dataclasses import replace
+
+import crc32c
+
+from offloadd.errors import FormatError
+from offloadd.format.block import HEADER_LEN
+from offloadd.format.layout import Part
+
+CHECKSUM_MARK = 0x4F464443
+CHECKSUM_OFFSET = 36
+_FIELD = struct.Struct(">II")
+
+Buffer = bytes | bytearray | memoryview
+
+
+def stamp_part(part: Part) -> Part:
+    """The same part with the checksum written into its header (the payload is not copied)."""
+    header = bytearray(part.buffers[0])
+    if len(header) != HEADER_LEN:
+        raise ValueError("a part's first buffer must be its 128-byte block header")
+    crc = 0
+    for b in part.buffers[1:]:
+        crc = crc32c.crc32c(b, crc)
+    _FIELD.pack_into(header, CHECKSUM_OFFSET, CHECKSUM_MARK, crc)
+    return replace(part, buffers=(bytes(header), *part.buffers[1:]))
+
+
+def stamp_parts(parts: Sequence[Part]) -> list[Part]:
+    return [stamp_part(p) for p in parts]
+
+
+def verify_block_checksum(buf: Buffer, block_offset: int, block_len: int, obj: str) -> bool:
+    """Check a block's recorded CRC32C; False when it carries none, FormatError on mismatch."""
+    mark, want = _FIELD.unpack_from(buf, block_offset + CHECKSUM_OFFSET)
+    if mark != CHECKSUM_MARK:
+        return False
+    body = memoryview(buf)[block_offset + HEADER_LEN:block_offset + block_len]
+    got = crc32c.crc32c(body)
+    if got != want:
+        raise FormatError(obj, block_offset, f"block checksum mismatch: CRC32C {got:08x}, "
+                          f"recorded {want:08x} (the stored bytes are corrupt)")
+    return True

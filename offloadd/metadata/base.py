@@ -1,0 +1,94 @@
+"""The metadata-store protocol: a small ZooKeeper-shaped, versioned key space.
+
+Paths are absolute (``/a/b``) and relative to the store's root (ZooKeeper chroot, embedded
+database). Every node has bytes and a version that starts at 0 on create and grows by one on
+every ``set``. ``set``/``delete`` with ``version >= 0`` are compare-and-set: they raise
+:class:`~offloadd.errors.Conflict` when the node's version differs. ``version = -1`` means
+"whatever it is". Backend exceptions never escape an implementation; callers see only
+:mod:`offloadd.errors` (``NotFound``, ``Conflict``, ``Retriable``, ``Fatal``).
+
+Implementations: ``embedded.py`` (SQLite, several processes on one machine),
+``zookeeper.py`` (kazoo), ``memory.py`` (unit tests).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+
+@dataclass(frozen=True)
+class Versioned:
+    data: bytes
+    version: int
+
+
+@dataclass(frozen=True)
+class CreateOp:
+    path: str
+    data: bytes
+    ephemeral: bool = False
+
+
+@dataclass(frozen=True)
+class SetOp:
+    path: str
+    data: bytes
+    version: int = -1
+
+
+@dataclass(frozen=True)
+class DeleteOp:
+    path: str
+    version: int = -1
+
+
+@dataclass(frozen=True)
+class CheckOp:
+    """Fails the transaction unless ``path`` is at ``version``."""
+
+    path: str
+    version: int
+
+
+Op = CreateOp | SetOp | DeleteOp | CheckOp
+
+
+@runtime_checkable
+class MetadataStore(Protocol):
+    async def get(self, path: str) -> Versioned:
+        """The node's bytes and version; ``NotFound`` if absent."""
+        ...
+
+    async def exists(self, path: str) -> bool: ...
+
+    async def create(self, path: str, data: bytes, *, ephemeral: bool = False,
+                     sequential: bool = False, make_parents: bool = True) -> str:
+        """Create a node and return its path (with the sequence suffix when ``sequential``).
+
+        ``Conflict`` if it exists. ``make_parents`` creates missing ancestors as empty nodes.
+        Ephemeral nodes vanish when this store's session ends (``close()`` or process death).
+        """
+        ...
+
+    async def set(self, path: str, data: bytes, version: int = -1) -> int:
+        """Replace the bytes (CAS on ``version`` unless -1); returns the new version."""
+        ...
+
+    async def delete(self, path: str, version: int = -1, *, recursive: bool = False) -> None:
+        """Delete the node; ``NotFound`` if absent, ``Conflict`` on version mismatch."""
+        ...
+
+    async def children(self, path: str) -> list[str]:
+        """Names (not paths) of the direct children, sorted; ``NotFound`` if absent."""
+        ...
+
+    async def multi(self, ops: Sequence[Op]) -> list[int | str | None]:
+        """Apply all ops atomically or none (``Conflict``/``NotFound`` names the failing op).
+
+        Returns per op: the created path, the new version, or None.
+        """
+        ...
+
+    async def close(self) -> None: ...

@@ -1,0 +1,165 @@
+"""Topic ownership and fencing epochs, on any :class:`~offloadd.metadata.base.MetadataStore`.
+
+Two nodes per managed ledger (paths from :mod:`offloadd.paths`)::
+
+    /offloadd/owners/<ml>   ephemeral   owner id (UTF-8); exists while the owner's session lives
+    /offloadd/topics/<ml>   persistent  {"epoch": N, "owner": "<owner id>"} (JSON)
+
+Acquiring is ONE ``multi``: create the ephemeral owner node and bump the epoch in the topic-state
+node by compare-and-set (create it at epoch 1 if absent). So an owner exists only together with
+its new epoch, and the topic-state node changes exactly once per acquisition, by exactly one
+version: **epoch N is held by the owner that left the node at version N - 1**. Nothing else may
+write or delete that node (deleting it would restart the count at a version a stale owner may
+still hold; the daemon's other per-topic state belongs elsewhere).
+
+Fencing. A commit of an owner at epoch N is a ``multi`` that starts with :func:`fence_op` =
+``CheckOp(topic_state_path(ml), N - 1)``. Once a newer owner acquired epoch N + 1 the node is at
+version N, so the stale owner's check fails and ZooKeeper (or the embedded store) rejects the
+whole ``multi``: nothing of the stale commit is applied, and the store raises ``Conflict``.
+:func:`commit` wraps this and turns that ``Conflict`` into :class:`~offloadd.errors.Fenced` after
+re-reading the epoch. The check needs no lock or lease timing: a stale owner that is
+partitioned, paused or whose session has expired learns it only at commit, and loses there.
+
+A session that ends (expiry, crash, ``close``) drops the owner node, so another instance can
+acquire. The same owner id in a new session is a new owner: a node left by a previous session
+that has not yet expired blocks acquisition until it does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from offloadd.errors import Conflict, Fenced, FormatError, NotFound
+from offloadd.metadata.base import CheckOp, CreateOp, MetadataStore, Op, SetOp
+from offloadd.paths import owner_path, topic_state_path
+
+_ATTEMPTS = 50
+
+
+@dataclass(frozen=True)
+class TopicState:
+    epoch: int
+    owner: str
+    version: int
+
+    def encode(self) -> bytes:
+        return json.dumps({"epoch": self.epoch, "owner": self.owner},
+                          sort_keys=True).encode()
+
+    @classmethod
+    def decode(cls, data: bytes, version: int, where: str) -> TopicState:
+        try:
+            doc = json.loads(data)
+            epoch, owner = doc["epoch"], doc["owner"]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise FormatError(where, 0,
+                              f"topic state is not {{epoch, owner}} JSON ({exc})") from exc
+        if not isinstance(epoch, int) or not isinstance(owner, str) or epoch != version + 1:
+            raise FormatError(where, 0, f"topic state epoch {epoch!r} does not match node "
+                                        f"version {version} (epoch must be version + 1)")
+        return cls(epoch, owner, version)
+
+
+async def read_state(store: MetadataStore, ml_name: str) -> TopicState | None:
+    """The topic's epoch and last acquirer; None if it was never owned."""
+    path = topic_state_path(ml_name)
+    try:
+        node = await store.get(path)
+    except NotFound:
+        return None
+    return TopicState.decode(node.data, node.version, path)
+
+
+async def current_epoch(store: MetadataStore, ml_name: str) -> int:
+    """The latest epoch handed out (0 if never owned)."""
+    state = await read_state(store, ml_name)
+    return state.epoch if state is not None else 0
+
+
+async def current_owner(store: MetadataStore, ml_name: str) -> str | None:
+    """The owner id whose session holds the topic now; None if nobody does."""
+    try:
+        return (await store.get(owner_path(ml_name))).data.decode()
+    except NotFound:
+        return None
+
+
+async def try_acquire(store: MetadataStore, ml_name: str, owner_id: str) -> int | None:
+    """Take the topic for this store's session: the new epoch, or None if someone holds it."""
+    owner, state_path = owner_path(ml_name), topic_state_path(ml_name)
+    await _ensure_parent(store, owner)
+    await _ensure_parent(store, state_path)
+    for _ in range(_ATTEMPTS):
+        state = await read_state(store, ml_name)
+        claim: Op
+        if state is None:
+            claim = CreateOp(state_path, TopicState(1, owner_id, 0).encode())
+            epoch = 1
+        else:
+            epoch = state.epoch + 1
+            claim = SetOp(state_path, TopicState(epoch, owner_id, state.version + 1).encode(),
+                          state.version)
+        try:
+            await store.multi([CreateOp(owner, owner_id.encode(), ephemeral=True), claim])
+            return epoch
+        except (Conflict, NotFound):
+            if await store.exists(owner):
+                return None
+            # Lost a race on the topic-state node (another acquirer that has since gone):
+            # read again.
+    raise Conflict(f"{state_path}: gave up acquiring after {_ATTEMPTS} lost races")
+
+
+async def release(store: MetadataStore, ml_name: str, owner_id: str) -> bool:
+    """Drop the owner node if ``owner_id`` holds it; True if it was released.
+
+    The epoch stays: a later owner gets the next one, so this owner's fence stays valid only
+    until then.
+    """
+    path = owner_path(ml_name)
+    try:
+        node = await store.get(path)
+        if node.data.decode() != owner_id:
+            return False
+        await store.delete(path, node.version)
+        return True
+    except (NotFound, Conflict):
+        return False
+
+
+def fence_op(ml_name: str, epoch: int) -> CheckOp:
+    """The op that makes a ``multi`` fail unless ``epoch`` is still the topic's latest."""
+    return CheckOp(topic_state_path(ml_name), epoch - 1)
+
+
+async def check_epoch(store: MetadataStore, ml_name: str, epoch: int) -> None:
+    """Raise ``Fenced`` unless ``epoch`` is the latest (a read; commits use :func:`commit`)."""
+    latest = await current_epoch(store, ml_name)
+    if latest != epoch:
+        raise Fenced(f"{ml_name}: epoch {epoch} is stale, the topic is at epoch {latest}")
+
+
+async def commit(store: MetadataStore, ml_name: str, epoch: int,
+                 ops: Sequence[Op]) -> list[int | str | None]:
+    """Apply ``ops`` atomically only while ``epoch`` is the latest; results without the fence.
+
+    ``Fenced`` if a newer owner exists; ``Conflict``/``NotFound`` from ``ops`` themselves pass
+    through (re-read and retry those as usual).
+    """
+    try:
+        results = await store.multi([fence_op(ml_name, epoch), *ops])
+    except (Conflict, NotFound):
+        await check_epoch(store, ml_name, epoch)
+        raise
+    return results[1:]
+
+
+async def _ensure_parent(store: MetadataStore, path: str) -> None:
+    parent = path.rsplit("/", 1)[0]
+    if not parent or await store.exists(parent):
+        return
+    with contextlib.suppress(Conflict):
+        await store.create(parent, b"", make_parents=True)

@@ -1,0 +1,98 @@
+"""Values shared by every stage: positions, topic names, ledger descriptions.
+
+Pure: no I/O. Everything here is immutable.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from offloadd.errors import ConfigError
+
+
+class Position(NamedTuple):
+    """``ledgerId:entryId``; tuples order by ledger, then entry, which is the log order."""
+
+    ledger_id: int
+    entry_id: int
+
+    def __str__(self) -> str:
+        return f"{self.ledger_id}:{self.entry_id}"
+
+    @classmethod
+    def parse(cls, text: str) -> Position:
+        """Parse ``L:E`` (as printed by :meth:`__str__`)."""
+        m = re.fullmatch(r"\s*(-?\d+):(-?\d+)\s*", text)
+        if not m:
+            raise ValueError(f"position {text!r} is not of the form LEDGER:ENTRY, e.g. 12:0")
+        return cls(int(m.group(1)), int(m.group(2)))
+
+
+_TOPIC_RE = re.compile(r"^(persistent)://([A-Za-z0-9_.=:-]+)/([A-Za-z0-9_.=:-]+)/([A-Za-z0-9_.=:%-]+)$")
+
+
+@dataclass(frozen=True, order=True)
+class TopicName:
+    """A Pulsar topic ``persistent://tenant/namespace/local``."""
+
+    tenant: str
+    namespace: str
+    local: str
+
+    @classmethod
+    def parse(cls, text: str) -> TopicName:
+        m = _TOPIC_RE.match(text)
+        if not m:
+            raise ConfigError(
+                f"topic name {text!r} is invalid: expected persistent://<tenant>/<namespace>/<topic> "
+                "using letters, digits and -_.=: only"
+            )
+        return cls(m.group(2), m.group(3), m.group(4))
+
+    @classmethod
+    def from_managed_ledger(cls, name: str) -> TopicName:
+        """Inverse of :attr:`managed_ledger`: ``tenant/ns/persistent/local``."""
+        parts = name.split("/")
+        if len(parts) != 4 or parts[2] != "persistent":
+            raise ConfigError(f"managed ledger name {name!r} is not tenant/namespace/persistent/topic")
+        return cls.parse(f"persistent://{parts[0]}/{parts[1]}/{parts[3]}")
+
+    @property
+    def managed_ledger(self) -> str:
+        """The name Pulsar uses under ``/managed-ledgers``: ``tenant/ns/persistent/local``."""
+        return f"{self.tenant}/{self.namespace}/persistent/{self.local}"
+
+    @property
+    def ns(self) -> str:
+        """``tenant/namespace``: the ``namespace`` metric label and config level."""
+        return f"{self.tenant}/{self.namespace}"
+
+    def __str__(self) -> str:
+        return f"persistent://{self.tenant}/{self.namespace}/{self.local}"
+
+
+class LedgerState(enum.Enum):
+    OPEN = "open"
+    CLOSED = "closed"
+
+
+@dataclass(frozen=True)
+class LedgerDesc:
+    """One ledger of a managed ledger as the source sees it right now.
+
+    ``last_entry_id`` is the last readable entry (the LAC for an open ledger), -1 when empty.
+    ``size`` is the sum of payload bytes of the readable entries.
+    """
+
+    ledger_id: int
+    state: LedgerState
+    last_entry_id: int
+    size: int
+    ctime_ms: int
+
+    @property
+    def entries(self) -> int:
+        return self.last_entry_id + 1

@@ -1,0 +1,80 @@
+"""The offload buffer: a byte budget shared by every topic task of the process.
+
+Bytes are reserved *before* they are read from the ledger source and released when the block
+holding them has been uploaded. When the budget is spent, topic tasks simply stop reading the
+tail; the entries stay in the source and are read later (PIP-76's fallback), so memory stays
+bounded whatever the write rate. A single request larger than the cap is admitted when the
+buffer is empty (an oversize entry must still make progress).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+from collections.abc import Callable
+
+
+class OffloadBuffer:
+    def __init__(self, cap_bytes: int, on_change: Callable[[int, int], None] | None = None) -> None:
+        if cap_bytes <= 0:
+            raise ValueError("buffer cap must be positive")
+        self.cap = cap_bytes
+        self.used = 0
+        self._waiters: collections.deque[tuple[int, asyncio.Future[None]]] = collections.deque()
+        self._on_change = on_change
+        self.high_water = 0
+
+    def _fits(self, n: int) -> bool:
+        return self.used + n <= self.cap or self.used == 0
+
+    async def reserve(self, n: int) -> None:
+        """Wait (FIFO) until ``n`` bytes fit, then take them."""
+        if not self._waiters and self._fits(n):
+            self._take(n)
+            return
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        entry = (n, fut)
+        self._waiters.append(entry)
+        try:
+            await fut
+        except asyncio.CancelledError:
+            if fut.done() and not fut.cancelled():
+                self.release(n)  # granted just as we were cancelled: give it back
+            else:
+                self._waiters.remove(entry)
+                self._wake()
+            raise
+
+    def try_reserve(self, n: int) -> bool:
+        if not self._waiters and self._fits(n):
+            self._take(n)
+            return True
+        return False
+
+    def grow(self, n: int) -> None:
+        """Account for ``n`` more bytes than were reserved (an oversize entry arrived)."""
+        self._take(n)
+
+    def release(self, n: int) -> None:
+        self.used -= n
+        if self.used < 0:
+            raise AssertionError("offload buffer released more than reserved")
+        self._notify()
+        self._wake()
+
+    def _take(self, n: int) -> None:
+        self.used += n
+        self.high_water = max(self.high_water, self.used)
+        self._notify()
+
+    def _wake(self) -> None:
+        while self._waiters and self._fits(self._waiters[0][0]):
+            n, fut = self._waiters.popleft()
+            if fut.done():
+                continue
+            self._take(n)
+            fut.set_result(None)
+
+    def _notify(self) -> None:
+        if self._on_change is not None:
+            self._on_change(self.used, self.cap)

@@ -1,0 +1,582 @@
+"""One topic's offload task: tail → buffer → roll → blocks → upload → commit, in a loop.
+
+Plan, act and commit are separate pieces (roller.py plans, upload.py acts, commit.py commits);
+this module only sequences them for one topic::
+
+    recover ──▶ ┌─▶ normalise position ─▶ read a block's worth ─▶ submit parts ─┐
+                │                                                              │
+                └──── wait for entries ◀── roll? ──yes──▶ close: assign, drain, complete,
+                                                          index, commit ──────┘
+
+Segments are strictly sequential: a segment is closed and committed (or, if it failed, redone
+over the same positions until it succeeds) before the next one opens. A segment is recorded
+ASSIGNED (with its full range) when it closes, just before its data object is completed; a
+crash before that leaves only an incomplete upload (swept at start-up) and the next run starts
+the same positions afresh; a crash after it leaves an ASSIGNED segment that recovery redoes over
+exactly those positions under a fresh uuid, removing the dead attempt's objects first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+import random
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import crc32c
+
+from offloadd import __version__, catalog
+from offloadd.blobstore.base import BlobStore
+from offloadd.catalog import LedgerRange, Segment, SegmentKind
+from offloadd.errors import Fenced, NotFound, OffloaddError
+from offloadd.format.checksum import stamp_parts
+from offloadd.format.streaming import StreamingObjectBuilder
+from offloadd.ledger.base import EntryRun, LedgerSource
+from offloadd.metadata import managed_ledger
+from offloadd.metadata.base import MetadataStore
+from offloadd.metadata.managed_ledger import ManagedLedgerInfo
+from offloadd.model import LedgerDesc, LedgerState, Position, TopicName
+from offloadd.offload import commit, roller
+from offloadd.offload.buffer import OffloadBuffer
+from offloadd.offload.commit import Fence
+from offloadd.offload.roller import RollPolicy, RollReason
+from offloadd.offload.state import SegmentState
+from offloadd.offload.upload import SegmentUpload
+from offloadd.paths import streaming_data_key, streaming_index_key
+
+log = logging.getLogger(__name__)
+
+FORMAT_VERSION_KEY = "s3managedledgeroffloaderformatversion"
+
+
+class TopicProbe(Protocol):
+    """What a topic task reports; :mod:`offloadd.metrics` implements it."""
+
+    def offload_bytes(self, n: int) -> None: ...
+    def offload_error(self) -> None: ...
+    def write_storage_error(self) -> None: ...
+    def upload_latency(self, seconds: float) -> None: ...
+    def segment_committed(self, entries: int, nbytes: int, seconds: float) -> None: ...
+    def segment_states(self, assigned: int, offloaded: int, failed: int) -> None: ...
+    def lag(self, entries: int, nbytes: int, seconds: float) -> None: ...
+    def last_offloaded(self, ledger_id: int, entry_id: int) -> None: ...
+    def metadata_write(self) -> None: ...
+    def ledger_reading_max_bytes(self, n: int) -> None: ...
+    def data_lost(self, ledger_id: int) -> None: ...
+
+
+class NullProbe:
+    def offload_bytes(self, n: int) -> None: pass
+    def offload_error(self) -> None: pass
+    def write_storage_error(self) -> None: pass
+    def upload_latency(self, seconds: float) -> None: pass
+    def segment_committed(self, entries: int, nbytes: int, seconds: float) -> None: pass
+    def segment_states(self, assigned: int, offloaded: int, failed: int) -> None: pass
+    def lag(self, entries: int, nbytes: int, seconds: float) -> None: pass
+    def last_offloaded(self, ledger_id: int, entry_id: int) -> None: pass
+    def metadata_write(self) -> None: pass
+    def ledger_reading_max_bytes(self, n: int) -> None: pass
+    def data_lost(self, ledger_id: int) -> None: pass
+
+
+@dataclass(frozen=True)
+class TopicPolicy:
+    roll: RollPolicy
+    mode: str = "streaming"
+
+
+@dataclass
+class OffloadEnv:
+    """The collaborators every topic task shares (injected; no globals)."""
+
+    source: LedgerSource
+    metadata: MetadataStore
+    blobstore: BlobStore
+    buffer: OffloadBuffer
+    acquire: Callable[[int, str], Awaitable[object]] | None = None  # throttle
+    clock: Callable[[], float] = time.monotonic
+    wall_ms: Callable[[], int] = lambda: int(time.time() * 1000)
+    blocks_in_flight: int = 4
+    key_prefix: str = ""
+    retry_base_s: float = 0.5
+    retry_max_s: float = 30.0
+    idle_poll_s: float = 1.0
+
+
+class TaskState(enum.Enum):
+    NEW = "new"
+    RUNNING = "running"
+    STOPPING = "stopping"
+    STOPPED = "stopped"
+
+
+@dataclass
+class _Attempt:
+    """One attempt at one segment: its uuid, upload and what it holds so far."""
+
+    uid: uuid.UUID
+    upload: SegmentUpload
+    builder: StreamingObjectBuilder
+    opened_at: float
+    ranges: list[LedgerRange] = field(default_factory=list)
+    frame_bytes: int = 0
+    payload_bytes: int = 0
+    ledger_ts: dict[int, int] = field(default_factory=dict)
+    close_target: Position | None = None
+    redo_of: uuid.UUID | None = None  # the ASSIGNED record this attempt replaces
+
+    def add(self, run: EntryRun) -> None:
+        if self.ranges and self.ranges[-1].ledger_id == run.ledger_id:
+            last = self.ranges[-1]
+            self.ranges[-1] = LedgerRange(last.ledger_id, last.first, run.last_entry_id)
+        else:
+            self.ranges.append(LedgerRange(run.ledger_id, run.first_entry_id, run.last_entry_id))
+        self.frame_bytes += len(run.data)
+        self.payload_bytes += run.payload_bytes
+
+    @property
+    def end(self) -> Position | None:
+        if not self.ranges:
+            return None
+        return Position(self.ranges[-1].ledger_id, self.ranges[-1].last)
+
+
+class TopicOffloader:
+    """Streams one topic into the tier. Long-lived; states NEW → RUNNING → STOPPING → STOPPED."""
+
+    def __init__(self, topic: TopicName, env: OffloadEnv, policy: Callable[[], TopicPolicy],
+                 fence: Fence, probe: TopicProbe | None = None) -> None:
+        self.topic = topic
+        self.env = env
+        self._policy = policy
+        self.fence = fence
+        self.probe: TopicProbe = probe or NullProbe()
+        self.state = TaskState.NEW
+        self._manual = asyncio.Event()
+        self._stop = asyncio.Event()
+        self._wake = asyncio.Event()
+        self._attempt: _Attempt | None = None
+        self._bytes_before: dict[int, int] = {}  # ledger -> payload bytes before our position
+        self.position: Position | None = None  # next position to offload
+        self.last_committed: Position | None = None
+        self.failed_attempts = 0
+        self.segment_state: SegmentState | None = None
+        self.committed_segments = 0
+        self.last_error: str | None = None
+        self._reported_lost: set[int] = set()
+
+    # ---- control -------------------------------------------------------------------------
+    def trigger(self) -> None:
+        """Close the open segment now (SIGUSR1 / ``offloadd offload-now``)."""
+        self._manual.set()
+        self._wake.set()
+
+    def request_stop(self) -> None:
+        if self.state in (TaskState.NEW, TaskState.RUNNING):
+            self.state = TaskState.STOPPING
+        self._stop.set()
+        self._wake.set()
+
+    # ---- main loop -----------------------------------------------------------------------
+    async def run(self) -> None:
+        if self.state is TaskState.NEW:
+            self.state = TaskState.RUNNING
+        try:
+            await self._recover_with_retry()
+            while True:
+                try:
+                    done = await self._step()
+                except (Fenced, asyncio.CancelledError):
+                    raise
+                except OffloaddError as exc:
+                    await self._on_failure(exc)
+                    continue
+                if done:
+                    break
+        except Fenced as exc:
+            log.warning("topic %s: lost ownership (%s); stopping without committing",
+                        self.topic, exc)
+            await self._abandon()
+        except asyncio.CancelledError:
+            await asyncio.shield(self._abandon())
+            raise
+        finally:
+            self.state = TaskState.STOPPED
+
+    async def _recover_with_retry(self) -> None:
+        delay = self.env.retry_base_s
+        while True:
+            try:
+                await self._recover()
+                return
+            except Fenced:
+                raise
+            except OffloaddError as exc:
+                self.last_error = str(exc)
+                log.error("topic %s: recovery failed: %s (retrying in %.1fs)",
+                          self.topic, exc, delay)
+                if await self._sleep_or_stop(delay):
+                    raise Fenced("stopped during recovery") from exc
+                delay = min(delay * 2, self.env.retry_max_s)
+
+    async def _recover(self) -> None:
+        """Redo any ASSIGNED segment over its positions, then resume after the last one."""
+        self._bytes_before.clear()
+        info, _ = await managed_ledger.load(self.env.metadata, self.topic.managed_ledger)
+        segs = catalog.segments(info)
+        self._publish_states(segs)
+        for seg in segs:
+            if seg.kind is SegmentKind.STREAMING and not seg.complete:
+                log.info("topic %s: redoing assigned segment %s over %s..%s",
+                         self.topic, seg.uid, seg.begin, seg.end)
+                await self._redo(seg)
+                info, _ = await managed_ledger.load(self.env.metadata, self.topic.managed_ledger)
+        done = [s for s in catalog.segments(info) if s.complete]
+        if done:
+            self.last_committed = done[-1].end
+            self.probe.last_offloaded(*done[-1].end)
+        self.position = catalog.next_position(info)
+        self._publish_states(catalog.segments(info))
+
+    async def _step(self) -> bool:
+        """One turn of the loop; True when the task is finished (stopped)."""
+        env = self.env
+        pol = self._policy().roll
+        ledgers = await self._ledgers()
+        pos, desc = self._normalise(ledgers)
+        att = self._attempt
+        now = env.clock()
+        stopping = self._stop.is_set()
+        reason = roller.roll_reason(pol, att.frame_bytes if att else 0,
+                                    att.opened_at if att else None, now, self._manual.is_set())
+        if stopping and att is not None and att.frame_bytes:
+            reason = RollReason.SHUTDOWN
+        if reason is not None and att is not None and att.close_target is None:
+            if reason is RollReason.MANUAL:
+                self._manual.clear()
+            att.close_target = (Position(desc.ledger_id, desc.last_entry_id)
+                                if desc is not None and reason is not RollReason.SHUTDOWN
+                                else att.end)
+        self._report_lag(ledgers, pos)
+
+        avail = 0 if desc is None or pos is None else desc.last_entry_id - pos.entry_id + 1
+        if att is not None and att.close_target is not None and pos is not None:
+            # closing: read only up to where we were when the roll was decided
+            if pos > att.close_target:
+                avail = 0
+            elif desc is not None and desc.ledger_id == att.close_target.ledger_id:
+                avail = min(avail, att.close_target.entry_id - pos.entry_id + 1)
+        if att is None and avail <= 0:
+            self._manual.clear()  # a trigger with nothing to offload is a no-op
+        if desc is not None and pos is not None and avail > 0 and not (stopping and att is None):
+            before = self._bytes_before.get(desc.ledger_id)
+            must_read = roller.should_read(
+                pol, seg_bytes=att.frame_bytes if att else 0, avail_entries=avail,
+                avail_payload=(desc.size - before) if before is not None else 1 << 62,
+                ledger_closed=desc.state is LedgerState.CLOSED,
+                closing=self._manual.is_set() or (att is not None and att.close_target is not None))
+            if must_read:
+                await self._read_into_segment(pol, desc, pos, avail)
+                return False
+        if att is not None and att.close_target is not None and att.frame_bytes:
+            await self._close(att)
+            return False
+        if stopping:
+            return True
+        timeout = env.idle_poll_s
+        if att is not None:
+            timeout = max(0.0, min(timeout, att.opened_at + pol.max_age_s - now))
+        await self._wait(pos, timeout)
+        return False
+
+    # ---- reading -------------------------------------------------------------------------
+    async def _ledgers(self) -> list[LedgerDesc]:
+        return await self.env.source.ledgers(self.topic)
+
+    def _normalise(self, ledgers: Sequence[LedgerDesc]) -> tuple[Position | None,
+                                                               LedgerDesc | None]:
+        """Move the position over ended or vanished ledgers; return it and its ledger."""
+        pos = self.position
+        if not ledgers:
+            return pos, None
+        if pos is None:
+            pos = Position(ledgers[0].ledger_id, 0)
+        ids = [d.ledger_id for d in ledgers]
+        while True:
+            if pos.ledger_id not in ids:
+                later = [d for d in ledgers if d.ledger_id > pos.ledger_id]
+                if not later:
+                    self.position = pos
+                    return pos, None
+                if pos.ledger_id not in self._reported_lost and self._attempt is None:
+                    self._report_lost(pos)
+                pos = Position(later[0].ledger_id, 0)
+                continue
+            desc = ledgers[ids.index(pos.ledger_id)]
+            idx = ids.index(pos.ledger_id)
+            if (desc.state is LedgerState.CLOSED and pos.entry_id > desc.last_entry_id
+                    and idx + 1 < len(ledgers)):
+                pos = Position(ledgers[idx + 1].ledger_id, 0)
+                continue
+            self.position = pos
+            return pos, desc
+
+    def _report_lost(self, pos: Position) -> None:
+        self._reported_lost.add(pos.ledger_id)
+        log.error("topic %s: ledger %d was deleted before entries from %s were offloaded; "
+                  "they are lost to retention", self.topic, pos.ledger_id, pos)
+        self.probe.data_lost(pos.ledger_id)
+
+    async def _read_into_segment(self, pol: RollPolicy, desc: LedgerDesc, pos: Position,
+                                 avail: int) -> None:
+        env = self.env
+        att = self._attempt
+        budget = roller.read_budget(pol, att.frame_bytes if att else 0)
+        await env.buffer.reserve(budget)
+        reserved = budget
+        try:
+            run = await env.source.read(self.topic, desc.ledger_id, pos.entry_id,
+                                        pos.entry_id + avail - 1, max_bytes=budget)
+        except BaseException:
+            env.buffer.release(reserved)
+            raise
+        size = len(run.data)
+        if size < reserved:
+            env.buffer.release(reserved - size)
+        elif size > reserved:  # an oversize entry: account for what we actually hold
+            env.buffer.grow(size - reserved)
+        reserved = size
+        self.probe.ledger_reading_max_bytes(size)
+        try:
+            if att is None:
+                att = await self._open()
+            parts = stamp_parts(att.builder.add_run(run))
+        except BaseException:
+            env.buffer.release(reserved)
+            raise
+        att.add(run)
+        att.ledger_ts.setdefault(desc.ledger_id, desc.ctime_ms)
+        att.upload.submit(parts, lambda: env.buffer.release(reserved))
+        # what we know of the ledger's byte count before the new position
+        if run.last_entry_id == desc.last_entry_id:
+            self._bytes_before[desc.ledger_id] = desc.size
+        elif desc.ledger_id in self._bytes_before:
+            self._bytes_before[desc.ledger_id] += run.payload_bytes
+        self.position = Position(desc.ledger_id, run.last_entry_id + 1)
+
+    async def _wait(self, pos: Position | None, timeout: float) -> None:
+        self._wake.clear()
+        waits: list[asyncio.Task[object]] = [asyncio.ensure_future(self._wake.wait())]
+        if pos is not None:
+            waits.append(asyncio.ensure_future(self.env.source.wait_for_entries(
+                self.topic, pos.ledger_id, pos.entry_id - 1, timeout)))
+        try:
+            await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waits:
+                w.cancel()
+            await asyncio.gather(*waits, return_exceptions=True)
+
+    # ---- segments ------------------------------------------------------------------------
+    def _object_metadata(self, role: str) -> dict[str, str]:
+        return {
+            FORMAT_VERSION_KEY: "1",
+            "role": role,
+            "managedledgername": self.topic.managed_ledger,
+            "offloadd-format-version": "1",
+            "offloadd-version": __version__,
+        }
+
+    async def _open(self, redo_of: uuid.UUID | None = None) -> _Attempt:
+        env = self.env
+        pol = self._policy().roll
+        uid = uuid.uuid4()
+        acquire = env.acquire
+        topic = str(self.topic)
+
+        async def take(n: int) -> object:
+            assert acquire is not None
+            return await acquire(n, topic)
+
+        upload = SegmentUpload(
+            env.blobstore, streaming_data_key(uid, env.key_prefix), self._object_metadata("data"),
+            in_flight=env.blocks_in_flight, acquire=take if acquire is not None else None,
+            on_part_done=self._part_done)
+        await upload.start()
+        builder = StreamingObjectBuilder(max_block_size=pol.max_block_size,
+                                         min_block_size=pol.min_block_size)
+        self._attempt = _Attempt(uid, upload, builder, env.clock(), redo_of=redo_of)
+        return self._attempt
+
+    def _part_done(self, nbytes: int, seconds: float) -> None:
+        self.probe.offload_bytes(nbytes)
+        self.probe.upload_latency(seconds)
+
+    async def _close(self, att: _Attempt) -> None:
+        """ASSIGN (range fixed) → drain parts → complete data → index → commit OFFLOADED."""
+        env = self.env
+        t0 = env.clock()
+        ranges = tuple(att.ranges)
+        props = dict(env.blobstore.driver_properties())
+        driver = catalog.driver_metadata(env.blobstore.name, props)
+        now_ms = env.wall_ms()
+
+        def assign(info: ManagedLedgerInfo) -> bool:
+            if att.redo_of is not None:
+                catalog.remove_segment(info, att.redo_of)
+            return catalog.add_assigned(info, att.uid, ranges, now_ms, driver)
+
+        await commit.apply(env.metadata, self.topic.managed_ledger, assign, self.fence,
+                           on_write=self.probe.metadata_write)
+        self.segment_state = SegmentState.ASSIGNED
+        att.redo_of = att.uid  # from here on, a retry replaces this record
+        await att.upload.complete()
+        index = att.builder.finish(att.ledger_ts)
+        meta = self._object_metadata("index")
+        meta["offloadd-data-crc32c"] = f"{att.upload.crc:08x}"
+        meta["offloadd-data-length"] = str(att.upload.length)
+        meta["offloadd-crc32c"] = f"{crc32c.crc32c(index):08x}"
+        await env.blobstore.put(streaming_index_key(att.uid, env.key_prefix), [index], meta)
+        await commit.apply(env.metadata, self.topic.managed_ledger,
+                           lambda info: catalog.mark_offloaded(info, att.uid, env.wall_ms()),
+                           self.fence, on_write=self.probe.metadata_write)
+        self.segment_state = SegmentState.OFFLOADED
+        self._attempt = None
+        self.last_committed = Position(ranges[-1].ledger_id, ranges[-1].last)
+        self.committed_segments += 1
+        self.failed_attempts = 0
+        self.last_error = None
+        self.probe.last_offloaded(*self.last_committed)
+        self.probe.segment_committed(sum(r.count for r in ranges), att.upload.length,
+                                     env.clock() - t0)
+        log.info("topic %s: segment %s offloaded: %s..%s (%d ledgers, %d bytes)", self.topic,
+                 att.uid, ranges[0].ledger_id, self.last_committed, len(ranges),
+                 att.upload.length)
+        info, _ = await managed_ledger.load(env.metadata, self.topic.managed_ledger)
+        self._publish_states(catalog.segments(info))
+
+    async def _redo(self, seg: Segment) -> None:
+        """Upload ``seg``'s exact positions again under a fresh uuid, then commit."""
+        await self._delete_objects(seg.uid)
+        att = await self._open(redo_of=seg.uid)
+        pol = self._policy().roll
+        for r in seg.ranges:
+            nxt = r.first
+            ledgers = {d.ledger_id: d for d in await self._ledgers()}
+            desc = ledgers.get(r.ledger_id)
+            if desc is None:
+                raise NotFound(f"topic {self.topic}: ledger {r.ledger_id} of assigned segment "
+                               f"{seg.uid} is gone from the source; cannot redo it")
+            while nxt <= r.last:
+                budget = pol.block_budget
+                await self.env.buffer.reserve(budget)
+                try:
+                    run = await self.env.source.read(self.topic, r.ledger_id, nxt, r.last,
+                                                     max_bytes=budget)
+                except BaseException:
+                    self.env.buffer.release(budget)
+                    raise
+                size = len(run.data)
+                if size < budget:
+                    self.env.buffer.release(budget - size)
+                else:
+                    self.env.buffer.grow(size - budget)
+                parts = stamp_parts(att.builder.add_run(run))
+                att.add(run)
+                att.ledger_ts.setdefault(r.ledger_id, desc.ctime_ms)
+                att.upload.submit(parts, self._releaser(size))
+                nxt = run.last_entry_id + 1
+        await self._close(att)
+        self.position = Position(seg.end.ledger_id, seg.end.entry_id + 1)
+
+    def _releaser(self, n: int) -> Callable[[], None]:
+        return lambda: self.env.buffer.release(n)
+
+    async def _delete_objects(self, uid: uuid.UUID) -> None:
+        for key in (streaming_data_key(uid, self.env.key_prefix),
+                    streaming_index_key(uid, self.env.key_prefix)):
+            await self.env.blobstore.delete(key)
+
+    async def _abandon(self) -> None:
+        """Discard the open attempt: nothing of it is committed, nothing of it stays."""
+        att, self._attempt = self._attempt, None
+        if att is None:
+            return
+        await att.upload.abort()
+        try:
+            await self._delete_objects(att.uid)
+        except OffloaddError as exc:
+            log.warning("topic %s: could not delete objects of abandoned attempt %s: %s "
+                        "(offloadd gc removes them)", self.topic, att.uid, exc)
+
+    async def _on_failure(self, exc: OffloaddError) -> None:
+        """A failed attempt: abort it, back off, then redo the same positions."""
+        self.failed_attempts += 1
+        self.last_error = str(exc)
+        self.probe.offload_error()
+        self.probe.write_storage_error()
+        att = self._attempt
+        self.segment_state = SegmentState.FAILED
+        log.error("topic %s: offload attempt failed (%s); retry %d", self.topic, exc,
+                  self.failed_attempts)
+        await self._abandon()
+        delay = min(self.env.retry_max_s,
+                    self.env.retry_base_s * 2 ** min(self.failed_attempts - 1, 10))
+        delay *= 0.5 + random.random() / 2
+        if await self._sleep_or_stop(delay) and att is None:
+            return
+        # Rewind: recovery finds an ASSIGNED record (redo it) or the last committed end.
+        await self._recover_with_retry()
+
+    async def _sleep_or_stop(self, delay: float) -> bool:
+        try:
+            await asyncio.wait_for(self._stop.wait(), delay)
+            return True
+        except TimeoutError:
+            return False
+
+    # ---- reporting -----------------------------------------------------------------------
+    def _publish_states(self, segs: Sequence[Segment]) -> None:
+        assigned = sum(1 for s in segs if not s.complete)
+        offloaded = sum(1 for s in segs if s.complete)
+        failed = 1 if self.segment_state is SegmentState.FAILED else 0
+        self.committed_segments = offloaded
+        self.probe.segment_states(assigned - failed if assigned >= failed else 0, offloaded,
+                                  failed)
+
+    def _report_lag(self, ledgers: Sequence[LedgerDesc], pos: Position | None) -> None:
+        if pos is None or not ledgers:
+            return
+        entries = 0
+        nbytes = 0
+        oldest_ms: int | None = None
+        for d in ledgers:
+            if d.ledger_id < pos.ledger_id:
+                continue
+            if d.ledger_id == pos.ledger_id:
+                n = max(d.last_entry_id - pos.entry_id + 1, 0)
+                before = self._bytes_before.get(d.ledger_id)
+                nbytes += (d.size - before) if before is not None else 0
+            else:
+                n = d.entries
+                nbytes += d.size
+            entries += n
+            if n and oldest_ms is None:
+                oldest_ms = d.ctime_ms
+        seconds = max(0.0, (self.env.wall_ms() - oldest_ms) / 1000) if oldest_ms else 0.0
+        self.probe.lag(entries, nbytes, seconds if entries else 0.0)
+
+    def status(self) -> Mapping[str, object]:
+        return {
+            "state": self.state.value,
+            "position": str(self.position) if self.position else None,
+            "last_committed": str(self.last_committed) if self.last_committed else None,
+            "open_segment_bytes": self._attempt.frame_bytes if self._attempt else 0,
+            "failed_attempts": self.failed_attempts,
+            "last_error": self.last_error,
+        }

@@ -1,0 +1,114 @@
+"""The uploader: one segment's data object as a multipart upload, several blocks in flight.
+
+Each block is one part. Before its bytes leave, the part takes its size from the broker-wide
+throttle; when it has landed, the offload-buffer bytes behind it are released. The first failed
+part fails the whole attempt (the topic task aborts it and redoes the segment). A CRC32C of the
+whole object is computed in part order as parts are submitted (the parts themselves may finish
+in any order) and recorded in the index object's user metadata.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+
+import crc32c
+
+from offloadd.blobstore.base import BlobStore, MultipartUpload, ObjectInfo
+from offloadd.format.layout import Part
+
+Acquire = Callable[[int], Awaitable[object]]
+
+
+class SegmentUpload:
+    def __init__(self, store: BlobStore, key: str, metadata: Mapping[str, str], *,
+                 in_flight: int, acquire: Acquire | None = None,
+                 on_part_done: Callable[[int, float], None] | None = None) -> None:
+        self.store = store
+        self.key = key
+        self.metadata = dict(metadata)
+        self._sem = asyncio.Semaphore(in_flight)
+        self._acquire = acquire
+        self._on_part_done = on_part_done
+        self._upload: MultipartUpload | None = None
+        # done tasks leave the set at once: a finished part must not pin its block's bytes
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._error: BaseException | None = None
+        self.crc = 0
+        self.length = 0
+        self.parts = 0
+
+    async def start(self) -> None:
+        self._upload = await self.store.start_upload(self.key, self.metadata)
+
+    @property
+    def failed(self) -> BaseException | None:
+        return self._error
+
+    def submit(self, parts: Sequence[Part], release: Callable[[], None]) -> None:
+        """Schedule ``parts``; ``release`` runs once when all of them are done (or failed)."""
+        if self._upload is None:
+            raise RuntimeError("upload not started")
+        for p in parts:
+            for b in p.buffers:
+                self.crc = crc32c.crc32c(b, self.crc)
+            self.length = max(self.length, p.offset + p.length)
+            self.parts += 1
+        remaining = [len(parts)]
+
+        def done(t: asyncio.Task[None]) -> None:
+            self._tasks.discard(t)
+            remaining[0] -= 1
+            if remaining[0] == 0:
+                release()
+
+        if not parts:
+            release()
+        for p in parts:
+            t = asyncio.create_task(self._put(p), name=f"part-{self.key}-{p.part_number}")
+            t.add_done_callback(done)
+            self._tasks.add(t)
+
+    async def _put(self, part: Part) -> None:
+        assert self._upload is not None
+        async with self._sem:
+            if self._error is not None:
+                return
+            try:
+                if self._acquire is not None:
+                    await self._acquire(part.length)
+                loop = asyncio.get_running_loop()
+                t0 = loop.time()
+                await self._upload.put_part(part.part_number, part.offset, part.buffers)
+                if self._on_part_done is not None:
+                    self._on_part_done(part.length, loop.time() - t0)
+            except BaseException as exc:
+                if self._error is None:
+                    self._error = exc
+                if isinstance(exc, asyncio.CancelledError):
+                    raise
+
+    async def drain(self) -> None:
+        """Wait for every submitted part; raise the first failure."""
+        while self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+        if self._error is not None:
+            raise self._error
+
+    async def complete(self) -> ObjectInfo:
+        await self.drain()
+        assert self._upload is not None
+        return await self._upload.complete()
+
+    async def abort(self) -> None:
+        """Cancel in-flight parts and discard the upload (best effort)."""
+        for t in self._tasks:
+            t.cancel()
+        if self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+        self._tasks.clear()
+        if self._upload is not None:
+            try:
+                await self._upload.abort()
+            except Exception:
+                pass

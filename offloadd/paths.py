@@ -1,0 +1,107 @@
+"""Every object key and metadata path, built and parsed in one place.
+
+Object keys follow Pulsar's offloaders (``DataBlockUtils``):
+
+=====================================  ===============================================
+``<prefix><uuid>``                     streaming data object (PIP-76)
+``<prefix><uuid>-index``               streaming index
+``<prefix><uuid>-ledger-<ledgerId>``   ledger-based data object (PIP-17)
+``<prefix><uuid>-ledger-<id>-index``   ledger-based index
+=====================================  ===============================================
+
+Metadata paths (relative to the store's root/chroot):
+
+=========================================  ==========================================
+``/managed-ledgers/<ml name>``             ``ManagedLedgerInfo`` (DESIGN §6)
+``/offloadd/topics/<ml name>``             the daemon's per-topic state (epoch, owner)
+``/offloadd/owners/<ml name>``             ephemeral owner node
+``/offloadd/deletions/<uuid>``             pending deletion records
+``/offloadd/ledger-id``                    global ledger-id counter of the embedded store
+=========================================  ==========================================
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from dataclasses import dataclass
+
+MANAGED_LEDGERS = "/managed-ledgers"
+OFFLOADD_ROOT = "/offloadd"
+LEDGER_ID_COUNTER = f"{OFFLOADD_ROOT}/ledger-id"
+
+
+def managed_ledger_path(ml_name: str) -> str:
+    return f"{MANAGED_LEDGERS}/{ml_name}"
+
+
+def topic_state_path(ml_name: str) -> str:
+    return f"{OFFLOADD_ROOT}/topics/{ml_name}"
+
+
+def owner_path(ml_name: str) -> str:
+    return f"{OFFLOADD_ROOT}/owners/{ml_name}"
+
+
+def deletion_path(uid: uuid.UUID) -> str:
+    return f"{OFFLOADD_ROOT}/deletions/{uid}"
+
+
+def streaming_data_key(uid: uuid.UUID, prefix: str = "") -> str:
+    return f"{prefix}{uid}"
+
+
+def streaming_index_key(uid: uuid.UUID, prefix: str = "") -> str:
+    return f"{prefix}{uid}-index"
+
+
+def ledger_data_key(uid: uuid.UUID, ledger_id: int, prefix: str = "") -> str:
+    return f"{prefix}{uid}-ledger-{ledger_id}"
+
+
+def ledger_index_key(uid: uuid.UUID, ledger_id: int, prefix: str = "") -> str:
+    return f"{prefix}{uid}-ledger-{ledger_id}-index"
+
+
+_KEY_RE = re.compile(
+    r"^(?P<uuid>[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})"
+    r"(?:-ledger-(?P<ledger>-?\d+))?(?P<index>-index)?$"
+)
+
+
+@dataclass(frozen=True)
+class ParsedKey:
+    uid: uuid.UUID
+    ledger_id: int | None  # set for ledger-based (PIP-17) objects
+    is_index: bool
+
+    @property
+    def streaming(self) -> bool:
+        return self.ledger_id is None
+
+
+def parse_key(key: str, prefix: str = "") -> ParsedKey | None:
+    """Inverse of the ``*_key`` builders; ``None`` for keys that are not ours."""
+    if not key.startswith(prefix):
+        return None
+    m = _KEY_RE.match(key[len(prefix):])
+    if not m:
+        return None
+    ledger = m.group("ledger")
+    return ParsedKey(uuid.UUID(m.group("uuid")), int(ledger) if ledger is not None else None,
+                     m.group("index") is not None)
+
+
+def uuid_to_msb_lsb(uid: uuid.UUID) -> tuple[int, int]:
+    """Split a uuid into the signed int64 halves Pulsar stores (``uidMsb``, ``uidLsb``)."""
+    v = uid.int
+    msb, lsb = v >> 64, v & 0xFFFF_FFFF_FFFF_FFFF
+    return _signed64(msb), _signed64(lsb)
+
+
+def msb_lsb_to_uuid(msb: int, lsb: int) -> uuid.UUID:
+    return uuid.UUID(int=((msb & 0xFFFF_FFFF_FFFF_FFFF) << 64) | (lsb & 0xFFFF_FFFF_FFFF_FFFF))
+
+
+def _signed64(v: int) -> int:
+    return v - (1 << 64) if v >= 1 << 63 else v

@@ -1,0 +1,231 @@
+"""Read offloaded entries back by position, across segments, ledgers and both formats.
+
+A topic's committed segments come from its ``ManagedLedgerInfo`` (:mod:`offloadd.catalog`);
+streaming segments (PIP-76) and ledgers offloaded whole (PIP-17) interleave in one log order, and
+the reader hands out one ordered stream whatever mix holds it. For each object the index is read
+once (LRU-cached), then whole blocks are fetched by ranged GETs, ``prefetch`` of them in flight
+ahead of the consumer. Every block is checked before any of its entries is returned: magic,
+lengths, ledger and first entry against the index, the per-block CRC32C when the writer recorded
+one, and the consecutive entry ids inside — wrong bytes raise ``FormatError`` naming the object
+and block, never a wrong entry.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+
+from offloadd import catalog
+from offloadd.blobstore.base import BlobStore
+from offloadd.catalog import Segment, SegmentKind
+from offloadd.errors import FormatError, NotFound
+from offloadd.format import (
+    HEADER_LEN,
+    IndexEntry,
+    LedgerIndex,
+    StreamingIndex,
+    decode_index,
+    iter_block_entries,
+    parse_block_header,
+)
+from offloadd.format.checksum import verify_block_checksum
+from offloadd.metadata import managed_ledger
+from offloadd.metadata.base import MetadataStore
+from offloadd.model import Position, TopicName
+from offloadd.paths import (
+    ledger_data_key,
+    ledger_index_key,
+    streaming_data_key,
+    streaming_index_key,
+)
+
+
+@dataclass(frozen=True)
+class Entry:
+    position: Position
+    payload: memoryview
+
+
+@dataclass(frozen=True)
+class _BlockRef:
+    data_key: str
+    ledger_id: int
+    block: IndexEntry
+    end: int
+
+
+class ReadProbe:
+    """Hooks for metrics; the default does nothing."""
+
+    def index_read(self, seconds: float) -> None: ...
+    def data_read(self, seconds: float, nbytes: int) -> None: ...
+    def read_error(self) -> None: ...
+
+
+class TierReader:
+    def __init__(self, metadata: MetadataStore, blobstore: BlobStore, *, prefetch: int = 4,
+                 index_cache: int = 256, key_prefix: str = "",
+                 probe: ReadProbe | None = None,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
+        self.metadata = metadata
+        self.blobstore = blobstore
+        self.prefetch = max(prefetch, 0)
+        self.key_prefix = key_prefix
+        self.probe = probe or ReadProbe()
+        self._clock = clock
+        self._cache: collections.OrderedDict[str, StreamingIndex | LedgerIndex] = (
+            collections.OrderedDict())
+        self._cache_size = index_cache
+
+    async def segments(self, topic: TopicName, *, committed_only: bool = True) -> list[Segment]:
+        info, _ = await managed_ledger.load(self.metadata, topic.managed_ledger)
+        segs = catalog.segments(info)
+        return [s for s in segs if s.complete] if committed_only else segs
+
+    async def read(self, topic: TopicName, start: Position | None = None,
+                   count: int | None = None) -> AsyncIterator[Entry]:
+        """Entries from ``start`` (or the first offloaded one), in log order, at most ``count``."""
+        left = count
+        for seg in await self.segments(topic):
+            if start is not None and seg.end < start:
+                continue
+            async for e in self.read_segment(seg, start):
+                if left is not None:
+                    if left <= 0:
+                        return
+                    left -= 1
+                yield e
+            if left is not None and left <= 0:
+                return
+
+    async def read_segment(self, seg: Segment, start: Position | None = None
+                           ) -> AsyncIterator[Entry]:
+        refs = await self._block_refs(seg, start)
+        pending: collections.deque[asyncio.Task[bytes]] = collections.deque()
+        i = 0
+        try:
+            while i < len(refs) or pending:
+                while i < len(refs) and len(pending) <= self.prefetch:
+                    pending.append(asyncio.create_task(self._fetch(refs[i])))
+                    i += 1
+                ref_idx = i - len(pending)
+                buf = await pending.popleft()
+                ref = refs[ref_idx]
+                rng = next(r for r in seg.ranges if r.ledger_id == ref.ledger_id)
+                for entry_id, payload in self._entries(ref, buf):
+                    pos = Position(ref.ledger_id, entry_id)
+                    if entry_id < rng.first or entry_id > rng.last:
+                        continue
+                    if start is not None and pos < start:
+                        continue
+                    yield Entry(pos, payload)
+        finally:
+            for t in pending:
+                t.cancel()
+            if pending:
+                await asyncio.gather(*pending, return_exceptions=True)
+
+    async def _fetch(self, ref: _BlockRef) -> bytes:
+        t0 = self._clock()
+        try:
+            data = await self.blobstore.get_range(ref.data_key, ref.block.offset, ref.end)
+        except Exception:
+            self.probe.read_error()
+            raise
+        self.probe.data_read(self._clock() - t0, len(data))
+        if len(data) != ref.end - ref.block.offset:
+            self.probe.read_error()
+            raise FormatError(ref.data_key, ref.block.offset + len(data),
+                              f"block {ref.block.part_id} is truncated: got {len(data)} of "
+                              f"{ref.end - ref.block.offset} bytes")
+        return data
+
+    def _entries(self, ref: _BlockRef, buf: bytes) -> list[tuple[int, memoryview]]:
+        where = f"{ref.data_key} (block {ref.block.part_id} at byte {ref.block.offset})"
+        try:
+            hdr = parse_block_header(buf, 0, where)
+            if hdr.block_len != len(buf):
+                raise FormatError(where, 12, f"block length {hdr.block_len} disagrees with the "
+                                  f"index ({len(buf)})")
+            if hdr.first_entry_id != ref.block.first_entry_id:
+                raise FormatError(where, 20, f"first entry {hdr.first_entry_id} but the index "
+                                  f"says {ref.block.first_entry_id}")
+            if hdr.ledger_id is not None and hdr.ledger_id != ref.ledger_id:
+                raise FormatError(where, 28, f"ledger {hdr.ledger_id} but the index says "
+                                  f"{ref.ledger_id}")
+            verify_block_checksum(buf, 0, hdr.block_len, where)
+            out = list(iter_block_entries(buf, 0, where))
+        except FormatError:
+            self.probe.read_error()
+            raise
+        if not out:
+            raise FormatError(where, HEADER_LEN, "block holds no entry")
+        if out[0][0] != ref.block.first_entry_id:
+            raise FormatError(where, HEADER_LEN, "first entry id disagrees with the header")
+        return out
+
+    async def index(self, key: str) -> StreamingIndex | LedgerIndex:
+        idx = self._cache.get(key)
+        if idx is not None:
+            self._cache.move_to_end(key)
+            return idx
+        t0 = self._clock()
+        info = await self.blobstore.head(key)
+        raw = await self.blobstore.get_range(key, 0, info.size)
+        self.probe.index_read(self._clock() - t0)
+        try:
+            idx = decode_index(raw, key)
+        except FormatError:
+            self.probe.read_error()
+            raise
+        self._cache[key] = idx
+        if len(self._cache) > self._cache_size:
+            self._cache.popitem(last=False)
+        return idx
+
+    async def _block_refs(self, seg: Segment, start: Position | None) -> list[_BlockRef]:
+        refs: list[_BlockRef] = []
+        if seg.kind is SegmentKind.STREAMING:
+            key = streaming_index_key(seg.uid, self.key_prefix)
+            idx = await self.index(key)
+            if not isinstance(idx, StreamingIndex):
+                raise FormatError(key, 0, "expected a streaming index, found a ledger-based one")
+            data_key = streaming_data_key(seg.uid, self.key_prefix)
+            for r in seg.ranges:
+                try:
+                    section = idx.section(r.ledger_id)
+                except NotFound:
+                    raise FormatError(key, 0, f"index has no section for ledger {r.ledger_id} "
+                                      f"of segment {seg.uid}") from None
+                if section.last_entry_id < r.last:
+                    raise FormatError(key, 0, f"index ends ledger {r.ledger_id} at entry "
+                                      f"{section.last_entry_id}, metadata says {r.last}")
+                refs.extend(_BlockRef(data_key, r.ledger_id, b, idx.block_end(b))
+                            for b in section.blocks)
+        else:
+            (r,) = seg.ranges
+            key = ledger_index_key(seg.uid, r.ledger_id, self.key_prefix)
+            lidx = await self.index(key)
+            if not isinstance(lidx, LedgerIndex):
+                raise FormatError(key, 0, "expected a ledger-based index, found a streaming one")
+            data_key = ledger_data_key(seg.uid, r.ledger_id, self.key_prefix)
+            refs.extend(_BlockRef(data_key, r.ledger_id, b, lidx.block_end(b))
+                        for b in lidx.blocks)
+        if start is not None:
+            refs = [ref for i, ref in enumerate(refs)
+                    if not _block_before(ref, refs[i + 1] if i + 1 < len(refs) else None, start)]
+        return refs
+
+
+def _block_before(ref: _BlockRef, nxt: _BlockRef | None, start: Position) -> bool:
+    """True when every entry of ``ref`` lies before ``start`` (the next block of the same
+    ledger starts at or before it)."""
+    if ref.ledger_id < start.ledger_id:
+        return True
+    if ref.ledger_id > start.ledger_id:
+        return False
+    return nxt is not None and nxt.ledger_id == ref.ledger_id and \
+        nxt.block.first_entry_id <= start.entry_id

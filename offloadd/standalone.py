@@ -1,0 +1,153 @@
+"""``offloadd standalone``: embedded writer + daemon + metrics in one process.
+
+No external service: metadata in SQLite (``embedded:./data/metadata``), ledgers under
+``./data/ledgers``, the tier under ``./data/tier``. Without ``--config`` the demo policy below
+rolls small segments and ledgers quickly so that a short run shows segments spanning ledgers
+and ledgers spanning segments. When ``--duration`` ends, the writer stops, every open segment
+is closed and committed, and the process exits 0 (also on SIGTERM/SIGINT).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from typing import Any
+
+from offloadd import config as config_mod
+from offloadd.config import Settings
+from offloadd.daemon import Daemon, remove_pid_file, write_pid_file
+from offloadd.errors import OffloaddError
+from offloadd.produce import ProduceStats, produce, topic_names
+from offloadd.runtime import Runtime
+
+log = logging.getLogger(__name__)
+
+DEMO_OVERRIDES: dict[str, Any] = {
+    "offload__max_size_per_segment_mbytes": 4,
+    "offload__max_segment_rollover_time_minutes": 0.1,
+    "offload__max_block_size_bytes": 1024 * 1024,
+    "source__rollover_bytes": 3 * 1024 * 1024 // 2,
+    "source__rollover_minutes": 0.25,
+}
+
+
+def load_settings(path: str | None) -> Settings:
+    if path is not None:
+        return config_mod.load(path)
+    return config_mod.load(None, **DEMO_OVERRIDES)
+
+
+async def run_standalone(settings: Settings, *, duration: float | None, rate: float,
+                         entry_size: int, topics: int, drain_timeout_s: float = 120.0,
+                         config_path: str | None = None) -> dict[str, Any]:
+    rt = await Runtime.open(settings, with_writer=True)
+    assert rt.local is not None
+    stop = asyncio.Event()
+    daemon = rt.daemon
+    stats = ProduceStats()
+    names = topic_names(topics)
+    t0 = time.monotonic()
+    write_pid_file(settings.daemon.pid_file)
+
+    def reload() -> Settings:
+        return load_settings(config_path)
+
+    daemon_task = asyncio.create_task(daemon.run(
+        reload=reload, trigger_file=settings.daemon.pid_file.with_suffix(".trigger")))
+    loop = asyncio.get_running_loop()
+    # the daemon owns SIGTERM/SIGINT handling; stopping it also stops the writer
+    try:
+        await rt.start_metrics()
+        writer = rt.local.writer
+        progress = asyncio.create_task(_progress(daemon, lambda: stats, t0))
+
+        async def write() -> None:
+            nonlocal stats
+            stats = await produce(writer, names, entry_size=entry_size, rate=rate,
+                                  duration=duration, stop=stop,
+                                  on_batch=lambda s: None)
+
+        writer_task = asyncio.create_task(write())
+        while not writer_task.done() and not daemon_task.done() and daemon.state.value in (
+                "new", "running"):
+            await asyncio.wait({writer_task, daemon_task}, timeout=0.5,
+                               return_when=asyncio.FIRST_COMPLETED)
+        stop.set()
+        await writer_task
+        await writer.close()  # closes open ledgers: their ends are final
+        if not daemon_task.done():
+            await _drain(daemon, rt, drain_timeout_s)
+            daemon.request_stop()
+        await daemon_task
+        progress.cancel()
+        summary = await _summary(rt, names, stats, time.monotonic() - t0)
+        log.info("standalone finished: %s", json.dumps(summary))
+        return summary
+    finally:
+        del loop
+        remove_pid_file(settings.daemon.pid_file)
+        await rt.close()
+
+
+async def _drain(daemon: Daemon, rt: Runtime, timeout: float) -> None:
+    """Close every open segment and wait until all written entries are committed."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        await asyncio.sleep(0.2)
+        daemon.trigger()
+        behind = 0
+        for topic in await rt.source.list_topics():
+            ledgers = await rt.source.ledgers(topic)
+            last = next((d for d in reversed(ledgers) if d.last_entry_id >= 0), None)
+            running = daemon.topics.get(topic)
+            if last is None:
+                continue
+            done = running.offloader.last_committed if running else None
+            if done is None or (done.ledger_id, done.entry_id) < (last.ledger_id,
+                                                                   last.last_entry_id):
+                behind += 1
+        if behind == 0:
+            return
+    log.warning("standalone: gave up waiting for the final segments after %.0fs", timeout)
+
+
+async def _progress(daemon: Daemon, stats: Any, t0: float) -> None:
+    while True:
+        await asyncio.sleep(5)
+        st = daemon.status()
+        committed = sum(1 for _ in st["topics"])
+        log.info("t=%.0fs topics=%d buffer=%.1f MiB", time.monotonic() - t0, committed,
+                 st["buffer"]["used"] / 2**20)
+
+
+async def _summary(rt: Runtime, names: list[Any], stats: ProduceStats,
+                   seconds: float) -> dict[str, Any]:
+    from offloadd import catalog
+    from offloadd.metadata import managed_ledger
+
+    topics = {}
+    for t in names:
+        try:
+            info, _ = await managed_ledger.load(rt.metadata, t.managed_ledger)
+        except OffloaddError:
+            continue
+        segs = [s for s in catalog.segments(info) if s.complete]
+        topics[str(t)] = {
+            "ledgers": len(info.ledgerInfo),
+            "segments": len(segs),
+            "entries_offloaded": sum(s.entries for s in segs),
+            "last_offloaded": str(segs[-1].end) if segs else None,
+        }
+    return {"seconds": round(seconds, 1), "entries_written": stats.entries,
+            "bytes_written": stats.bytes, "topics": topics}
+
+
+def _secrets(settings: Settings) -> list[str]:
+    out = []
+    for s in (settings.blobstore.secret_access_key, settings.blobstore.session_token,
+              settings.metadata.acl_digest):
+        if s is not None:
+            out.append(s.get_secret_value())
+    return out

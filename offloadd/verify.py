@@ -1,0 +1,244 @@
+"""``offloadd verify``: prove what is committed is complete, readable and right.
+
+Per topic: committed segments are contiguous from the topic's first entry to the last offloaded
+one (no gap, no overlap, no duplicate entry); every object reads back, every block passes its
+checks (see :mod:`offloadd.read.reader`); each object's CRC32C matches the one recorded at upload;
+and, while the source still holds the entries, every payload's CRC32C equals the source's.
+Across the tier: no orphan objects (keys of ours that no topic references), ignoring objects
+younger than a grace period that a running daemon may be about to commit.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import crc32c
+
+from offloadd import catalog
+from offloadd.blobstore.base import BlobStore
+from offloadd.catalog import Segment, SegmentKind
+from offloadd.errors import NotFound, OffloaddError
+from offloadd.ledger.base import LedgerSource
+from offloadd.metadata import managed_ledger
+from offloadd.metadata.base import MetadataStore
+from offloadd.model import Position, TopicName
+from offloadd.paths import parse_key, streaming_data_key, streaming_index_key
+from offloadd.read.reader import TierReader
+
+
+@dataclass
+class TopicReport:
+    topic: str
+    segments: int = 0
+    assigned: int = 0
+    entries: int = 0
+    bytes: int = 0
+    first: str | None = None
+    last_offloaded: str | None = None
+    gaps: list[str] = field(default_factory=list)
+    duplicates: int = 0
+    checksum_mismatches: int = 0
+    source_checked: int = 0
+    errors: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not (self.gaps or self.duplicates or self.checksum_mismatches or self.errors)
+
+
+@dataclass
+class Report:
+    topics: list[TopicReport]
+    orphans: list[str]
+    referenced_objects: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return all(t.ok for t in self.topics) and not self.orphans
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok,
+            "topics": [dict(asdict(t), ok=t.ok) for t in self.topics],
+            "orphans": self.orphans,
+            "referenced_objects": self.referenced_objects,
+        }
+
+
+class _SourceCrcs:
+    """Per-entry CRC32Cs kept by the embedded store, when the source has them."""
+
+    def __init__(self, source: LedgerSource | None) -> None:
+        self.source = source
+
+    async def get(self, ledger_id: int, first: int, last: int) -> Sequence[int] | None:
+        read_crcs = getattr(self.source, "read_crcs", None)
+        if read_crcs is None:
+            return None
+        try:
+            crcs: Sequence[int] = await read_crcs(ledger_id, first, last)
+        except (NotFound, OffloaddError, OSError):
+            return None
+        return crcs if len(crcs) == last - first + 1 else None
+
+
+def _expected_begin(prev: Position | None, ledgers: Sequence[int],
+                    entries: dict[int, int | None]) -> Position | None:
+    """Where the segment after one ending at ``prev`` must begin (None: anywhere)."""
+    if prev is None:
+        return None
+    n = entries.get(prev.ledger_id)
+    if n is None or prev.entry_id + 1 < n:
+        return Position(prev.ledger_id, prev.entry_id + 1)
+    # the ledger is complete: next non-empty ledger, entry 0
+    idx = ledgers.index(prev.ledger_id) if prev.ledger_id in ledgers else -1
+    for lid in ledgers[idx + 1:]:
+        if entries.get(lid) != 0:
+            return Position(lid, 0)
+    return None
+
+
+async def verify_topic(topic: TopicName, metadata: MetadataStore, blobstore: BlobStore,
+                       reader: TierReader, source: LedgerSource | None,
+                       referenced: set[uuid.UUID]) -> TopicReport:
+    rep = TopicReport(str(topic))
+    try:
+        info, _ = await managed_ledger.load(metadata, topic.managed_ledger)
+    except OffloaddError as exc:
+        rep.errors.append(str(exc))
+        return rep
+    segs = catalog.segments(info)
+    for s in segs:
+        referenced.add(s.uid)
+    committed = [s for s in segs if s.complete]
+    rep.assigned = len(segs) - len(committed)
+    rep.segments = len(committed)
+    ledgers = [li.ledgerId for li in info.ledgerInfo]
+    entries: dict[int, int | None] = {
+        li.ledgerId: (li.entries if li.HasField("entries") else None) for li in info.ledgerInfo}
+    if source is not None:
+        try:
+            for d in await source.ledgers(topic):
+                if d.ledger_id in entries and entries[d.ledger_id] is None:
+                    entries[d.ledger_id] = None  # open: no end yet
+        except OffloaddError:
+            pass
+    crcs = _SourceCrcs(source)
+    prev: Position | None = None
+    if committed:
+        rep.first = str(committed[0].begin)
+        first_ledger = next((lid for lid in ledgers if entries.get(lid) != 0), None)
+        if first_ledger is not None and committed[0].begin != Position(first_ledger, 0):
+            rep.gaps.append(f"first segment begins at {committed[0].begin}, "
+                            f"the topic at {first_ledger}:0")
+    for seg in committed:
+        expect = _expected_begin(prev, ledgers, entries)
+        if expect is not None and seg.begin != expect:
+            if seg.begin < expect:
+                rep.duplicates += 1
+                rep.errors.append(f"segment {seg.uid} begins at {seg.begin}, overlapping the "
+                                  f"previous one (expected {expect})")
+            else:
+                rep.gaps.append(f"{expect}..before {seg.begin}")
+        await _verify_segment(seg, rep, blobstore, reader, crcs)
+        prev = seg.end
+    if prev is not None:
+        rep.last_offloaded = str(prev)
+    return rep
+
+
+async def _verify_segment(seg: Segment, rep: TopicReport, blobstore: BlobStore,
+                          reader: TierReader, crcs: _SourceCrcs) -> None:
+    got: dict[int, list[int]] = {}  # ledger -> payload crcs in order
+    expect_pos: Position | None = None
+    count = 0
+    try:
+        async for e in reader.read_segment(seg):
+            if expect_pos is not None and e.position != expect_pos and not (
+                    e.position.entry_id == 0 and e.position.ledger_id != expect_pos.ledger_id):
+                if e.position < expect_pos:
+                    rep.duplicates += 1
+                else:
+                    rep.gaps.append(f"inside segment {seg.uid}: {expect_pos} missing")
+            expect_pos = Position(e.position.ledger_id, e.position.entry_id + 1)
+            got.setdefault(e.position.ledger_id, []).append(crc32c.crc32c(e.payload))
+            rep.bytes += len(e.payload)
+            count += 1
+    except OffloaddError as exc:
+        rep.errors.append(f"segment {seg.uid}: {exc}")
+        return
+    if count != seg.entries:
+        rep.errors.append(f"segment {seg.uid}: read {count} entries, metadata says {seg.entries}")
+    rep.entries += count
+    for r in seg.ranges:
+        want = await crcs.get(r.ledger_id, r.first, r.last)
+        if want is None:
+            continue
+        have = got.get(r.ledger_id, [])
+        rep.source_checked += len(want)
+        bad = sum(1 for a, b in zip(have, want, strict=False) if a != b)
+        if bad or len(have) != len(want):
+            rep.checksum_mismatches += bad + abs(len(have) - len(want))
+            rep.errors.append(f"segment {seg.uid}: {bad} entries of ledger {r.ledger_id} differ "
+                              f"from the source")
+    if seg.kind is SegmentKind.STREAMING:
+        await _verify_object_crc(seg.uid, rep, blobstore, reader.key_prefix)
+
+
+async def _verify_object_crc(uid: uuid.UUID, rep: TopicReport, blobstore: BlobStore,
+                             prefix: str) -> None:
+    """Check the data object's CRC32C recorded in the index object's metadata."""
+    idx_key = streaming_index_key(uid, prefix)
+    data_key = streaming_data_key(uid, prefix)
+    try:
+        meta = (await blobstore.head(idx_key)).metadata
+        want = meta.get("offloadd-data-crc32c")
+        if want is None:
+            return
+        info = await blobstore.head(data_key)
+        crc = 0
+        step = 16 * 1024 * 1024
+        for off in range(0, info.size, step):
+            crc = crc32c.crc32c(await blobstore.get_range(data_key, off,
+                                                          min(off + step, info.size)), crc)
+        if f"{crc:08x}" != want:
+            rep.checksum_mismatches += 1
+            rep.errors.append(f"{data_key}: CRC32C {crc:08x}, recorded {want}")
+    except OffloaddError as exc:
+        rep.errors.append(f"{data_key}: {exc}")
+
+
+async def find_orphans(blobstore: BlobStore, referenced: set[uuid.UUID], prefix: str,
+                       grace_s: float) -> list[str]:
+    now = time.time()
+    orphans = []
+    async for obj in blobstore.list(prefix):
+        parsed = parse_key(obj.key, prefix)
+        if parsed is None or parsed.uid in referenced:
+            continue
+        if now - obj.mtime < grace_s:
+            continue
+        orphans.append(obj.key)
+    return orphans
+
+
+async def verify(metadata: MetadataStore, blobstore: BlobStore, source: LedgerSource | None,
+                 topics: Sequence[TopicName], *, prefix: str = "", grace_s: float = 300.0,
+                 check_orphans: bool = True) -> Report:
+    reader = TierReader(metadata, blobstore, key_prefix=prefix)
+    referenced: set[uuid.UUID] = set()
+    reports = [await verify_topic(t, metadata, blobstore, reader, source, referenced)
+               for t in topics]
+    if check_orphans:  # objects of topics not verified now are not orphans
+        for name in await managed_ledger.list_names(metadata):
+            try:
+                info, _ = await managed_ledger.load(metadata, name)
+            except OffloaddError:
+                continue
+            referenced.update(s.uid for s in catalog.segments(info))
+    orphans = await find_orphans(blobstore, referenced, prefix, grace_s) if check_orphans else []
+    return Report(reports, orphans, len(referenced))

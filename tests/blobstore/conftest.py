@@ -1,0 +1,43 @@
+"""Fixtures for the blob-store contract suite: one fresh, empty store per test per driver."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+
+import pytest
+
+from offloadd.blobstore.base import BlobStore
+from offloadd.blobstore.filesystem import FilesystemBlobStore
+from offloadd.blobstore.memory import MemoryBlobStore
+
+# Opens an empty store for one test; may pull other fixtures through request.getfixturevalue (a
+# server, say) and register clean-up with request.addfinalizer. The suite closes the store.
+StoreFactory = Callable[[pytest.FixtureRequest, Path], Awaitable[BlobStore]]
+
+
+async def _memory(request: pytest.FixtureRequest, tmp_path: Path) -> BlobStore:
+    return MemoryBlobStore()
+
+
+async def _filesystem(request: pytest.FixtureRequest, tmp_path: Path) -> BlobStore:
+    return FilesystemBlobStore(tmp_path / "blobs")
+
+
+# Register new drivers HERE: one pytest.param per driver, whose value is a StoreFactory. Mark ones
+# that start real servers, e.g. for S3:
+#     pytest.param(_s3, id="s3", marks=pytest.mark.integration)
+# where _s3(request, tmp_path) gets the server with request.getfixturevalue(...), creates a bucket
+# unique to the test and returns a driver on it.
+IMPLEMENTATIONS = [
+    pytest.param(_memory, id="memory"),
+    pytest.param(_filesystem, id="filesystem"),
+]
+
+
+@pytest.fixture(params=IMPLEMENTATIONS)
+async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[BlobStore]:
+    factory: StoreFactory = request.param
+    opened = await factory(request, tmp_path)
+    yield opened
+    await opened.close()
