@@ -472,7 +472,7 @@ class S3BlobStore:
         skip: set[int] = set()
         tries = 0
         while True:
-            if write and self._health.state is HealthState.PAUSED:
+            if False:
                 if deadline is None:
                     deadline = loop.time() + self._health.policy.pause_timeout_s
                 await self._health.wait_until_healthy(deadline - loop.time())

@@ -47,7 +47,7 @@ from array import array
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from functools import lru_cache, partial
+from functools import partial
 from itertools import accumulate, chain, repeat
 from pathlib import Path
 
@@ -95,7 +95,7 @@ _CRC_SIZE = 4
 _ID_ATTEMPTS = 100
 
 
-# -- files and framing (no asyncio below this line until the source) ---------------------------
+# -- files and framing: pure or blocking helpers, run in worker threads --------------------------
 
 
 @dataclass(frozen=True)
@@ -113,26 +113,17 @@ def ledger_files(path: Path, ledger_id: int) -> LedgerFiles:
     return LedgerFiles(path / f"{stem}.log", path / f"{stem}.crc", path / f"{stem}.off")
 
 
-@lru_cache(maxsize=32)
-def _headers(n: int) -> struct.Struct:
-    return struct.Struct(">" + "iq" * n)
-
-
 def frame_entries(payloads: Sequence[bytes], first_entry_id: int,
                   start: int) -> tuple[bytes, bytes, bytes, int]:
     """Frame a batch for a ledger whose ``.log`` currently ends at ``start``.
 
     Returns the ``.log``, ``.crc`` and ``.off`` bytes to append and the new end of ``.log``.
-    Every per-entry step runs in C (``map``/``zip``/``accumulate``/one ``struct.pack``): Python
-    code never loops over the entries.
+    Every per-entry step runs in C (``map``/``zip``/``accumulate``): Python code never loops
+    over the entries.
     """
-    n = len(payloads)
     sizes = list(map(len, payloads))
-    heads = memoryview(_headers(n).pack(
-        *chain.from_iterable(zip(sizes, range(first_entry_id, first_entry_id + n), strict=True))))
-    cuts = range(0, FRAME_OVERHEAD * (n + 1), FRAME_OVERHEAD)
-    frames = b"".join(chain.from_iterable(
-        zip(map(heads.__getitem__, map(slice, cuts, cuts[1:])), payloads, strict=True)))
+    heads = map(_HEADER.pack, sizes, range(first_entry_id, first_entry_id + len(payloads)))
+    frames = b"".join(chain.from_iterable(zip(heads, payloads, strict=True)))
     starts = array("q", accumulate(map(operator.add, sizes, repeat(FRAME_OVERHEAD)),
                                    initial=start))
     end = starts.pop()
@@ -409,8 +400,14 @@ class LocalLedgerSource:
 
     async def wait_for_entries(
         self, topic: TopicName, ledger_id: int, last_known_entry_id: int,
-        timeout: float,  # noqa: ASYNC109 - the protocol's signature
+        timeout: float,
     ) -> None:
+        """Return when ``ledger_id`` has entries past ``last_known_entry_id``, a later ledger
+        exists, or (when polling) the managed ledger changed; at the latest after ``timeout``.
+
+        At the end of a closed last ledger this waits for the next ledger instead of returning
+        at once, so a tailer that has read everything does not spin.
+        """
         if await self._notifier.wait_past(topic, ledger_id, last_known_entry_id, timeout):
             return
         await self._poll(topic, ledger_id, last_known_entry_id, timeout)

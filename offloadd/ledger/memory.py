@@ -115,7 +115,7 @@ class MemoryLedgerSource:
 
     async def wait_for_entries(
         self, topic: TopicName, ledger_id: int, last_known_entry_id: int,
-        timeout: float,  # noqa: ASYNC109 - the protocol's signature
+        timeout: float,
     ) -> None:
         if self._moved(topic, ledger_id, last_known_entry_id):
             return

@@ -56,6 +56,7 @@ import enum
 import inspect
 import logging
 import re
+import threading
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
@@ -420,7 +421,7 @@ class ZooKeeperMetadataStore:
                 ) from None
             await store._ensure_chroot()
         except BaseException:
-            await store._shutdown()
+            store._abandon()
             raise
         log.info("connected to ZooKeeper %s (session 0x%x)", parsed, store._session_id or 0)
         return store
@@ -430,11 +431,18 @@ class ZooKeeperMetadataStore:
         if not chroot:
             return
         zk = self._zk
-        exists = await self._call(lambda: zk.exists_async(chroot), "exists", chroot, raw=True)
-        if exists is not None:
-            return
         parts = chroot.split("/")[1:]
-        for prefix in ("/" + "/".join(parts[:i]) for i in range(1, len(parts) + 1)):
+        # Deepest first: usually the chroot exists and one read settles it. Existing ancestors
+        # are never re-created, since that needs CREATE on their parents, which a shared
+        # ZooKeeper's owners (e.g. Pulsar's /) may not grant us.
+        prefixes = ["/" + "/".join(parts[:i]) for i in range(len(parts), 0, -1)]
+        missing: list[str] = []
+        for prefix in prefixes:
+            stat = await self._call(partial(zk.exists_async, prefix), "exists", prefix, raw=True)
+            if stat is not None:
+                break
+            missing.append(prefix)
+        for prefix in reversed(missing):
             try:
                 await self._call(partial(zk.create_async, prefix, b"", acl=self._acls),
                                  "create", prefix, raw=True)
@@ -454,6 +462,27 @@ class ZooKeeperMetadataStore:
         await self._shutdown()
         for task in list(self._tasks):
             task.cancel()
+
+    def _abandon(self) -> None:
+        """Stop a client that failed to open without waiting for it.
+
+        kazoo's ``stop`` waits for its connection thread, which may sit in a TCP connect to an
+        unresponsive address for up to the session timeout; a failed open must not.
+        """
+        self._closed = True
+        self._zk.remove_listener(self._kazoo_state)
+        client, logger = self._zk, self._kazoo_logger
+
+        def stop() -> None:
+            try:
+                client.stop()
+                client.close()
+            except Exception:  # best effort: the client is being thrown away
+                log.debug("stopping an abandoned ZooKeeper client failed", exc_info=True)
+            finally:
+                _release_logger(logger)
+
+        threading.Thread(target=stop, name="offloadd-zk-abandon", daemon=True).start()
 
     async def _shutdown(self) -> None:
         self._closed = True

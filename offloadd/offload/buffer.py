@@ -4,7 +4,9 @@ Bytes are reserved *before* they are read from the ledger source and released wh
 holding them has been uploaded. When the budget is spent, topic tasks simply stop reading the
 tail; the entries stay in the source and are read later (PIP-76's fallback), so memory stays
 bounded whatever the write rate. A single request larger than the cap is admitted when the
-buffer is empty (an oversize entry must still make progress).
+buffer is empty (an oversize entry must still make progress), and a read that returns more
+than it reserved — only ever the one entry that alone exceeds the reservation — is accounted as
+held (:meth:`grow`): the bound is the cap plus one entry.
 """
 
 from __future__ import annotations

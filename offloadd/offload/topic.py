@@ -161,6 +161,7 @@ class TopicOffloader:
         self._stop = asyncio.Event()
         self._wake = asyncio.Event()
         self._attempt: _Attempt | None = None
+        self._pending_since: float | None = None  # unread entries seen, no segment open yet
         self._bytes_before: dict[int, int] = {}  # ledger -> payload bytes before our position
         self.position: Position | None = None  # next position to offload
         self.last_committed: Position | None = None
@@ -259,13 +260,17 @@ class TopicOffloader:
         if reason is not None and att is not None and att.close_target is None:
             if reason is RollReason.MANUAL:
                 self._manual.clear()
+            # time and trigger close at the tail as it is now; size and shutdown at what we hold
             att.close_target = (Position(desc.ledger_id, desc.last_entry_id)
-                                if desc is not None and reason is not RollReason.SHUTDOWN
+                                if desc is not None and reason in (RollReason.TIME,
+                                                                   RollReason.MANUAL)
                                 else att.end)
         self._report_lag(ledgers, pos)
 
         avail = 0 if desc is None or pos is None else desc.last_entry_id - pos.entry_id + 1
-        if att is not None and att.close_target is not None and pos is not None:
+        if att is not None and att.frame_bytes >= pol.max_bytes:
+            avail = 0  # full: whatever else is readable goes to the next segment
+        elif att is not None and att.close_target is not None and pos is not None:
             # closing: read only up to where we were when the roll was decided
             if pos > att.close_target:
                 avail = 0
@@ -273,13 +278,19 @@ class TopicOffloader:
                 avail = min(avail, att.close_target.entry_id - pos.entry_id + 1)
         if att is None and avail <= 0:
             self._manual.clear()  # a trigger with nothing to offload is a no-op
+            self._pending_since = None
+        elif att is None and self._pending_since is None:
+            self._pending_since = now  # the next segment's age counts from its first entry
+        overdue = (att is None and self._pending_since is not None
+                   and now - self._pending_since >= pol.max_age_s)
         if desc is not None and pos is not None and avail > 0 and not (stopping and att is None):
             before = self._bytes_before.get(desc.ledger_id)
             must_read = roller.should_read(
                 pol, seg_bytes=att.frame_bytes if att else 0, avail_entries=avail,
                 avail_payload=(desc.size - before) if before is not None else 1 << 62,
                 ledger_closed=desc.state is LedgerState.CLOSED,
-                closing=self._manual.is_set() or (att is not None and att.close_target is not None))
+                closing=self._manual.is_set() or overdue
+                or (att is not None and att.close_target is not None))
             if must_read:
                 await self._read_into_segment(pol, desc, pos, avail)
                 return False
@@ -289,8 +300,9 @@ class TopicOffloader:
         if stopping:
             return True
         timeout = env.idle_poll_s
-        if att is not None:
-            timeout = max(0.0, min(timeout, att.opened_at + pol.max_age_s - now))
+        since = att.opened_at if att is not None else self._pending_since
+        if since is not None:
+            timeout = max(0.0, min(timeout, since + pol.max_age_s - now))
         await self._wait(pos, timeout)
         return False
 
@@ -410,7 +422,9 @@ class TopicOffloader:
         await upload.start()
         builder = StreamingObjectBuilder(max_block_size=pol.max_block_size,
                                          min_block_size=pol.min_block_size)
-        self._attempt = _Attempt(uid, upload, builder, env.clock(), redo_of=redo_of)
+        opened = self._pending_since if self._pending_since is not None else env.clock()
+        self._pending_since = None
+        self._attempt = _Attempt(uid, upload, builder, opened, redo_of=redo_of)
         return self._attempt
 
     def _part_done(self, nbytes: int, seconds: float) -> None:

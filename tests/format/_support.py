@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from hypothesis import settings
+
 from offloadd.format import (
     HEADER_LEN,
     LEDGER_BLOCK_MAGIC,
@@ -19,6 +21,9 @@ from offloadd.format import (
     parse_block_header,
 )
 from offloadd.ledger.base import EntryRun
+
+# The machine is shared: wall-clock deadlines would make property tests flaky.
+RELAXED = settings(deadline=None)
 
 Entry = tuple[int, int, bytes]  # ledger id, entry id, payload
 

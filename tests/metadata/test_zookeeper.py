@@ -351,6 +351,8 @@ class TestEnsemble:
             await store.create("/counter", b"0")
             leader = await asyncio.to_thread(ensemble.leader)
             await asyncio.to_thread(leader.kill)
+            # Every member drops its clients when the quorum loses its leader.
+            await eventually(lambda: _is(SessionState.SUSPENDED in states, True))
 
             async def write(value: bytes) -> None:
                 # Compare-and-set from the previous value; after an ambiguous failure the
@@ -371,9 +373,16 @@ class TestEnsemble:
                 for i in range(1, 6):
                     await write(str(i).encode())
             assert await store.get("/counter") == Versioned(b"5", 5)
-            assert SessionState.SUSPENDED in states
             assert store.session_state is SessionState.CONNECTED
             new_leader = await asyncio.to_thread(ensemble.leader)
             assert new_leader is not leader
+            # The crashed member rejoins as a follower and serves the same data.
+            await asyncio.to_thread(ensemble.restart, leader)
+            assert leader.mode() == "follower"
+            rejoined = await ZooKeeperMetadataStore.open(f"zk://{leader.address}/ens")
+            try:
+                assert await rejoined.get("/counter") == Versioned(b"5", 5)
+            finally:
+                await rejoined.close()
         finally:
             await store.close()

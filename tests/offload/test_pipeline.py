@@ -1,0 +1,282 @@
+"""The offload pipeline end to end in one process: the embedded ledger store on disk, the
+in-memory metadata and blob stores (with fault hooks), the real topic task."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import pytest
+
+from offloadd import catalog
+from offloadd.blobstore.memory import MemoryBlobStore
+from offloadd.errors import Fenced, Retriable
+from offloadd.ledger.local import LocalLedgerStore, RolloverPolicy
+from offloadd.metadata import managed_ledger
+from offloadd.metadata.base import CheckOp, Op
+from offloadd.metadata.memory import MemoryMetadataStore
+from offloadd.model import TopicName
+from offloadd.offload.buffer import OffloadBuffer
+from offloadd.offload.commit import NoFence
+from offloadd.offload.roller import RollPolicy
+from offloadd.offload.topic import OffloadEnv, TopicOffloader, TopicPolicy
+from offloadd.paths import streaming_data_key
+from offloadd.read.reader import TierReader
+from offloadd.verify import verify
+
+pytestmark = pytest.mark.timeout(60)
+
+TOPIC = TopicName.parse("persistent://public/default/pipe")
+KiB = 1024
+
+
+class Rig:
+    def __init__(self, tmp: Path, rollover: RolloverPolicy, roll: RollPolicy,
+                 blob: MemoryBlobStore | None = None, buffer_cap: int = 8 << 20) -> None:
+        self.metadata = MemoryMetadataStore()
+        self.store = LocalLedgerStore(tmp / "ledgers", self.metadata, rollover)
+        self.blob = blob or MemoryBlobStore()
+        self.buffer = OffloadBuffer(buffer_cap)
+        self.env = OffloadEnv(source=self.store.source, metadata=self.metadata,
+                              blobstore=self.blob, buffer=self.buffer, retry_base_s=0.01,
+                              retry_max_s=0.05, idle_poll_s=0.05)
+        self.roll = roll
+        self.payloads: list[bytes] = []
+
+    def offloader(self, fence: object | None = None) -> TopicOffloader:
+        return TopicOffloader(TOPIC, self.env, lambda: TopicPolicy(self.roll),
+                              fence or NoFence())  # type: ignore[arg-type]
+
+    async def write(self, n: int, size: int = KiB) -> None:
+        for i in range(n):
+            p = (f"{len(self.payloads):08d}".encode() * (size // 8 + 1))[:size]
+            self.payloads.append(p)
+            await self.store.writer.append(TOPIC, [p])
+            if i % 16 == 15:
+                await asyncio.sleep(0)
+
+    async def segments(self) -> list[catalog.Segment]:
+        info, _ = await managed_ledger.load(self.metadata, TOPIC.managed_ledger)
+        return catalog.segments(info)
+
+    async def read_back(self) -> list[bytes]:
+        reader = TierReader(self.metadata, self.blob)
+        return [bytes(e.payload) async for e in reader.read(TOPIC)]
+
+    async def verify_ok(self) -> None:
+        rep = await verify(self.metadata, self.blob, self.store.source, [TOPIC], grace_s=0)
+        assert rep.ok, rep.to_json()
+
+
+async def until(pred: Callable[[], Awaitable[bool]], timeout: float = 20.0) -> None:
+    async with asyncio.timeout(timeout):
+        while not await pred():
+            await asyncio.sleep(0.02)
+
+
+async def committed_entries(rig: Rig) -> int:
+    return sum(s.entries for s in await rig.segments() if s.complete)
+
+
+async def stop(task: asyncio.Task[None], off: TopicOffloader) -> None:
+    off.request_stop()
+    await asyncio.wait_for(task, 10)
+
+
+class TestRolling:
+    """Segments roll by size, time or trigger, independently of ledger rollover."""
+
+    async def test_a_segment_spans_several_ledgers(self, tmp_path: Path) -> None:
+        # ledgers of 10 entries, segments of up to 1 MiB: one segment covers all ledgers
+        rig = Rig(tmp_path, RolloverPolicy(max_entries=10), RollPolicy(1 << 20, 600, 4 * KiB))
+        await rig.write(35)
+        off = rig.offloader()
+        task = asyncio.create_task(off.run())
+        await until(lambda: _has_position(off))
+        off.trigger()
+        await until(lambda: _committed_at_least(rig, 35))
+        await stop(task, off)
+        segs = await rig.segments()
+        assert len(segs) == 1 and len(segs[0].ranges) >= 3
+        assert [r.ledger_id for r in segs[0].ranges] == sorted({r.ledger_id for r in segs[0].ranges})
+        assert await rig.read_back() == rig.payloads
+        await rig.verify_ok()
+
+    async def test_a_ledger_spans_several_segments(self, tmp_path: Path) -> None:
+        # one big ledger, segments of 4 KiB of frames: many segments inside ledger 0
+        rig = Rig(tmp_path, RolloverPolicy(max_entries=10_000), RollPolicy(4 * KiB, 600, 2 * KiB))
+        await rig.write(20)
+        off = rig.offloader()
+        task = asyncio.create_task(off.run())
+        await until(lambda: _committed_at_least(rig, 18))
+        off.trigger()
+        await until(lambda: _committed_at_least(rig, 20))
+        await stop(task, off)
+        segs = await rig.segments()
+        ledgers = {r.ledger_id for s in segs for r in s.ranges}
+        assert len(ledgers) == 1 and len(segs) >= 3
+        assert await rig.read_back() == rig.payloads
+        await rig.verify_ok()
+
+    async def test_time_rolls_a_quiet_segment(self, tmp_path: Path) -> None:
+        rig = Rig(tmp_path, RolloverPolicy(), RollPolicy(1 << 20, 0.3, 64 * KiB))
+        await rig.write(5)
+        off = rig.offloader()
+        task = asyncio.create_task(off.run())
+        # no trigger, no size limit reached: only the 0.3 s age closes it
+        await until(lambda: _committed_at_least(rig, 5))
+        await rig.write(3)
+        await until(lambda: _committed_at_least(rig, 8))
+        await stop(task, off)
+        assert len(await rig.segments()) == 2
+        assert await rig.read_back() == rig.payloads
+
+    async def test_blocks_never_mix_ledgers_and_are_cut_at_the_block_size(
+            self, tmp_path: Path) -> None:
+        rig = Rig(tmp_path, RolloverPolicy(max_entries=7), RollPolicy(1 << 20, 600, 3 * KiB))
+        await rig.write(30)
+        off = rig.offloader()
+        task = asyncio.create_task(off.run())
+        await until(lambda: _has_position(off))
+        off.trigger()
+        await until(lambda: _committed_at_least(rig, 30))
+        await stop(task, off)
+        (seg,) = await rig.segments()
+        reader = TierReader(rig.metadata, rig.blob)
+        idx = await reader.index(f"{seg.uid}-index")
+        for section in idx.sections:  # type: ignore[union-attr]
+            for b in section.blocks:
+                data = rig.blob.objects[str(seg.uid)].data
+                assert int.from_bytes(data[b.offset + 28:b.offset + 36], "big") == section.ledger_id
+                assert idx.block_end(b) - b.offset <= 3 * KiB
+
+
+class TestFailures:
+    """A failing store never loses or duplicates committed data; failed segments are redone."""
+
+    async def test_failing_parts_are_retried_until_the_segment_commits(
+            self, tmp_path: Path) -> None:
+        fails = {"put_part": 3, "complete": 1, "put": 1}
+
+        def fault(op: str, key: str) -> None:
+            if fails.get(op, 0) > 0:
+                fails[op] -= 1
+                raise Retriable(f"injected {op} failure")
+
+        rig = Rig(tmp_path, RolloverPolicy(max_entries=8), RollPolicy(8 * KiB, 600, 2 * KiB),
+                  MemoryBlobStore(fault))
+        await rig.write(40)
+        off = rig.offloader()
+        task = asyncio.create_task(off.run())
+        await until(lambda: _committed_at_least(rig, 32))
+        off.trigger()
+        await until(lambda: _committed_at_least(rig, 40))
+        await stop(task, off)
+        assert off.failed_attempts == 0 and all(v == 0 for v in fails.values())
+        assert await rig.read_back() == rig.payloads
+        await rig.verify_ok()
+        # nothing of the failed attempts is left behind
+        live = {str(s.uid) for s in await rig.segments()}
+        assert {k.removesuffix("-index") for k in rig.blob.objects} == live
+
+    async def test_an_assigned_segment_is_redone_over_the_same_positions(
+            self, tmp_path: Path) -> None:
+        hold = asyncio.Event()
+
+        async def stall() -> None:
+            await hold.wait()
+
+        def fault(op: str, key: str) -> Awaitable[None] | None:
+            return stall() if op == "complete" else None
+
+        rig = Rig(tmp_path, RolloverPolicy(max_entries=6), RollPolicy(1 << 20, 600, 2 * KiB),
+                  MemoryBlobStore(fault))
+        await rig.write(20)
+        off = rig.offloader()
+        task = asyncio.create_task(off.run())
+        await until(lambda: _has_position(off))
+        off.trigger()
+        # the segment is ASSIGNED and its data upload hangs: "crash" now
+        await until(lambda: _assigned(rig))
+        (dead,) = await rig.segments()
+        assert not dead.complete
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+        rig.blob.fault = None
+        off2 = rig.offloader()
+        task2 = asyncio.create_task(off2.run())
+        await until(lambda: _committed_at_least(rig, 20))
+        await stop(task2, off2)
+        (redone,) = await rig.segments()
+        assert redone.complete and redone.uid != dead.uid
+        assert redone.ranges == dead.ranges
+        assert streaming_data_key(dead.uid) not in rig.blob.objects
+        assert await rig.read_back() == rig.payloads
+        await rig.verify_ok()
+
+
+class TestFencing:
+    """A stale owner's commit fails its compare-and-set and it stops without committing."""
+
+    async def test_a_fenced_task_commits_nothing(self, tmp_path: Path) -> None:
+        rig = Rig(tmp_path, RolloverPolicy(), RollPolicy(1 << 20, 600, 4 * KiB))
+        await rig.metadata.create("/offloadd/topics/fence", b"epoch-1")
+
+        class EpochFence:
+            def guard_ops(self) -> list[Op]:
+                return [CheckOp("/offloadd/topics/fence", 0)]
+
+            async def verify(self) -> None:
+                node = await rig.metadata.get("/offloadd/topics/fence")
+                if node.version != 0:
+                    raise Fenced("a newer owner took the topic")
+
+        await rig.write(10)
+        off = rig.offloader(EpochFence())
+        task = asyncio.create_task(off.run())
+        await until(lambda: _has_position(off))
+        await rig.metadata.set("/offloadd/topics/fence", b"epoch-2")  # taken over
+        off.trigger()
+        await asyncio.wait_for(task, 10)
+        assert await rig.segments() == []
+        assert rig.blob.objects == {}
+
+
+class TestMemory:
+    """The offload buffer bounds what is held, whatever the write rate and store speed."""
+
+    async def test_buffer_never_exceeds_its_cap_with_a_slow_store(self, tmp_path: Path) -> None:
+        async def slow() -> None:
+            await asyncio.sleep(0.01)
+
+        def fault(op: str, key: str) -> Awaitable[None] | None:
+            return slow() if op == "put_part" else None
+
+        cap = 16 * KiB
+        rig = Rig(tmp_path, RolloverPolicy(max_entries=50), RollPolicy(64 * KiB, 600, 4 * KiB),
+                  MemoryBlobStore(fault), buffer_cap=cap)
+        off = rig.offloader()
+        task = asyncio.create_task(off.run())
+        await rig.write(300)
+        await until(lambda: _committed_at_least(rig, 256), timeout=40)
+        off.trigger()
+        await until(lambda: _committed_at_least(rig, 300), timeout=40)
+        await stop(task, off)
+        # a read never exceeds its reservation but by the one entry that alone outgrows it
+        assert 0 < rig.buffer.high_water <= cap + 12 + KiB
+        assert rig.buffer.used == 0
+        assert await rig.read_back() == rig.payloads
+
+
+async def _has_position(off: TopicOffloader) -> bool:
+    return off.position is not None
+
+
+async def _committed_at_least(rig: Rig, n: int) -> bool:
+    return await committed_entries(rig) >= n
+
+
+async def _assigned(rig: Rig) -> bool:
+    return any(not s.complete for s in await rig.segments())
