@@ -185,6 +185,37 @@ class _Endpoint:
     pending: int = 0
 
 
+class _RedactSecrets(logging.Filter):
+    """Blanks our credentials in botocore's DEBUG records (headers, canonical requests)."""
+
+    # Only these loggers print request headers; the secret key itself is never logged.
+    LOGGERS = ("botocore.auth", "botocore.endpoint", "aiobotocore.endpoint")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.secrets: set[str] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if self.secrets:
+            message = record.getMessage()
+            if any(secret in message for secret in self.secrets):
+                for secret in self.secrets:
+                    message = message.replace(secret, "***")
+                record.msg, record.args = message, None
+        return True
+
+    def protect(self, options: S3Options) -> None:
+        new = {getattr(options, f) for f in _SECRET_FIELDS} - {None, ""}
+        if new - self.secrets:
+            self.secrets |= new
+            for name in self.LOGGERS:
+                if self not in logging.getLogger(name).filters:
+                    logging.getLogger(name).addFilter(self)
+
+
+_redactor = _RedactSecrets()
+
+
 # -- error translation ------------------------------------------------------------------------
 
 _THROTTLING = frozenset(
@@ -341,6 +372,7 @@ class S3BlobStore:
 
     @classmethod
     async def open(cls, options: S3Options, *, health: StoreHealth | None = None) -> S3BlobStore:
+        _redactor.protect(options)
         session = get_session()
         config = AioConfig(
             region_name=options.region,
@@ -472,7 +504,7 @@ class S3BlobStore:
         skip: set[int] = set()
         tries = 0
         while True:
-            if False:
+            if write and self._health.state is HealthState.PAUSED:
                 if deadline is None:
                     deadline = loop.time() + self._health.policy.pause_timeout_s
                 await self._health.wait_until_healthy(deadline - loop.time())

@@ -67,9 +67,11 @@ def unpack_rows(
 
 
 def check_lengths(
-    obj: str, actual: int, total: int, data_length: int, header_length: int
+    obj: str, actual: int, total: int, header_size: int, data_length: int, header_length: int
 ) -> None:
     """Validate an index header's lengths: ``total`` must equal the bytes present exactly."""
+    if total < header_size:
+        raise FormatError(obj, 4, f"index length {total} is shorter than its header")
     if total > actual:
         raise FormatError(obj, 4, f"truncated index: header says {total} bytes, {actual} present")
     if total < actual:

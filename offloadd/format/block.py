@@ -53,7 +53,7 @@ _FRAME = struct.Struct(">iq")
 
 assert _STREAMING_HEADER.size == _LEDGER_HEADER.size == HEADER_LEN
 
-_KNOWN_MAGICS = {STREAMING_BLOCK_MAGIC: "streaming", LEDGER_BLOCK_MAGIC: "ledger-based"}
+_KNOWN_MAGICS = frozenset((STREAMING_BLOCK_MAGIC, LEDGER_BLOCK_MAGIC))
 
 # Grow-only cache of the padding pattern; a request is served by slicing it, so padding a block
 # costs one slice, and the cache never exceeds the largest padding asked for (at most a block).

@@ -111,7 +111,7 @@ def decode_ledger_index(buf: Buffer, obj: str) -> LedgerIndex:
         raise FormatError(
             obj, 0, f"bad index magic 0x{magic:08X}, expected 0x{LEDGER_INDEX_MAGIC:08X}"
         )
-    _index.check_lengths(obj, len(view), total, data_length, header_length)
+    _index.check_lengths(obj, len(view), total, _HEADER.size, data_length, header_length)
     if count < 1:
         raise FormatError(obj, 24, f"index lists {count} blocks")
     if meta_len < 0:

@@ -145,7 +145,7 @@ def decode_streaming_index(buf: Buffer, obj: str) -> StreamingIndex:
         raise FormatError(
             obj, 0, f"bad index magic 0x{magic:08X}, expected 0x{STREAMING_INDEX_MAGIC:08X}"
         )
-    _index.check_lengths(obj, len(view), total, data_length, header_length)
+    _index.check_lengths(obj, len(view), total, _HEADER.size, data_length, header_length)
     sections: list[LedgerSection] = []
     pos = _HEADER.size
     prev_ledger = -1
@@ -235,10 +235,11 @@ class StreamingObjectBuilder:
     def __init__(
         self, *, max_block_size: int, min_block_size: int, max_entries: int | None = None
     ) -> None:
-        if min_block_size > max_block_size:
-            raise ValueError(
-                f"min_block_size {min_block_size} exceeds max_block_size {max_block_size}"
-            )
+        # Fail here, not on the first run: plan an empty run with these settings.
+        plan_blocks(
+            [0], 0, 0, max_block_size=max_block_size, min_block_size=min_block_size,
+            pad_to="min", max_entries=max_entries,
+        )
         self._max_block_size = max_block_size
         self._min_block_size = min_block_size
         self._max_entries = max_entries
@@ -264,7 +265,6 @@ class StreamingObjectBuilder:
         offsets = run.offsets
         if offsets[-1] > len(run.data):
             raise ValueError(f"run offsets end at {offsets[-1]} past its {len(run.data)} bytes")
-        section = self._section_for(run)
         plans = plan_blocks(
             offsets,
             run.first_entry_id,
@@ -274,6 +274,7 @@ class StreamingObjectBuilder:
             pad_to="min",
             max_entries=self._max_entries,
         )
+        section = self._section_for(run)
         parts: list[Part] = []
         part_number, offset = self._parts, self._length
         for plan in plans:

@@ -20,9 +20,11 @@ LedgerInfo = pb.ManagedLedgerInfo.LedgerInfo
 
 def decode(data: bytes, where: str) -> pb.ManagedLedgerInfo:
     """Parse ``ManagedLedgerInfo`` bytes; ``FormatError`` names the znode on junk."""
+    from offloadd.metadata.envelope import unwrap  # Pulsar's optional compressed envelope
+
     info = pb.ManagedLedgerInfo()
     try:
-        info.ParseFromString(data)
+        info.ParseFromString(unwrap(data, where))
     except Exception as exc:  # protobuf raises DecodeError / RuntimeWarning subclasses
         raise FormatError(where, 0, f"not a ManagedLedgerInfo protobuf ({exc})") from exc
     if not info.IsInitialized():

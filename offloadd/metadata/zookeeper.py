@@ -286,6 +286,10 @@ class Watch:
 
     def _on_lost(self) -> None:
         self._armed = False
+        # kazoo delivers this from its callback thread and the reconnect from its connection
+        # thread: if the reconnect already reached the loop, nobody else will re-arm us.
+        if self._store.session_state is SessionState.CONNECTED:
+            self.rearm()
 
     def rearm(self) -> None:
         """Re-read and re-arm (on the loop); coalesces requests while a read is in flight."""
@@ -294,19 +298,22 @@ class Watch:
         if self._running:
             self._again = True
             return
+        self._running = True
         self._store._spawn(self._run())
 
     async def _run(self) -> None:
-        self._running = True
         try:
             while True:
                 self._again = False
                 try:
-                    await self.arm()
+                    await self._arm()
                 except Retriable as exc:
-                    # Re-armed when the session is connected again (see _on_state).
+                    # Re-armed when the session is connected again (see _on_state), or soon if
+                    # it already is (the failure raced a reconnect).
                     self._armed = False
                     log.debug("watch on %s not re-armed yet: %s", self.path, exc)
+                    if self._store.session_state is SessionState.CONNECTED:
+                        self._store._loop.call_later(0.2, self.rearm)
                 except OffloaddError:
                     log.exception("watch on %s failed; it stops", self.path)
                     self.cancel()
@@ -315,7 +322,7 @@ class Watch:
         finally:
             self._running = False
 
-    async def arm(self) -> None:
+    async def _arm(self) -> None:
         store = self._store
         zk, full = store._zk, store._abs(self.path)
         value: object
@@ -595,7 +602,7 @@ class ZooKeeperMetadataStore:
         watch = Watch(self, path, kind, callback)
         self._watches.add(watch)
         try:
-            await watch.arm()
+            await watch._arm()
         except BaseException:
             watch.cancel()
             raise

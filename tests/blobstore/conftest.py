@@ -10,6 +10,10 @@ import pytest
 from offloadd.blobstore.base import BlobStore
 from offloadd.blobstore.filesystem import FilesystemBlobStore
 from offloadd.blobstore.memory import MemoryBlobStore
+from offloadd.blobstore.s3 import S3BlobStore
+from tests.fixtures.s3 import MotoBucket, moto_server, s3_bucket
+
+__all__ = ["moto_server", "s3_bucket"]  # the S3 fixtures, visible to every test in this folder
 
 # Opens an empty store for one test; may pull other fixtures through request.getfixturevalue (a
 # server, say) and register clean-up with request.addfinalizer. The suite closes the store.
@@ -24,6 +28,11 @@ async def _filesystem(request: pytest.FixtureRequest, tmp_path: Path) -> BlobSto
     return FilesystemBlobStore(tmp_path / "blobs")
 
 
+async def _s3(request: pytest.FixtureRequest, tmp_path: Path) -> BlobStore:
+    bucket: MotoBucket = request.getfixturevalue("s3_bucket")
+    return await S3BlobStore.open(bucket.options(retry_base_s=0.01, retry_max_s=0.1))
+
+
 # Register new drivers HERE: one pytest.param per driver, whose value is a StoreFactory. Mark ones
 # that start real servers, e.g. for S3:
 #     pytest.param(_s3, id="s3", marks=pytest.mark.integration)
@@ -32,6 +41,7 @@ async def _filesystem(request: pytest.FixtureRequest, tmp_path: Path) -> BlobSto
 IMPLEMENTATIONS = [
     pytest.param(_memory, id="memory"),
     pytest.param(_filesystem, id="filesystem"),
+    pytest.param(_s3, id="s3", marks=pytest.mark.integration),
 ]
 
 

@@ -19,9 +19,7 @@ from offloadd.blobstore.health import HealthPolicy, HealthState, StoreHealth
 from offloadd.blobstore.s3 import ReadEndpoint, S3BlobStore, S3Options
 from offloadd.errors import Fatal, NotFound, OffloaddError
 from tests.fixtures.faultproxy import FaultPlan, FaultProxy
-from tests.fixtures.s3 import MIN_PART_SIZE, MotoBucket, moto_server, running_moto, s3_bucket
-
-__all__ = ["moto_server", "s3_bucket"]  # fixtures, re-exported for pytest
+from tests.fixtures.s3 import MIN_PART_SIZE, MotoBucket, running_moto
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
@@ -31,6 +29,7 @@ PULSAR_METADATA = {
     "managedledgername": "public/default/persistent/orders",
     "offloadd-format": "1",
 }
+PART = 64 * 1024  # parts of a realistic shape, well above moto's minimum here
 FAST_RETRIES = {"retry_base_s": 0.01, "retry_max_s": 0.1}
 
 
@@ -58,7 +57,7 @@ def split_buffers(data: bytes) -> list[bytes | bytearray | memoryview]:
 
 
 async def upload_in_parts(
-    store: S3BlobStore, key: str, data: bytes, part_size: int = MIN_PART_SIZE
+    store: S3BlobStore, key: str, data: bytes, part_size: int = PART
 ) -> MultipartUpload:
     """Start an upload and send every part concurrently, in shuffled order; not completed."""
     upload = await store.start_upload(key, PULSAR_METADATA)
@@ -88,7 +87,7 @@ class TestRoundTrip:
     async def test_concurrent_out_of_order_parts_make_one_object(
         self, store: S3BlobStore, s3_bucket: MotoBucket
     ) -> None:
-        data = blob(4 * MIN_PART_SIZE + 1234)
+        data = blob(4 * PART + 1234)
         upload = await upload_in_parts(store, "obj", data)
         assert isinstance(upload, s3_module.S3MultipartUpload)
         parts = await asyncio.to_thread(
@@ -98,10 +97,10 @@ class TestRoundTrip:
             UploadId=upload.upload_id,
         )
         assert [(p["PartNumber"], p["Size"]) for p in parts["Parts"]] == [
-            (1, MIN_PART_SIZE),
-            (2, MIN_PART_SIZE),
-            (3, MIN_PART_SIZE),
-            (4, MIN_PART_SIZE),
+            (1, PART),
+            (2, PART),
+            (3, PART),
+            (4, PART),
             (5, 1234),
         ]
 
@@ -111,7 +110,7 @@ class TestRoundTrip:
         assert await store.get_range("obj", 0, len(data)) == data
         for start, end in [
             (0, 1),
-            (MIN_PART_SIZE - 3, MIN_PART_SIZE + 5),
+            (PART - 3, PART + 5),
             (len(data) - 7, len(data)),
         ]:
             assert await store.get_range("obj", start, end) == data[start:end]
@@ -210,16 +209,17 @@ class TestMultipartRules:
 
     async def test_a_small_non_last_part_is_fatal_and_says_why(self, store: S3BlobStore) -> None:
         upload = await store.start_upload("small", {})
-        await upload.put_part(1, 0, [b"a" * 100])
-        await upload.put_part(2, 100, [b"b" * 100])
+        small = b"a" * (MIN_PART_SIZE - 1)  # moto's minimum stands in for S3's 5 MiB
+        await upload.put_part(1, 0, [small])
+        await upload.put_part(2, len(small), [b"last"])
         with pytest.raises(Fatal, match=r"EntityTooSmall.*at least 5 MiB"):
             await upload.complete()
         await upload.abort()
 
     async def test_gaps_in_parts_are_refused_before_completing(self, store: S3BlobStore) -> None:
         upload = await store.start_upload("gap", {})
-        await upload.put_part(1, 0, [blob(MIN_PART_SIZE)])
-        await upload.put_part(3, 2 * MIN_PART_SIZE, [b"tail"])
+        await upload.put_part(1, 0, [blob(PART)])
+        await upload.put_part(3, 2 * PART, [b"tail"])
         with pytest.raises(Fatal, match="not contiguous"):
             await upload.complete()
         await upload.abort()
@@ -227,11 +227,11 @@ class TestMultipartRules:
     async def test_abort_discards_the_upload(
         self, store: S3BlobStore, s3_bucket: MotoBucket
     ) -> None:
-        upload = await upload_in_parts(store, "aborted", blob(2 * MIN_PART_SIZE))
+        upload = await upload_in_parts(store, "aborted", blob(2 * PART))
         await upload.abort()
         assert incomplete_uploads(s3_bucket) == []
         with pytest.raises(Fatal, match="aborted"):
-            await upload.put_part(3, 2 * MIN_PART_SIZE, [b"late"])
+            await upload.put_part(3, 2 * PART, [b"late"])
         with pytest.raises(NotFound):
             await store.head("aborted")
 
@@ -284,8 +284,7 @@ class TestFatalErrors:
             session_token=token,
             **FAST_RETRIES,
         )
-        caplog.set_level(logging.DEBUG, logger="offloadd")
-        caplog.set_level(logging.INFO)
+        caplog.set_level(logging.DEBUG)
         store = await S3BlobStore.open(options)
         try:
             with pytest.raises(Fatal) as failure:
@@ -326,7 +325,7 @@ class TestFaults:
             **FAST_RETRIES,
         )
         store = await S3BlobStore.open(options)
-        objects = {f"seg-{i}": blob(2 * MIN_PART_SIZE + 100 * i, seed=i) for i in range(4)}
+        objects = {f"seg-{i}": blob(2 * PART + 100 * i, seed=i) for i in range(4)}
         try:
 
             async def write(key: str, data: bytes) -> None:
@@ -339,7 +338,7 @@ class TestFaults:
             for key, data in objects.items():
                 for _ in range(4):
                     start = rng.randrange(len(data))
-                    end = min(len(data), start + rng.randrange(1, 3 * MIN_PART_SIZE))
+                    end = min(len(data), start + rng.randrange(1, 3 * PART))
                     assert await store.get_range(key, start, end) == data[start:end]
                 assert await store.get_range(f"{key}-index", 0, 64) == data[:64]
                 assert (await store.head(key)).metadata == PULSAR_METADATA
@@ -362,7 +361,7 @@ class TestFaults:
         )
         try:
             for i in range(3):
-                upload = await upload_in_parts(store, f"failed-{i}", blob(2 * MIN_PART_SIZE))
+                upload = await upload_in_parts(store, f"failed-{i}", blob(2 * PART))
                 await upload.abort()
         finally:
             await store.close()
@@ -393,7 +392,7 @@ class TestFaults:
             endpoint=proxy.url, max_attempts=2, connect_timeout_s=1.0, **FAST_RETRIES
         )
         store = await S3BlobStore.open(options, health=health)
-        data = blob(MIN_PART_SIZE + 10)
+        data = blob(PART + 10)
         try:
             upload = await store.start_upload("outage", PULSAR_METADATA)
 
@@ -404,9 +403,9 @@ class TestFaults:
 
             proxy.set_outage(True)
             healer = asyncio.create_task(heal())
-            await upload.put_part(1, 0, [data[:MIN_PART_SIZE]])
+            await upload.put_part(1, 0, [data[:PART]])
             await healer
-            await upload.put_part(2, MIN_PART_SIZE, [data[MIN_PART_SIZE:]])
+            await upload.put_part(2, PART, [data[PART:]])
             await upload.complete()
             for i in range(policy.min_samples):  # enough traffic to judge the store healthy
                 await store.put(f"after-{i}", [b"x"], {})

@@ -77,7 +77,8 @@ def read_streaming(data: bytes, index: StreamingIndex, obj: str = "obj") -> list
         assert s.entries == held[-1][1] + 1, "entries = last entry id held + 1"
         assert s.size == sum(len(e[2]) for e in held)
         for b in s.blocks:
-            assert index.block_end(b) == b.offset + parse_block_header(data, b.offset, obj).block_len
+            block_len = parse_block_header(data, b.offset, obj).block_len
+            assert index.block_end(b) == b.offset + block_len
     return entries
 
 

@@ -66,7 +66,8 @@ class TestPlanBlocks:
         assert got == _reference(offsets, max_block, min_block, pad_to)
         for p in plans:
             assert p.ledger_id == 3
-            assert (p.start, p.end) == (offsets[p.first_entry_id - 40], offsets[p.last_entry_id - 39])
+            first, end = p.first_entry_id - 40, p.last_entry_id - 40 + 1
+            assert (p.start, p.end) == (offsets[first], offsets[end])
 
     def test_empty_run_plans_nothing(self) -> None:
         assert plan_blocks([0], 0, 1, max_block_size=300, pad_to="min") == []
