@@ -51,7 +51,7 @@ class TestWatermarks:
         health.record_failure()
         assert health.state is HealthState.HEALTHY
         health.record_failure()  # 2 of 4 = 50%
-        assert health.state is HealthState.PAUSED
+        assert health.snapshot().state is HealthState.PAUSED
         assert changes == [(HealthState.HEALTHY, HealthState.PAUSED)]
 
     def test_too_few_samples_never_trip_the_circuit(self) -> None:
@@ -85,7 +85,7 @@ class TestWatermarks:
             (health.record_success if outcome else health.record_failure)()
         assert health.state is HealthState.RECOVERING
         health.record_success()  # 20%
-        assert health.state is HealthState.HEALTHY
+        assert health.snapshot().state is HealthState.HEALTHY
         assert changes == [
             (HealthState.HEALTHY, HealthState.PAUSED),
             (HealthState.PAUSED, HealthState.RECOVERING),

@@ -9,6 +9,7 @@ import random
 import time
 import traceback
 from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 import crc32c
 import pytest
@@ -17,7 +18,7 @@ from offloadd.blobstore import s3 as s3_module
 from offloadd.blobstore.base import BlobStore, MultipartUpload
 from offloadd.blobstore.health import HealthPolicy, HealthState, StoreHealth
 from offloadd.blobstore.s3 import ReadEndpoint, S3BlobStore, S3Options
-from offloadd.errors import Fatal, NotFound, OffloaddError
+from offloadd.errors import Fatal, NotFound, OffloaddError, Retriable
 from tests.fixtures.faultproxy import FaultPlan, FaultProxy
 from tests.fixtures.s3 import MIN_PART_SIZE, MotoBucket, running_moto
 
@@ -30,7 +31,7 @@ PULSAR_METADATA = {
     "offloadd-format": "1",
 }
 PART = 64 * 1024  # parts of a realistic shape, well above moto's minimum here
-FAST_RETRIES = {"retry_base_s": 0.01, "retry_max_s": 0.1}
+FAST_RETRIES: dict[str, Any] = {"retry_base_s": 0.01, "retry_max_s": 0.1}
 
 
 @pytest.fixture
@@ -368,6 +369,45 @@ class TestFaults:
         assert sum(proxy.injected.values()) > 0
         assert incomplete_uploads(s3_bucket) == []
 
+    async def test_a_lost_create_reply_leaves_no_stray_upload(
+        self, s3_bucket: MotoBucket, proxy: FaultProxy
+    ) -> None:
+        proxy.plan = FaultPlan(
+            reset=1.0, after_forward=1.0, target=f"POST /{s3_bucket.name}/k?uploads", limit=1
+        )
+        store = await S3BlobStore.open(s3_bucket.options(endpoint=proxy.url, **FAST_RETRIES))
+        try:
+            upload = await store.start_upload("k", {})
+            remaining = [u async for u in store.list_incomplete_uploads()]
+            await upload.abort()
+        finally:
+            await store.close()
+        assert proxy.injected["reset"] == 1
+        assert [(u.key, u.upload_id) for u in remaining] == [("k", upload.upload_id)]
+
+    async def test_a_lost_complete_reply_is_recognised_not_repeated_blindly(
+        self, s3_bucket: MotoBucket, proxy: FaultProxy
+    ) -> None:
+        # The first complete is applied but its reply lost; later ones would fail (as S3's
+        # NoSuchUpload may): only checking what the first one did can succeed in 3 attempts.
+        options = s3_bucket.options(endpoint=proxy.url, max_attempts=3, **FAST_RETRIES)
+        store = await S3BlobStore.open(options)
+        data = blob(2 * PART + 5)
+        try:
+            upload = await upload_in_parts(store, "k", data)
+            proxy.plan = FaultPlan(
+                after_forward=1.0,
+                target=f"POST /{s3_bucket.name}/k?uploadId",
+                script=("reset", "500", "500"),
+            )
+            info = await upload.complete()
+            assert await store.get_range("k", 0, len(data)) == data
+        finally:
+            await store.close()
+        assert proxy.injected["reset"] == 1
+        assert info.size == len(data)
+        assert incomplete_uploads(s3_bucket) == []
+
     @pytest.mark.parametrize(
         "outage_s",
         [1.0, pytest.param(30.0, marks=[pytest.mark.slow, pytest.mark.timeout(120)])],
@@ -510,19 +550,19 @@ def test_errors_raised_are_only_offloadd_errors() -> None:
         )
 
     cases: list[tuple[BaseException, type[OffloaddError]]] = [
-        (client_error("SlowDown", 503), s3_module.Retriable),
-        (client_error("InternalError", 500), s3_module.Retriable),
-        (client_error("RequestTimeout", 400), s3_module.Retriable),
-        (client_error("Throttling", 400), s3_module.Retriable),
+        (client_error("SlowDown", 503), Retriable),
+        (client_error("InternalError", 500), Retriable),
+        (client_error("RequestTimeout", 400), Retriable),
+        (client_error("Throttling", 400), Retriable),
         (client_error("NoSuchKey", 404), NotFound),
         (client_error("404", 404), NotFound),
         (client_error("NoSuchBucket", 404), Fatal),
         (client_error("AccessDenied", 403), Fatal),
         (client_error("EntityTooSmall", 400), Fatal),
-        (EndpointConnectionError(endpoint_url="http://x"), s3_module.Retriable),
-        (aiohttp.ClientPayloadError("cut"), s3_module.Retriable),
-        (ConnectionResetError(), s3_module.Retriable),
-        (TimeoutError(), s3_module.Retriable),
+        (EndpointConnectionError(endpoint_url="http://x"), Retriable),
+        (aiohttp.ClientPayloadError("cut"), Retriable),
+        (ConnectionResetError(), Retriable),
+        (TimeoutError(), Retriable),
         (NoCredentialsError(), Fatal),
     ]
     for exc, kind in cases:
