@@ -21,6 +21,7 @@ from pydantic import (
     SecretStr,
     ValidationError,
     field_validator,
+    model_validator,
 )
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
@@ -49,10 +50,28 @@ class MetadataSettings(_Section):
     @field_validator("url")
     @classmethod
     def _check_url(cls, v: str) -> str:
-        if not (v.startswith("embedded:") or v.startswith("zk://")):
-            raise ValueError('must start with "embedded:" or "zk://"')
-        if v.startswith("zk://") and len(v) <= len("zk://"):
+        if v.startswith("embedded:"):
+            return v
+        if not v.startswith("zk://"):
+            raise ValueError('must be "embedded:<dir>" or "zk://host:port[,host:port...]/chroot"')
+        hosts, _, chroot = v[len("zk://"):].partition("/")
+        if not hosts:
             raise ValueError("zk:// URL names no host")
+        for hp in hosts.split(","):
+            host, sep, port = hp.rpartition(":")
+            if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+                raise ValueError(f"zk:// host {hp!r} must be host:port with a port in 1..65535")
+        if chroot.endswith("/") or "//" in chroot:
+            raise ValueError("zk:// chroot must be /name[/name...] without empty parts")
+        return v
+
+    @field_validator("acl_digest")
+    @classmethod
+    def _check_digest(cls, v: SecretStr | None) -> SecretStr | None:
+        if v is not None:
+            user, sep, pw = v.get_secret_value().partition(":")
+            if not sep or not user or not pw:
+                raise ValueError('must be "user:password"')
         return v
 
 
@@ -71,11 +90,17 @@ class SourceSettings(_Section):
 
 
 class BlobstoreSettings(_Section):
-    driver: Literal["filesystem", "aws-s3"] = "filesystem"
+    driver: Literal["filesystem", "aws-s3"] = Field("filesystem", validation_alias=_alias(
+        "driver", "managedLedgerOffloadDriver"))
     path: Path = Path("./data/tier")
-    bucket: str = "offload"
-    endpoint: str | None = Field(None, description="S3-compatible endpoint (path-style)")
-    region: str = "us-east-1"
+    bucket: str = Field("offload", min_length=1, validation_alias=_alias(
+        "bucket", "s3ManagedLedgerOffloadBucket", "managedLedgerOffloadBucket"))
+    endpoint: str | None = Field(None, description="S3-compatible endpoint (path-style)",
+                                 validation_alias=_alias(
+                                     "endpoint", "s3ManagedLedgerOffloadServiceEndpoint",
+                                     "managedLedgerOffloadServiceEndpoint"))
+    region: str = Field("us-east-1", validation_alias=_alias(
+        "region", "s3ManagedLedgerOffloadRegion", "managedLedgerOffloadRegion"))
     prefix: str = ""
     access_key_id: str | None = None
     secret_access_key: SecretStr | None = None
@@ -89,6 +114,23 @@ class BlobstoreSettings(_Section):
     read_timeout_s: float = Field(60.0, gt=0)
     max_attempts: int = Field(8, ge=1)
 
+    @field_validator("driver", mode="before")
+    @classmethod
+    def _pulsar_driver_names(cls, v: object) -> object:
+        # Pulsar's broker.conf also says "S3" for any S3-compatible store
+        return "aws-s3" if isinstance(v, str) and v.lower() == "s3" else v
+
+    @model_validator(mode="after")
+    def _check_credentials(self) -> BlobstoreSettings:
+        if (self.access_key_id is None) != (self.secret_access_key is None):
+            raise ValueError("set both access_key_id and secret_access_key, or neither "
+                             "(neither: the standard AWS credential chain)")
+        if self.session_token is not None and self.access_key_id is None:
+            raise ValueError("session_token needs access_key_id and secret_access_key")
+        if self.sse_kms_key_id is not None and self.sse != "aws:kms":
+            raise ValueError('sse_kms_key_id needs sse = "aws:kms"')
+        return self
+
 
 class OffloadPolicy(_Section):
     """Per-topic fields; every level may set any of them."""
@@ -100,7 +142,8 @@ class OffloadPolicy(_Section):
     max_segment_rollover_time_minutes: float = Field(10.0, gt=0, validation_alias=_alias(
         "max_segment_rollover_time_minutes", "maxOffloadSegmentRolloverTimeMinutes"))
     max_block_size_bytes: int = Field(64 * MiB, ge=1024, validation_alias=_alias(
-        "max_block_size_bytes", "managedLedgerOffloadMaxBlockSizeInBytes"))
+        "max_block_size_bytes", "managedLedgerOffloadMaxBlockSizeInBytes",
+        "s3ManagedLedgerOffloadMaxBlockSizeInBytes"))
     min_block_size_bytes: int | None = Field(
         None, ge=0, description="pad blocks to this (default: 5 MiB on aws-s3, none on filesystem)")
     deletion_lag_ms: int = Field(14_400_000, ge=0, validation_alias=_alias(
@@ -114,7 +157,8 @@ class PolicyOverride(_Section):
     max_segment_rollover_time_minutes: float | None = Field(None, gt=0, validation_alias=_alias(
         "max_segment_rollover_time_minutes", "maxOffloadSegmentRolloverTimeMinutes"))
     max_block_size_bytes: int | None = Field(None, ge=1024, validation_alias=_alias(
-        "max_block_size_bytes", "managedLedgerOffloadMaxBlockSizeInBytes"))
+        "max_block_size_bytes", "managedLedgerOffloadMaxBlockSizeInBytes",
+        "s3ManagedLedgerOffloadMaxBlockSizeInBytes"))
     min_block_size_bytes: int | None = Field(None, ge=0)
     deletion_lag_ms: int | None = Field(None, ge=0, validation_alias=_alias(
         "deletion_lag_ms", "managedLedgerOffloadDeletionLagInMillis"))
@@ -151,6 +195,9 @@ class DaemonSettings(_Section):
     owner_id: str | None = Field(None, description="default: hostname-pid")
     log_format: Literal["auto", "json", "text"] = "auto"
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    offload_now_topics: tuple[str, ...] = Field(
+        (), description="topic patterns (fnmatch) SIGUSR1 closes when `offloadd offload-now` "
+        "names none; empty = all topics")
 
 
 class Settings(BaseSettings):
@@ -182,7 +229,10 @@ class Settings(BaseSettings):
     @classmethod
     def _check_topics(cls, v: dict[str, PolicyOverride]) -> dict[str, PolicyOverride]:
         for name in v:
-            TopicName.parse(name)
+            try:
+                TopicName.parse(name)
+            except ConfigError as exc:
+                raise ValueError(str(exc)) from None
         return v
 
     @field_validator("namespaces")
@@ -193,15 +243,37 @@ class Settings(BaseSettings):
                 raise ValueError(f'namespace key {name!r} must be "tenant/namespace"')
         return v
 
-    def policy_for(self, topic: TopicName) -> OffloadPolicy:
-        """The effective per-topic policy: topic over namespace over broker, per field."""
+    @model_validator(mode="after")
+    def _check_levels(self) -> Settings:
+        # every level's effective policy must be usable, not only each value on its own
+        levels: list[tuple[str, list[PolicyOverride]]] = [("offload", [])]
+        levels += [(f"namespaces.{ns}", [o]) for ns, o in self.namespaces.items()]
+        for name, o in self.topics.items():
+            ns = self.namespaces.get(TopicName.parse(name).ns)
+            levels.append((f"topics.{name}", [ns, o] if ns is not None else [o]))
+        for where, overrides in levels:
+            p = self._merge(overrides)
+            if p.min_block_size_bytes is not None and (
+                    p.min_block_size_bytes > p.max_block_size_bytes):
+                raise ValueError(
+                    f"[{where}] min_block_size_bytes ({p.min_block_size_bytes}) must not exceed "
+                    f"max_block_size_bytes ({p.max_block_size_bytes})")
+        if self.offload.retry_base_s > self.offload.retry_max_s:
+            raise ValueError(f"[offload] retry_base_s ({self.offload.retry_base_s}) must not "
+                             f"exceed retry_max_s ({self.offload.retry_max_s})")
+        return self
+
+    def _merge(self, overrides: list[PolicyOverride]) -> OffloadPolicy:
         fields: dict[str, Any] = {k: getattr(self.offload, k) for k in OffloadPolicy.model_fields}
-        for override in (self.namespaces.get(topic.ns), self.topics.get(str(topic))):
-            if override is None:
-                continue
+        for override in overrides:
             for k, val in override.model_dump(exclude_none=True).items():
                 fields[k] = val
         return OffloadPolicy.model_validate(fields)
+
+    def policy_for(self, topic: TopicName) -> OffloadPolicy:
+        """The effective per-topic policy: topic over namespace over broker, per field."""
+        return self._merge([o for o in (self.namespaces.get(topic.ns), self.topics.get(str(topic)))
+                            if o is not None])
 
     def min_block_size(self, policy: OffloadPolicy) -> int:
         if policy.min_block_size_bytes is not None:

@@ -40,8 +40,9 @@ Multipart
 
 Replicated reads
   ``read_endpoints`` (optional) serve ``get_range`` and ``head``: the local zone first, then the
-  fewest pending requests; an endpoint that fails is skipped for the rest of that operation, and
-  the primary endpoint is the last resort (also when a replica has not seen an object yet).
+  fewest pending requests; an endpoint that fails in any way (including not having the object
+  yet) is skipped at once for the rest of that operation, and the primary endpoint, retried as
+  usual, is the last resort. Only the primary's outcomes feed the store-health circuit.
 """
 
 from __future__ import annotations
@@ -534,12 +535,13 @@ class S3BlobStore:
             if ep.primary:
                 # Any non-transient answer proves the store is up and answering.
                 (self._health.record_failure if transient else self._health.record_success)()
-            if not ep.primary and (transient or isinstance(err, NotFound)):
-                # A replica that fails, or has not seen the object yet: try the next endpoint.
+            if not ep.primary:
+                # A replica that fails, or has not seen the object yet: another server may
+                # answer, so fail over at once; the primary, never skipped, has the last word.
+                log.debug("read endpoint %s failed over: %s", ep.url, err)
                 skip.add(id(ep))
-                if not transient:
-                    continue
-            elif not transient:
+                continue
+            if not transient:
                 raise err
             if write and self._health.state is not HealthState.HEALTHY:
                 now = loop.time()
@@ -554,7 +556,7 @@ class S3BlobStore:
                 if attempts >= self._options.max_attempts:
                     raise Retriable(f"{err} (gave up after {attempts} attempts)") from err
             delay = self._backoff(max(attempts, 1))
-            log.info("retrying %s %s in %.2fs: %s", op, self._where(key), delay, err)
+            log.debug("retrying %s %s in %.2fs: %s", op, self._where(key), delay, err)
             await asyncio.sleep(delay)
 
     async def _probe(self) -> None:

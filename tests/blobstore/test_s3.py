@@ -579,3 +579,25 @@ def test_options_validate_and_redact() -> None:
     opts = S3Options(bucket="b", access_key_id="id-value", secret_access_key="s-value")
     assert "s-value" not in repr(opts)
     assert "id-value" not in f"{opts}"
+
+
+def test_reads_prefer_the_local_zone_then_the_least_busy_endpoint() -> None:
+    from contextlib import AsyncExitStack
+
+    endpoint = s3_module._Endpoint
+    primary = endpoint("http://primary", None, None, True)
+    far = endpoint("http://far", "zone-b", None, False)
+    near_busy = endpoint("http://near-1", "zone-a", None, False, pending=3)
+    near_idle = endpoint("http://near-2", "zone-a", None, False, pending=1)
+    store = S3BlobStore(
+        S3Options(bucket="b", local_zone="zone-a"),
+        AsyncExitStack(),
+        primary,
+        (far, near_busy, near_idle),
+        StoreHealth(),
+    )
+    assert store._pick(read=True, skip=set()) is near_idle
+    assert store._pick(read=True, skip={id(near_idle)}) is near_busy
+    assert store._pick(read=True, skip={id(near_idle), id(near_busy)}) is far
+    assert store._pick(read=True, skip={id(near_idle), id(near_busy), id(far)}) is primary
+    assert store._pick(read=False, skip=set()) is primary
