@@ -211,3 +211,38 @@ def next_position(info: pb.ManagedLedgerInfo) -> Position | None:
     if len(info.ledgerInfo):
         return Position(info.ledgerInfo[0].ledgerId, 0)
     return None
+
+
+def assign_ledger(info: pb.ManagedLedgerInfo, ledger_id: int, uid: uuid.UUID, now_ms: int,
+                  driver: pb.OffloadDriverMetadata) -> bool:
+    """Record a whole-ledger (PIP-17) offload of ``ledger_id`` as ASSIGNED (``complete=false``),
+    replacing an earlier incomplete attempt. Refuses a ledger that holds streaming records."""
+    li = _ledger(info, ledger_id)
+    ctx = li.offloadContext
+    if len(ctx.offloadSegment):
+        raise ValueError(f"ledger {ledger_id} already holds streaming segments")
+    if ctx.complete:
+        raise ValueError(f"ledger {ledger_id} is already offloaded")
+    ctx.uidMsb, ctx.uidLsb = uuid_to_msb_lsb(uid)
+    ctx.complete = False
+    ctx.timestamp = now_ms
+    ctx.driverMetadata.CopyFrom(driver)
+    return True
+
+
+def complete_ledger(info: pb.ManagedLedgerInfo, ledger_id: int, uid: uuid.UUID,
+                    now_ms: int) -> bool:
+    """ASSIGNED → OFFLOADED for a whole-ledger offload; ``KeyError`` if another attempt owns it."""
+    ctx = _ledger(info, ledger_id).offloadContext
+    if msb_lsb_to_uuid(ctx.uidMsb, ctx.uidLsb) != uid:
+        raise KeyError(f"ledger {ledger_id} is not assigned to {uid}")
+    ctx.complete = True
+    ctx.timestamp = now_ms
+    return True
+
+
+def _ledger(info: pb.ManagedLedgerInfo, ledger_id: int) -> pb.ManagedLedgerInfo.LedgerInfo:
+    for li in info.ledgerInfo:
+        if li.ledgerId == ledger_id:
+            return li
+    raise ValueError(f"ledger {ledger_id} is not in the managed ledger")

@@ -272,7 +272,7 @@ def _cmd_read(args: argparse.Namespace) -> int:
 
 
 def _prefix(settings: Any) -> str:
-    return str(settings.blobstore.prefix) if settings.blobstore.driver == "aws-s3" else ""
+    return ""  # drivers apply their own key prefix
 
 
 def _cmd_verify(args: argparse.Namespace) -> int:

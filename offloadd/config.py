@@ -9,9 +9,12 @@ accepted as aliases where one exists. Unknown keys are errors (a typo must not b
 
 from __future__ import annotations
 
+import difflib
+import json
+import os
 import tomllib
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args, get_origin
 
 from pydantic import (
     AliasChoices,
@@ -23,7 +26,12 @@ from pydantic import (
     field_validator,
     model_validator,
 )
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    SettingsError,
+)
 
 from offloadd.errors import ConfigError
 from offloadd.model import TopicName
@@ -89,6 +97,11 @@ class SourceSettings(_Section):
     verify_crc: bool = Field(False, description="check each entry's CRC32C when offloading")
 
 
+class ReadEndpointSettings(_Section):
+    url: str
+    zone: str = ""
+
+
 class BlobstoreSettings(_Section):
     driver: Literal["filesystem", "aws-s3"] = Field("filesystem", validation_alias=_alias(
         "driver", "managedLedgerOffloadDriver"))
@@ -113,6 +126,14 @@ class BlobstoreSettings(_Section):
     connect_timeout_s: float = Field(10.0, gt=0)
     read_timeout_s: float = Field(60.0, gt=0)
     max_attempts: int = Field(8, ge=1)
+    read_endpoints: tuple[ReadEndpointSettings, ...] = Field(
+        (), description="replicated read endpoints [{url, zone}], tried local zone first")
+    local_zone: str | None = None
+    health_window_s: float = Field(30.0, gt=0, description="error-rate window of the circuit")
+    health_high: float = Field(0.5, gt=0, le=1, description="pause uploads above this error rate")
+    health_low: float = Field(0.1, ge=0, lt=1, description="resume below this error rate")
+    health_pause_timeout_s: float = Field(60.0, gt=0, description="an operation waits at most "
+                                          "this long for a paused store")
 
     @field_validator("driver", mode="before")
     @classmethod
@@ -189,6 +210,23 @@ class MetricsSettings(_Section):
         return v
 
 
+class RetentionSettings(_Section):
+    """Topic retention, source trimming and the orphan sweep (docs/retention.md)."""
+
+    max_age_minutes: float = Field(-1.0, validation_alias=_alias(
+        "max_age_minutes", "defaultRetentionTimeInMinutes"),
+        description="delete offloaded ledgers closed longer ago than this; negative = off")
+    max_size_mbytes: float = Field(-1.0, validation_alias=_alias(
+        "max_size_mbytes", "defaultRetentionSizeInMB"),
+        description="delete the oldest offloaded ledgers while the topic is bigger; "
+                    "negative = off")
+    trim_source: bool = Field(False, description="delete a ledger's local copy once it is "
+                              "offloaded and older than offload.deletion_lag_ms")
+    orphan_grace_s: float = Field(3600.0, ge=0, description="gc removes unreferenced objects "
+                                  "(and stale incomplete uploads) older than this")
+    interval_s: float = Field(300.0, gt=0, description="period of the daemon's gc pass")
+
+
 class DaemonSettings(_Section):
     pid_file: Path = Path("./data/offloadd.pid")
     shutdown_deadline_s: float = Field(30.0, gt=0)
@@ -212,6 +250,7 @@ class Settings(BaseSettings):
     topics: dict[str, PolicyOverride] = Field(default_factory=dict)
     metrics: MetricsSettings = Field(default_factory=MetricsSettings)
     daemon: DaemonSettings = Field(default_factory=DaemonSettings)
+    retention: RetentionSettings = Field(default_factory=RetentionSettings)
 
     @classmethod
     def settings_customise_sources(
@@ -247,10 +286,10 @@ class Settings(BaseSettings):
     def _check_levels(self) -> Settings:
         # every level's effective policy must be usable, not only each value on its own
         levels: list[tuple[str, list[PolicyOverride]]] = [("offload", [])]
-        levels += [(f"namespaces.{ns}", [o]) for ns, o in self.namespaces.items()]
+        levels += [(f"namespaces.{_key(ns)}", [o]) for ns, o in self.namespaces.items()]
         for name, o in self.topics.items():
             ns = self.namespaces.get(TopicName.parse(name).ns)
-            levels.append((f"topics.{name}", [ns, o] if ns is not None else [o]))
+            levels.append((f"topics.{_key(name)}", [ns, o] if ns is not None else [o]))
         for where, overrides in levels:
             p = self._merge(overrides)
             if p.min_block_size_bytes is not None and (
@@ -282,7 +321,12 @@ class Settings(BaseSettings):
 
 
 def load(path: Path | str | None, **overrides: Any) -> Settings:
-    """Read the TOML file (if any) and the environment; ``ConfigError`` names key and file."""
+    """Read the TOML file (if any) and the environment.
+
+    Every problem is a ``ConfigError`` of one line: where the value came from (the file or the
+    ``OFFLOADD_...`` variable), the key as ``[section.key]``, and what is allowed. Values of
+    secret fields and of unknown keys (a misspelt secret is still a secret) are never echoed.
+    """
     where = str(path) if path is not None else "<defaults>"
     data: dict[str, Any] = {}
     if path is not None:
@@ -295,45 +339,356 @@ def load(path: Path | str | None, **overrides: Any) -> Settings:
             raise ConfigError(f"{where}: not valid TOML ({exc})") from None
         except OSError as exc:
             raise ConfigError(f"{where}: cannot read ({exc.strerror})") from None
+    try:
+        data = _canonical_keys(data)
+    except ConfigError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
     for key, value in overrides.items():
         section, _, field = key.partition("__")
         data.setdefault(section, {})[field] = value
+    env = _offloadd_environment()
     try:
         return Settings(**data)
     except ValidationError as exc:
-        err = exc.errors()[0]
-        loc = ".".join(str(p) for p in err["loc"])
-        msg = err["msg"]
-        if err["type"] == "extra_forbidden":
-            msg = "unknown key (check the spelling; see docs/config.md)"
-        raise ConfigError(f"{where}: [{loc}] {msg}") from None
+        errors = exc.errors()
+        raise ConfigError(_describe(errors[0], where, env, len(errors) - 1)) from None
+    except SettingsError as exc:
+        raise ConfigError(_describe_env_error(exc, env)) from None
     except ConfigError as exc:
         raise ConfigError(f"{where}: {exc}") from None
 
 
+# ---- load() helpers --------------------------------------------------------------------------
+def _table_model(section: str) -> tuple[type[BaseModel], bool] | None:
+    """The model of ``[section]`` and whether it is a table of tables (namespaces, topics)."""
+    f = Settings.model_fields.get(section)
+    if f is None:
+        return None
+    ann = f.annotation
+    if isinstance(ann, type) and issubclass(ann, BaseModel):
+        return ann, False
+    args = get_args(ann)
+    if len(args) == 2 and isinstance(args[1], type) and issubclass(args[1], BaseModel):
+        return args[1], True
+    return None
+
+
+def _aliases(model: type[BaseModel]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for key, f in model.model_fields.items():
+        if isinstance(f.validation_alias, AliasChoices):
+            out.update({str(c): key for c in f.validation_alias.choices if c != key})
+    return out
+
+
+def _canonical_keys(data: dict[str, Any]) -> dict[str, Any]:
+    """Rename Pulsar's aliases to our snake_case keys, so an environment override of the
+    snake_case key replaces a file's alias instead of clashing with it."""
+
+    def rename(table: dict[str, Any], model: type[BaseModel], where: str) -> dict[str, Any]:
+        aliases = _aliases(model)
+        out: dict[str, Any] = {}
+        for key, value in table.items():
+            canon = aliases.get(key, key)
+            if canon in out:
+                raise ConfigError(f"[{where}] both {canon} and its alias {key} are set; "
+                                  "keep one")
+            out[canon] = value
+        return out
+
+    out = dict(data)
+    for section, table in data.items():
+        tm = _table_model(section)
+        if tm is None or not isinstance(table, dict):
+            continue
+        model, nested = tm
+        if nested:
+            out[section] = {k: rename(v, model, f"{section}.{_key(k)}") if isinstance(v, dict)
+                            else v for k, v in table.items()}
+        else:
+            out[section] = rename(table, model, section)
+    return out
+
+
+def _offloadd_environment() -> dict[tuple[str, ...], str]:
+    """``OFFLOADD_*`` variables meant for the configuration, by key path.
+
+    A variable whose name starts with a section name (``OFFLOADD_OFFLOAD_...``) is taken as
+    meant for the configuration and must name a real key: a typo such as one underscore
+    instead of two would otherwise be ignored in silence. Other ``OFFLOADD_*`` names are not
+    ours to judge and are left alone.
+    """
+    found: dict[tuple[str, ...], str] = {}
+    sections = list(Settings.model_fields)
+    for name in os.environ:
+        if not name.upper().startswith("OFFLOADD_"):
+            continue
+        rest = name[len("OFFLOADD_"):].lower()
+        section = next((s for s in sections if rest == s or rest.startswith(s + "_")), None)
+        if section is None:
+            continue
+        parts = tuple(rest.split("__"))
+        tm = _table_model(section)
+        if parts == (section,):
+            found[parts] = name
+            continue
+        if (len(parts) == 2 and parts[0] == section and tm is not None and not tm[1]
+                and parts[1] in tm[0].model_fields):
+            found[parts] = name
+            continue
+        hint = ""
+        if tm is not None and not tm[1]:
+            guess = difflib.get_close_matches(rest.removeprefix(section).strip("_"),
+                                              list(tm[0].model_fields), n=1)
+            if guess:
+                hint = f"; did you mean OFFLOADD_{section.upper()}__{guess[0].upper()}?"
+        raise ConfigError(f"environment {name}: names no configuration key (the form is "
+                          f"OFFLOADD_<SECTION>__<KEY>{hint})")
+    return found
+
+
+def _key(part: object) -> str:
+    text = str(part)
+    return text if text.replace("_", "").replace("-", "").isalnum() else json.dumps(text)
+
+
+def _secret_keys() -> set[tuple[str, str]]:
+    out: set[tuple[str, str]] = set()
+    for section in Settings.model_fields:
+        tm = _table_model(section)
+        if tm is None:
+            continue
+        for key, f in tm[0].model_fields.items():
+            if "SecretStr" in str(f.annotation):
+                out.add((section, key))
+    return out
+
+
+_TYPE_WORDS = {
+    "int_type": "an integer", "int_parsing": "an integer", "int_from_float": "an integer",
+    "float_type": "a number", "float_parsing": "a number",
+    "bool_type": "true or false", "bool_parsing": "true or false",
+    "string_type": "a string", "path_type": "a string (a path)",
+    "dict_type": "a table", "model_type": "a table", "model_attributes_type": "a table",
+    "tuple_type": "an array", "list_type": "an array",
+}
+_BOUND_WORDS = {"greater_than": ">", "greater_than_equal": ">=", "less_than": "<",
+                "less_than_equal": "<="}
+
+
+def _describe(err: Any, where: str, env: dict[tuple[str, ...], str], more: int) -> str:
+    loc = tuple(str(p) for p in err["loc"])
+    kind = err["type"]
+    ctx = err.get("ctx") or {}
+    secret = len(loc) >= 2 and (loc[0], loc[-1]) in _secret_keys()
+    # unknown keys may be misspelt secrets; URLs may carry user:password@
+    show_input = not secret and kind != "extra_forbidden" and "@" not in str(err.get("input"))
+    if kind == "extra_forbidden":
+        msg = "unknown key" + _suggest(loc)
+    elif kind == "literal_error":
+        msg = f"must be {ctx.get('expected', 'one of the documented values')}"
+    elif kind in _TYPE_WORDS:
+        msg = f"must be {_TYPE_WORDS[kind]}"
+    elif kind in _BOUND_WORDS:
+        bound = next(iter(ctx.values()), "?")
+        msg = f"must be {_BOUND_WORDS[kind]} {bound}"
+    elif kind in ("string_too_short", "too_short"):
+        msg = "must not be empty"
+    elif kind == "missing":
+        msg = "is required"
+    else:
+        msg = str(err["msg"]).removeprefix("Value error, ")
+    value = err.get("input")
+    if show_input and isinstance(value, str | int | float | bool) and len(repr(value)) <= 80:
+        msg += f" (got {value!r})"
+    source = where
+    for n in range(len(loc), 0, -1):
+        if loc[:n] in env:
+            source = f"environment {env[loc[:n]]}"
+            break
+    if more:
+        msg += f" (and {more} more problem{'s' if more > 1 else ''})"
+    if not loc:  # a whole-model check: its message names its own keys
+        return f"{source}: {msg}"
+    return f"{source}: [{'.'.join(_key(p) for p in loc)}] {msg}"
+
+
+def _suggest(loc: tuple[str, ...]) -> str:
+    if len(loc) == 1:
+        choices = list(Settings.model_fields)
+    else:
+        tm = _table_model(loc[0])
+        if tm is None:
+            return ""
+        choices = list(tm[0].model_fields) + list(_aliases(tm[0]))
+    guess = difflib.get_close_matches(loc[-1], choices, n=1)
+    if guess:
+        return f"; did you mean {guess[0]!r}?"
+    return f"; allowed: {', '.join(c for c in choices if c.islower())} (docs/config.md)"
+
+
+def _describe_env_error(exc: SettingsError, env: dict[tuple[str, ...], str]) -> str:
+    # pydantic-settings says 'error parsing value for field "X"': name the variable instead
+    field = str(exc).partition('field "')[2].partition('"')[0]
+    names = sorted(name for path, name in env.items() if path[0] == field)
+    source = f"environment {names[0]}" if names else "environment"
+    return (f"{source}: not valid JSON (arrays and tables come as JSON in the environment, "
+            """e.g. '["a", "b"]')""")
+
+
+# ---- reference --------------------------------------------------------------------------
 def reference_markdown() -> str:
     """The configuration reference, generated from the model (docs/config.md)."""
-    lines = ["# Configuration reference", "",
-             "Generated by `offloadd config reference` from `offloadd/config.py`; do not edit.",
-             "", "One TOML file plus `OFFLOADD_<SECTION>__<KEY>` environment overrides "
-             "(environment wins). Offload policy fields may be set per namespace "
-             '(`[namespaces."tenant/ns"]`) and per topic (`[topics."persistent://t/ns/x"]`); '
-             "the most specific level wins, field by field.", ""]
-    sections: list[tuple[str, type[BaseModel]]] = [
-        ("metadata", MetadataSettings), ("source", SourceSettings),
-        ("blobstore", BlobstoreSettings), ("offload", OffloadSettings),
-        ("metrics", MetricsSettings), ("daemon", DaemonSettings)]
-    for name, model in sections:
-        lines += [f"## [{name}]", "", "| key | alias | default | description |",
-                  "|---|---|---|---|"]
-        for key, f in model.model_fields.items():
-            alias = ""
-            va = f.validation_alias
-            if isinstance(va, AliasChoices):
-                alias = ", ".join(str(c) for c in va.choices if c != key)
-            default = "" if f.is_required() else repr(f.get_default(call_default_factory=True))
-            if isinstance(default, str) and "Secret" in default:
-                default = "(unset)"
-            lines.append(f"| `{key}` | {alias} | `{default}` | {f.description or ''} |")
-        lines.append("")
-    return "\n".join(lines)
+    lines = [
+        "# Configuration reference", "",
+        "Generated by `offloadd config reference` from `offloadd/config.py`; do not edit "
+        "(regenerate with `offloadd config reference > docs/config.md`).", "",
+        "One TOML file (`offloadd ... --config FILE`; check it with `offloadd config check "
+        "--config FILE`) plus environment overrides. Precedence, highest first: the "
+        "environment, the file, the defaults below.", "",
+        "- Environment: `OFFLOADD_<SECTION>__<KEY>`, e.g. "
+        "`OFFLOADD_OFFLOAD__FLOW_PERMITS_PER_SECOND=1048576` or "
+        "`OFFLOADD_BLOBSTORE__SECRET_ACCESS_KEY=...`; arrays and tables as JSON. A variable "
+        "that starts with a section name but names no key is an error.",
+        "- Keys are snake_case; where Pulsar has a name for the same setting (broker.conf or "
+        "offload policies) it is accepted as an alias.",
+        "- Unknown keys are errors. Every error is one line naming the file or variable, "
+        "the key and what is allowed; `offloadd` exits 2.",
+        "- Secrets (marked *secret*) are never printed or logged.", "",
+    ]
+    for section in Settings.model_fields:
+        tm = _table_model(section)
+        if tm is None:
+            continue
+        model, nested = tm
+        if nested:
+            continue
+        lines += [f"## [{section}]", ""]
+        doc = (model.__doc__ or "").strip()
+        if doc:
+            lines += [" ".join(doc.split()), ""]
+        lines += _field_table(model, section)
+    lines += [
+        "## Per-namespace and per-topic levels", "",
+        "Offload policy keys may be overridden per namespace and per topic, like Pulsar's "
+        "namespace and topic offload policies. Each key resolves on its own: the topic's "
+        "value if set, else the namespace's, else `[offload]`'s.", "",
+        "```toml",
+        "[offload]", 'mode = "streaming"', "max_size_per_segment_mbytes = 64", "",
+        '[namespaces."public/archive"]', 'mode = "ledger"            # whole ledgers here', "",
+        '[topics."persistent://public/archive/audit"]',
+        "max_segment_rollover_time_minutes = 1", "```", "",
+        "Namespace keys are `tenant/namespace`; topic keys are full "
+        "`persistent://tenant/namespace/topic` names. The keys allowed at these levels:", "",
+    ]
+    lines += _field_table(PolicyOverride, None)
+    return "\n".join(lines).rstrip("\n") + "\n"
+
+
+# Descriptions for fields declared without one (the reference must say what every key does).
+_DOCS: dict[str, str] = {
+    "source.kind": '"local": the embedded managed-ledger store at `path`; "bookkeeper": a '
+                   "Pulsar cluster's bookies",
+    "source.rollover_bytes": "the embedded writer closes a ledger at this size",
+    "source.rollover_entries": "the embedded writer closes a ledger after this many entries",
+    "source.rollover_minutes": "the embedded writer closes a ledger after this long",
+    "blobstore.path": "filesystem driver: the directory objects are written under",
+    "blobstore.bucket": "aws-s3 driver: the bucket",
+    "blobstore.region": "aws-s3 driver: the signing region",
+    "blobstore.prefix": "aws-s3 driver: prepended to every object key",
+    "blobstore.access_key_id": "aws-s3 driver; unset with secret_access_key: the standard AWS "
+                               "credential chain",
+    "blobstore.secret_access_key": "aws-s3 driver; best given as "
+                                   "OFFLOADD_BLOBSTORE__SECRET_ACCESS_KEY",
+    "blobstore.session_token": "aws-s3 driver: temporary credentials",
+    "blobstore.sse": "server-side encryption of every object",
+    "blobstore.sse_kms_key_id": 'KMS key for sse = "aws:kms" (default: the account key)',
+    "blobstore.verify_tls": "check the endpoint's TLS certificate",
+    "blobstore.ca_bundle": "PEM file of CAs to trust for the endpoint",
+    "blobstore.max_pool_connections": "HTTP connections kept per endpoint",
+    "blobstore.connect_timeout_s": "per request",
+    "blobstore.read_timeout_s": "per request",
+    "blobstore.max_attempts": "tries per request before the error reaches the offloader",
+    "offload.mode": "streaming segments (PIP-76) or whole ledgers (PIP-17)",
+    "offload.max_size_per_segment_mbytes": "a streaming segment closes at this size",
+    "offload.max_segment_rollover_time_minutes": "a streaming segment closes this long after "
+                                                 "its first entry (fractions allowed)",
+    "offload.max_block_size_bytes": "data block size in the tier objects",
+    "offload.min_block_size_bytes": "pad blocks to this (default: 5 MiB on aws-s3, none on "
+                                    "filesystem)",
+    "offload.deletion_lag_ms": "keep a ledger's source copy this long after it is offloaded",
+    "offload.blocks_in_flight": "multipart parts uploading at once, per topic",
+    "offload.read_prefetch_blocks": "blocks `offloadd read` fetches ahead",
+    "offload.retry_base_s": "first back-off after a failed segment (doubles up to retry_max_s)",
+    "offload.retry_max_s": "longest back-off between attempts at a failed segment",
+    "metrics.enabled": "serve /metrics, /healthz and /readyz",
+    "metrics.bind": "host:port of the metrics HTTP endpoint",
+    "daemon.pid_file": "written by `offloadd run`; `offloadd offload-now` signals the process "
+                       "it names",
+    "daemon.shutdown_deadline_s": "SIGTERM: time to finish in-flight uploads before they are "
+                                  "abandoned (and redone on the next start)",
+    "daemon.log_format": '"auto": JSON lines unless stderr is a terminal',
+    "daemon.log_level": "applied again on SIGHUP",
+}
+
+
+def _field_table(model: type[BaseModel], section: str | None) -> list[str]:
+    head = "| key | type | description |" if section is None else \
+        "| key | type | default | environment | description |"
+    out = [head, "|---|---|---|" + ("" if section is None else "---|---|")]
+    for key, f in model.model_fields.items():
+        aliases = [a for a, k in _aliases(model).items() if k == key]
+        desc = f.description or _DOCS.get(f"{section or 'offload'}.{key}", "")
+        if aliases:
+            desc = (desc + "; " if desc else "") + "Pulsar: " + ", ".join(
+                f"`{a}`" for a in aliases)
+        secret = "SecretStr" in str(f.annotation)
+        if secret:
+            desc = "*secret*; " + desc if desc else "*secret*"
+        cells = [f"`{key}`", _type_text(f)]
+        if section is not None:
+            cells.append("(unset)" if secret
+                         else _toml_value(f.get_default(call_default_factory=True)))
+            cells.append(f"`OFFLOADD_{section.upper()}__{key.upper()}`")
+        cells.append(desc.replace("|", "\\|"))
+        out.append("| " + " | ".join(cells) + " |")
+    out.append("")
+    return out
+
+
+def _toml_value(v: object) -> str:
+    if v is None:
+        return "(unset)"
+    if isinstance(v, bool):
+        return f"`{'true' if v else 'false'}`"
+    if isinstance(v, Path):
+        return f"`{json.dumps(str(v))}`"
+    if isinstance(v, str):
+        return f"`{json.dumps(v)}`"
+    if isinstance(v, tuple | list):
+        return f"`{json.dumps(list(v))}`"
+    if isinstance(v, dict):
+        return "`{}`" if not v else f"`{json.dumps(v)}`"
+    return f"`{v}`"
+
+
+def _type_text(f: Any) -> str:
+    ann = f.annotation
+    args = [a for a in get_args(ann) if a is not type(None)]
+    base = args[0] if len(args) == 1 and get_origin(ann) is not tuple else ann
+    if get_origin(base) is Literal:
+        text = "one of " + ", ".join(f"`{json.dumps(a)}`" for a in get_args(base))
+    elif get_origin(base) is tuple:
+        text = "array of strings"
+    else:
+        text = {int: "integer", float: "number", bool: "boolean", str: "string",
+                Path: "path", SecretStr: "string"}.get(base, str(base))
+    bounds = []
+    for m in f.metadata:
+        for attr, sym in (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<")):
+            val = getattr(m, attr, None)
+            if val is not None:
+                bounds.append(f"{sym} {val}")
+        if getattr(m, "min_length", None):
+            bounds.append("non-empty")
+    return text + (" " + ", ".join(bounds) if bounds else "")

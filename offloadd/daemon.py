@@ -36,6 +36,7 @@ from offloadd.offload.topic import OffloadEnv, TopicOffloader, TopicPolicy, Topi
 
 log = logging.getLogger(__name__)
 MiB = 1024 * 1024
+ABANDON_GRACE_S = 10.0
 
 
 class DaemonState(enum.Enum):
@@ -90,12 +91,14 @@ class Daemon:
         self.env = OffloadEnv(
             source=source, metadata=metadata, blobstore=blobstore, buffer=self.buffer,
             acquire=self.throttle.acquire, blocks_in_flight=off.blocks_in_flight,
-            key_prefix=settings.blobstore.prefix if settings.blobstore.driver == "aws-s3" else "",
             retry_base_s=off.retry_base_s, retry_max_s=off.retry_max_s)
         self.topics: dict[TopicName, _Running] = {}
         self._stop = asyncio.Event()
         self._discovery_interval = discovery_interval_s
+        self._bg: set[asyncio.Future[None]] = set()  # releases still running
         self.ready = False
+        self._on_stopping: Callable[[], None] | None = None
+        self._reloading: asyncio.Task[None] | None = None
 
     # ---- configuration -------------------------------------------------------------------
     def policy(self, topic: TopicName) -> TopicPolicy:
@@ -112,10 +115,19 @@ class Daemon:
         return lambda: self.policy(topic)
 
     def reload(self, settings: Settings) -> None:
-        """Apply a new configuration to running work (SIGHUP)."""
-        self.settings = settings
+        """Apply a new configuration to running work (SIGHUP).
+
+        Live: the throttle, every offload policy level (read on each roll decision), topic
+        patterns, the log level. Keys that only take effect after a restart are named in a
+        warning rather than silently ignored.
+        """
+        old, self.settings = self.settings, settings
         self.throttle.set_rate(settings.offload.flow_permits_per_second,
                                settings.offload.burst_bytes)
+        logging.getLogger().setLevel(settings.daemon.log_level)
+        later = [k for k in _restart_keys(old) if _dig(old, k) != _dig(settings, k)]
+        if later:
+            log.warning("SIGHUP: changed %s: takes effect after a restart", ", ".join(later))
         log.info("configuration reloaded: flow_permits_per_second=%s",
                  settings.offload.flow_permits_per_second)
 
@@ -132,14 +144,20 @@ class Daemon:
     def request_stop(self) -> None:
         if self.state in (DaemonState.NEW, DaemonState.RUNNING):
             self.state = DaemonState.STOPPING
+            log.info("stopping: no new entries; closing open segments within %.0fs",
+                     self.settings.daemon.shutdown_deadline_s)
+            if self._on_stopping is not None:
+                self._on_stopping()
         self._stop.set()
 
     # ---- running -------------------------------------------------------------------------
     async def run(self, *, install_signals: bool = True,
                   reload: Callable[[], Settings] | None = None,
                   on_ready: Callable[[], Awaitable[None] | None] | None = None,
-                  trigger_file: Path | None = None) -> None:
+                  trigger_file: Path | None = None,
+                  on_stopping: Callable[[], None] | None = None) -> None:
         loop = asyncio.get_running_loop()
+        self._on_stopping = on_stopping
         installed: list[int] = []
         if install_signals:
             handlers: dict[int, Callable[[], None]] = {
@@ -190,13 +208,23 @@ class Daemon:
                 pass
             except (OSError, OffloaddError) as exc:
                 log.warning("SIGUSR1: ignoring trigger file %s: %s", trigger_file, exc)
+        pats = self.settings.daemon.offload_now_topics
+        if names is None and pats:
+            names = [t for t in self.topics if any(fnmatch.fnmatchcase(str(t), p) for p in pats)]
         log.info("SIGUSR1: closing open segments now (%s)",
-                 "all topics" if names is None else ", ".join(map(str, names)))
+                 "all topics" if names is None else ", ".join(map(str, names)) or "no topic")
         self.trigger(names)
 
     def _signal_reload(self, reload: Callable[[], Settings]) -> None:
+        if self._reloading is not None and not self._reloading.done():
+            log.warning("SIGHUP: a reload is already under way; ignoring this one")
+            return
+        self._reloading = asyncio.ensure_future(self._reload(reload))
+
+    async def _reload(self, reload: Callable[[], Settings]) -> None:
         try:
-            self.reload(reload())
+            # reading and validating the file is blocking I/O: keep it off the event loop
+            self.reload(await asyncio.to_thread(reload))
         except OffloaddError as exc:
             log.error("SIGHUP: configuration not reloaded, keeping the old one: %s", exc)
 
@@ -220,7 +248,8 @@ class Daemon:
                 exc = r.task.exception() if not r.task.cancelled() else None
                 if exc is not None:
                     log.error("topic %s task ended: %r", topic, exc)
-                asyncio.ensure_future(self.ownership.release(topic))
+                self._bg.add(t := asyncio.ensure_future(self.ownership.release(topic)))
+                t.add_done_callback(self._bg.discard)
 
     async def _shutdown(self) -> None:
         deadline = self.settings.daemon.shutdown_deadline_s
@@ -228,14 +257,19 @@ class Daemon:
             r.offloader.request_stop()
         tasks = [r.task for r in self.topics.values()]
         if tasks:
-            done, pending = await asyncio.wait(tasks, timeout=deadline)
+            _, pending = await asyncio.wait(tasks, timeout=deadline)
             for t in pending:
                 t.cancel()
             if pending:
                 log.warning("shutdown deadline (%.0fs) passed: abandoning %d in-flight "
                             "segment(s); they are redone on the next start", deadline,
                             len(pending))
-                await asyncio.gather(*pending, return_exceptions=True)
+                # abandoning aborts uploads; a hung store must not hold the exit hostage
+                _, stuck = await asyncio.wait(pending, timeout=ABANDON_GRACE_S)
+                if stuck:
+                    log.warning("%d topic task(s) still abandoning after %.0fs; exiting "
+                                "anyway (offloadd gc sweeps what they leave)", len(stuck),
+                                ABANDON_GRACE_S)
         for topic in list(self.topics):
             await self.ownership.release(topic)
         self.topics.clear()
@@ -246,6 +280,21 @@ class Daemon:
             "buffer": {"used": self.buffer.used, "cap": self.buffer.cap},
             "topics": {str(t): dict(r.offloader.status()) for t, r in self.topics.items()},
         }
+
+
+# ---- reload ----------------------------------------------------------------------------------
+def _restart_keys(settings: Settings) -> list[str]:
+    """Configuration read once at start: a SIGHUP that changes these says so."""
+    keys = [f"{sec}.{k}" for sec in ("metadata", "blobstore", "metrics")
+            for k in type(getattr(settings, sec)).model_fields]
+    return keys + ["source.kind", "source.path", "daemon.pid_file", "daemon.log_format",
+                   "offload.buffer_max_bytes", "offload.blocks_in_flight",
+                   "offload.retry_base_s", "offload.retry_max_s"]
+
+
+def _dig(settings: Settings, key: str) -> object:
+    section, _, name = key.partition(".")
+    return getattr(getattr(settings, section), name)
 
 
 # ---- pid file ------------------------------------------------------------------------------

@@ -31,7 +31,8 @@ class Position(NamedTuple):
         return cls(int(m.group(1)), int(m.group(2)))
 
 
-_TOPIC_RE = re.compile(r"^(persistent)://([A-Za-z0-9_.=:-]+)/([A-Za-z0-9_.=:-]+)/([A-Za-z0-9_.=:%-]+)$")
+_TOPIC_RE = re.compile(
+    r"^(persistent)://([A-Za-z0-9_.=:-]+)/([A-Za-z0-9_.=:-]+)/([A-Za-z0-9_.=:%-]+)$")
 
 
 @dataclass(frozen=True, order=True)
@@ -47,8 +48,8 @@ class TopicName:
         m = _TOPIC_RE.match(text)
         if not m:
             raise ConfigError(
-                f"topic name {text!r} is invalid: expected persistent://<tenant>/<namespace>/<topic> "
-                "using letters, digits and -_.=: only"
+                f"topic name {text!r} is invalid: expected "
+                "persistent://<tenant>/<namespace>/<topic> using letters, digits and -_.=: only"
             )
         return cls(m.group(2), m.group(3), m.group(4))
 

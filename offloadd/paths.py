@@ -15,6 +15,7 @@ Metadata paths (relative to the store's root/chroot):
 ``/managed-ledgers/<ml name>``             ``ManagedLedgerInfo`` (DESIGN §6)
 ``/offloadd/topics/<ml name>``             the daemon's per-topic state (epoch, owner)
 ``/offloadd/owners/<ml name>``             ephemeral owner node
+``/offloadd/segments/<ml name>/<uuid>``    retention's record of a committed segment
 ``/offloadd/deletions/<uuid>``             pending deletion records
 ``/offloadd/ledger-id``                    global ledger-id counter of the embedded store
 =========================================  ==========================================
@@ -45,6 +46,19 @@ def owner_path(ml_name: str) -> str:
 
 def deletion_path(uid: uuid.UUID) -> str:
     return f"{OFFLOADD_ROOT}/deletions/{uid}"
+
+
+DELETIONS = f"{OFFLOADD_ROOT}/deletions"  # parent of every deletion_path()
+SEGMENT_RECORDS = f"{OFFLOADD_ROOT}/segments"
+
+
+def segment_records_path(ml_name: str) -> str:
+    """Parent of a topic's segment records (see :mod:`offloadd.retention`)."""
+    return f"{SEGMENT_RECORDS}/{ml_name}"
+
+
+def segment_record_path(ml_name: str, uid: uuid.UUID) -> str:
+    return f"{SEGMENT_RECORDS}/{ml_name}/{uid}"
 
 
 def streaming_data_key(uid: uuid.UUID, prefix: str = "") -> str:

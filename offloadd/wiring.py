@@ -6,6 +6,8 @@ the protocols. Heavy client libraries (kazoo, aiobotocore) are imported only whe
 
 from __future__ import annotations
 
+from pydantic import SecretStr
+
 from offloadd.blobstore.base import BlobStore
 from offloadd.config import Settings
 from offloadd.errors import ConfigError
@@ -41,9 +43,25 @@ async def open_blobstore(settings: Settings) -> BlobStore:
         from offloadd.blobstore.filesystem import FilesystemBlobStore
 
         return FilesystemBlobStore(bs.path)
-    from offloadd.blobstore.s3 import S3BlobStore, s3_options_from_settings
+    from offloadd.blobstore.health import HealthPolicy
+    from offloadd.blobstore.s3 import ReadEndpoint, S3BlobStore, S3Options
 
-    return await S3BlobStore.open(s3_options_from_settings(bs))
+    def secret(v: SecretStr | None) -> str | None:
+        return v.get_secret_value() if v is not None else None
+
+    opts = S3Options(
+        bucket=bs.bucket, region=bs.region, endpoint=bs.endpoint, prefix=bs.prefix,
+        access_key_id=bs.access_key_id, secret_access_key=secret(bs.secret_access_key),
+        session_token=secret(bs.session_token), sse=bs.sse, sse_kms_key_id=bs.sse_kms_key_id,
+        verify_tls=bs.verify_tls, ca_bundle=bs.ca_bundle,
+        max_pool_connections=bs.max_pool_connections, connect_timeout_s=bs.connect_timeout_s,
+        read_timeout_s=bs.read_timeout_s, parts_in_flight=settings.offload.blocks_in_flight,
+        max_attempts=bs.max_attempts,
+        read_endpoints=tuple(ReadEndpoint(e.url, e.zone) for e in bs.read_endpoints),
+        local_zone=bs.local_zone,
+        health=HealthPolicy(window_s=bs.health_window_s, high=bs.health_high,
+                            low=bs.health_low, pause_timeout_s=bs.health_pause_timeout_s))
+    return await S3BlobStore.open(opts)
 
 
 def rollover_policy(settings: Settings) -> RolloverPolicy:

@@ -96,7 +96,10 @@ def _assigned_segments(cwd: Path) -> list[dict[str, object]]:
     return [t for t in json.loads(st.stdout)["topics"] if t["segments"]["assigned"] > 0]
 
 
-def _segments(cwd: Path) -> dict[str, list[tuple[str, str, bool, tuple[tuple[int, int, int], ...]]]]:
+SegRow = tuple[str, str, bool, tuple[tuple[int, int, int], ...]]
+
+
+def _segments(cwd: Path) -> dict[str, list[SegRow]]:
     code = """
 import asyncio, json
 from offloadd import catalog

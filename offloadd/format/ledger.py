@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import Literal
 
@@ -36,7 +36,7 @@ from offloadd._proto.bookkeeper_pb2 import LedgerMetadataFormat
 from offloadd.errors import FormatError, NotFound
 from offloadd.format import _index
 from offloadd.format._index import IndexEntry
-from offloadd.format.block import HEADER_LEN, pack_ledger_header
+from offloadd.format.block import HEADER_LEN, MIN_PADDING, pack_ledger_header
 from offloadd.format.layout import Part, make_part, plan_blocks
 from offloadd.ledger.base import EntryRun
 
@@ -250,3 +250,53 @@ def build_ledger_object(
         rows.append(IndexEntry(plan.first_entry_id, number, offset))
         offset += plan.block_len
     return LedgerObject(parts, encode_ledger_index(offset, ledger_metadata, rows), offset)
+
+
+class LedgerObjectBuilder:
+    """Builds one ledger-based data object run by run (bounded memory for big ledgers).
+
+    Runs must cover the ledger from entry 0 in order; :meth:`add_run` returns the run's parts
+    (payloads are views of ``run.data``). Every block is padded to ``max_block_size`` except the
+    very last one of the object, which is sized exactly (Pulsar's rule): pass ``last=True`` with
+    the final run. :meth:`finish` returns the index.
+    """
+
+    def __init__(self, *, ledger_id: int, max_block_size: int) -> None:
+        self.ledger_id = ledger_id
+        self._max = max_block_size
+        self._rows: list[IndexEntry] = []
+        self._next_entry = 0
+        self._done = False
+        self.length = 0
+
+    def add_run(self, run: EntryRun, *, last: bool) -> list[Part]:
+        if self._done:
+            raise ValueError(f"ledger {self.ledger_id}: object already has its last run")
+        if run.ledger_id != self.ledger_id or run.first_entry_id != self._next_entry:
+            raise ValueError(f"ledger {self.ledger_id}: run {run.ledger_id}:{run.first_entry_id} "
+                             f"does not continue at entry {self._next_entry}")
+        plans = plan_blocks(run.offsets, run.first_entry_id, run.ledger_id,
+                            max_block_size=self._max, pad_to="max")
+        if plans and not last:
+            tail = plans[-1]
+            plans[-1] = replace(tail, block_len=max(tail.block_len, self._max,
+                                                    HEADER_LEN + tail.payload_len + MIN_PADDING))
+        parts: list[Part] = []
+        for plan in plans:
+            number = len(self._rows) + 1
+            header = pack_ledger_header(plan.block_len, plan.first_entry_id)
+            parts.append(make_part(plan, number, self.length, header, run.data))
+            self._rows.append(IndexEntry(plan.first_entry_id, number, self.length))
+            self.length += plan.block_len
+        self._next_entry = run.last_entry_id + 1
+        self._done = last
+        return parts
+
+    def finish(self, ledger_metadata: bytes) -> bytes:
+        if not self._done or not self._rows:
+            raise ValueError(f"ledger {self.ledger_id}: the object has no last run yet")
+        meta = LedgerMetadataFormat.FromString(ledger_metadata)
+        if meta.lastEntryId != self._next_entry - 1:
+            raise ValueError(f"ledger {self.ledger_id}: metadata lastEntryId {meta.lastEntryId} "
+                             f"but the object ends at entry {self._next_entry - 1}")
+        return encode_ledger_index(self.length, ledger_metadata, self._rows)

@@ -24,7 +24,7 @@ import logging
 import random
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -35,6 +35,7 @@ from offloadd.blobstore.base import BlobStore
 from offloadd.catalog import LedgerRange, Segment, SegmentKind
 from offloadd.errors import Fenced, NotFound, OffloaddError
 from offloadd.format.checksum import stamp_parts
+from offloadd.format.ledger import LedgerObjectBuilder, build_ledger_metadata
 from offloadd.format.streaming import StreamingObjectBuilder
 from offloadd.ledger.base import EntryRun, LedgerSource
 from offloadd.metadata import managed_ledger
@@ -47,7 +48,12 @@ from offloadd.offload.commit import Fence
 from offloadd.offload.roller import RollPolicy, RollReason
 from offloadd.offload.state import SegmentState
 from offloadd.offload.upload import SegmentUpload
-from offloadd.paths import streaming_data_key, streaming_index_key
+from offloadd.paths import (
+    ledger_data_key,
+    ledger_index_key,
+    streaming_data_key,
+    streaming_index_key,
+)
 
 log = logging.getLogger(__name__)
 
@@ -232,7 +238,7 @@ class TopicOffloader:
         segs = catalog.segments(info)
         self._publish_states(segs)
         for seg in segs:
-            if seg.kind is SegmentKind.STREAMING and not seg.complete:
+            if not seg.complete:
                 log.info("topic %s: redoing assigned segment %s over %s..%s",
                          self.topic, seg.uid, seg.begin, seg.end)
                 await self._redo(seg)
@@ -266,6 +272,8 @@ class TopicOffloader:
                                                                    RollReason.MANUAL)
                                 else att.end)
         self._report_lag(ledgers, pos)
+        if self._policy().mode == "ledger" and not stopping:
+            return await self._step_ledger_mode(pos, desc, att)
 
         avail = 0 if desc is None or pos is None else desc.last_entry_id - pos.entry_id + 1
         if att is not None and att.frame_bytes >= pol.max_bytes:
@@ -408,16 +416,9 @@ class TopicOffloader:
         env = self.env
         pol = self._policy().roll
         uid = uuid.uuid4()
-        acquire = env.acquire
-        topic = str(self.topic)
-
-        async def take(n: int) -> object:
-            assert acquire is not None
-            return await acquire(n, topic)
-
         upload = SegmentUpload(
             env.blobstore, streaming_data_key(uid, env.key_prefix), self._object_metadata("data"),
-            in_flight=env.blocks_in_flight, acquire=take if acquire is not None else None,
+            in_flight=env.blocks_in_flight, acquire=self._acquire_fn(),
             on_part_done=self._part_done)
         await upload.start()
         builder = StreamingObjectBuilder(max_block_size=pol.max_block_size,
@@ -426,6 +427,17 @@ class TopicOffloader:
         self._pending_since = None
         self._attempt = _Attempt(uid, upload, builder, opened, redo_of=redo_of)
         return self._attempt
+
+    def _acquire_fn(self) -> Callable[[int], Awaitable[object]] | None:
+        acquire = self.env.acquire
+        if acquire is None:
+            return None
+        topic = str(self.topic)
+
+        async def take(n: int) -> object:
+            return await acquire(n, topic)
+
+        return take
 
     def _part_done(self, nbytes: int, seconds: float) -> None:
         self.probe.offload_bytes(nbytes)
@@ -476,44 +488,136 @@ class TopicOffloader:
 
     async def _redo(self, seg: Segment) -> None:
         """Upload ``seg``'s exact positions again under a fresh uuid, then commit."""
-        await self._delete_objects(seg.uid)
-        att = await self._open(redo_of=seg.uid)
+        await self._delete_objects(seg.uid, seg.ledger_ids())
+        if seg.kind is SegmentKind.LEDGER:
+            (r,) = seg.ranges
+            await self._offload_ledger(r.ledger_id, redo_of=seg.uid)
+            return
+        await self._upload_ranges(seg.ranges, redo_of=seg.uid)
+        self.position = Position(seg.end.ledger_id, seg.end.entry_id + 1)
+
+    async def _read_range(self, r: LedgerRange) -> AsyncIterator[EntryRun]:
+        """``r`` as runs of at most a block's worth, each with its buffer bytes reserved (the
+        caller releases them when the run's parts have landed)."""
         pol = self._policy().roll
-        for r in seg.ranges:
-            nxt = r.first
-            ledgers = {d.ledger_id: d for d in await self._ledgers()}
-            desc = ledgers.get(r.ledger_id)
-            if desc is None:
-                raise NotFound(f"topic {self.topic}: ledger {r.ledger_id} of assigned segment "
-                               f"{seg.uid} is gone from the source; cannot redo it")
-            while nxt <= r.last:
-                budget = pol.block_budget
-                await self.env.buffer.reserve(budget)
-                try:
-                    run = await self.env.source.read(self.topic, r.ledger_id, nxt, r.last,
-                                                     max_bytes=budget)
-                except BaseException:
-                    self.env.buffer.release(budget)
-                    raise
-                size = len(run.data)
-                if size < budget:
-                    self.env.buffer.release(budget - size)
-                else:
-                    self.env.buffer.grow(size - budget)
+        nxt = r.first
+        while nxt <= r.last:
+            budget = pol.block_budget
+            await self.env.buffer.reserve(budget)
+            try:
+                run = await self.env.source.read(self.topic, r.ledger_id, nxt, r.last,
+                                                 max_bytes=budget)
+            except BaseException:
+                self.env.buffer.release(budget)
+                raise
+            size = len(run.data)
+            if size < budget:
+                self.env.buffer.release(budget - size)
+            else:
+                self.env.buffer.grow(size - budget)
+            yield run
+            nxt = run.last_entry_id + 1
+
+    async def _upload_ranges(self, ranges: Sequence[LedgerRange],
+                             redo_of: uuid.UUID | None) -> None:
+        """One streaming segment over exactly ``ranges`` (all readable now), committed."""
+        att = await self._open(redo_of=redo_of)
+        stamps = {d.ledger_id: d.ctime_ms for d in await self._ledgers()}
+        for r in ranges:
+            if r.ledger_id not in stamps:
+                raise NotFound(f"topic {self.topic}: ledger {r.ledger_id} is gone from the "
+                               f"source; cannot offload {r.ledger_id}:{r.first}..{r.last}")
+            async for run in self._read_range(r):
                 parts = stamp_parts(att.builder.add_run(run))
                 att.add(run)
-                att.ledger_ts.setdefault(r.ledger_id, desc.ctime_ms)
-                att.upload.submit(parts, self._releaser(size))
-                nxt = run.last_entry_id + 1
+                att.ledger_ts.setdefault(r.ledger_id, stamps[r.ledger_id])
+                att.upload.submit(parts, self._releaser(len(run.data)))
         await self._close(att)
-        self.position = Position(seg.end.ledger_id, seg.end.entry_id + 1)
+
+    # ---- ledger-based mode (PIP-17) --------------------------------------------------------
+    async def _step_ledger_mode(self, pos: Position | None, desc: LedgerDesc | None,
+                                att: _Attempt | None) -> bool:
+        """Offload closed ledgers whole. Switching from streaming completes the open segment
+        first, and a ledger streaming had started is finished as one streaming segment."""
+        if att is not None:
+            if att.close_target is None:
+                att.close_target = att.end
+            await self._close(att)
+            return False
+        if pos is None or desc is None or desc.state is not LedgerState.CLOSED \
+                or pos.entry_id > desc.last_entry_id:
+            await self._wait(pos, self.env.idle_poll_s)
+            return False
+        if pos.entry_id > 0:
+            await self._upload_ranges([LedgerRange(desc.ledger_id, pos.entry_id,
+                                                   desc.last_entry_id)], redo_of=None)
+        else:
+            await self._offload_ledger(desc.ledger_id)
+        self.position = Position(desc.ledger_id, desc.last_entry_id + 1)
+        return False
+
+    async def _offload_ledger(self, ledger_id: int, redo_of: uuid.UUID | None = None) -> None:
+        """ASSIGN → data object (one part per block, exact last block) → index → OFFLOADED."""
+        env = self.env
+        pol = self._policy().roll
+        descs = {d.ledger_id: d for d in await self._ledgers()}
+        desc = descs.get(ledger_id)
+        if desc is None or desc.state is not LedgerState.CLOSED:
+            raise NotFound(f"topic {self.topic}: ledger {ledger_id} is not a closed ledger of "
+                           "the source")
+        uid = uuid.uuid4()
+        driver = catalog.driver_metadata(env.blobstore.name,
+                                         dict(env.blobstore.driver_properties()))
+        await commit.apply(env.metadata, self.topic.managed_ledger,
+                           lambda info: catalog.assign_ledger(info, ledger_id, uid,
+                                                              env.wall_ms(), driver),
+                           self.fence, on_write=self.probe.metadata_write)
+        self.segment_state = SegmentState.ASSIGNED
+        upload = SegmentUpload(env.blobstore, ledger_data_key(uid, ledger_id, env.key_prefix),
+                               self._object_metadata("data"), in_flight=env.blocks_in_flight,
+                               acquire=self._acquire_fn(), on_part_done=self._part_done)
+        await upload.start()
+        try:
+            builder = LedgerObjectBuilder(ledger_id=ledger_id, max_block_size=pol.max_block_size)
+            async for run in self._read_range(LedgerRange(ledger_id, 0, desc.last_entry_id)):
+                last = run.last_entry_id == desc.last_entry_id
+                upload.submit(stamp_parts(builder.add_run(run, last=last)),
+                              self._releaser(len(run.data)))
+            await upload.complete()
+        except BaseException:
+            await upload.abort()
+            raise
+        meta = build_ledger_metadata(
+            last_entry_id=desc.last_entry_id, length=desc.size, ctime_ms=desc.ctime_ms,
+            custom_metadata={"application": b"pulsar", "component": b"managed-ledger",
+                             "pulsar/managed-ledger": self.topic.managed_ledger.encode()})
+        index = builder.finish(meta)
+        imeta = self._object_metadata("index")
+        imeta["offloadd-data-crc32c"] = f"{upload.crc:08x}"
+        imeta["offloadd-data-length"] = str(upload.length)
+        imeta["offloadd-crc32c"] = f"{crc32c.crc32c(index):08x}"
+        await env.blobstore.put(ledger_index_key(uid, ledger_id, env.key_prefix), [index], imeta)
+        await commit.apply(env.metadata, self.topic.managed_ledger,
+                           lambda info: catalog.complete_ledger(info, ledger_id, uid,
+                                                                env.wall_ms()),
+                           self.fence, on_write=self.probe.metadata_write)
+        self.segment_state = SegmentState.OFFLOADED
+        self.last_committed = Position(ledger_id, desc.last_entry_id)
+        self.committed_segments += 1
+        self.failed_attempts = 0
+        self.probe.last_offloaded(*self.last_committed)
+        log.info("topic %s: ledger %d offloaded whole as %s (%d bytes)", self.topic, ledger_id,
+                 uid, upload.length)
 
     def _releaser(self, n: int) -> Callable[[], None]:
         return lambda: self.env.buffer.release(n)
 
-    async def _delete_objects(self, uid: uuid.UUID) -> None:
-        for key in (streaming_data_key(uid, self.env.key_prefix),
-                    streaming_index_key(uid, self.env.key_prefix)):
+    async def _delete_objects(self, uid: uuid.UUID, ledger_ids: Sequence[int] = ()) -> None:
+        p = self.env.key_prefix
+        keys = [streaming_data_key(uid, p), streaming_index_key(uid, p)]
+        for lid in ledger_ids:
+            keys += [ledger_data_key(uid, lid, p), ledger_index_key(uid, lid, p)]
+        for key in keys:
             await self.env.blobstore.delete(key)
 
     async def _abandon(self) -> None:

@@ -64,7 +64,7 @@ def kazoo_client(hosts: str, auth: str | None = None) -> KazooClient:
 async def eventually(check: Callable[[], Awaitable[bool]], within: float = 15.0) -> None:
     """Poll until ``check`` holds (the state lives in ZooKeeper: there is no event to await)."""
     async with asyncio.timeout(within):
-        while not await check():  # noqa: ASYNC110
+        while not await check():
             await asyncio.sleep(0.05)
 
 

@@ -42,10 +42,11 @@ class Rig:
                               blobstore=self.blob, buffer=self.buffer, retry_base_s=0.01,
                               retry_max_s=0.05, idle_poll_s=0.05)
         self.roll = roll
+        self.mode = "streaming"
         self.payloads: list[bytes] = []
 
     def offloader(self, fence: object | None = None) -> TopicOffloader:
-        return TopicOffloader(TOPIC, self.env, lambda: TopicPolicy(self.roll),
+        return TopicOffloader(TOPIC, self.env, lambda: TopicPolicy(self.roll, self.mode),
                               fence or NoFence())  # type: ignore[arg-type]
 
     async def write(self, n: int, size: int = KiB) -> None:
@@ -99,7 +100,8 @@ class TestRolling:
         await stop(task, off)
         segs = await rig.segments()
         assert len(segs) == 1 and len(segs[0].ranges) >= 3
-        assert [r.ledger_id for r in segs[0].ranges] == sorted({r.ledger_id for r in segs[0].ranges})
+        ids = [r.ledger_id for r in segs[0].ranges]
+        assert ids == sorted(set(ids))
         assert await rig.read_back() == rig.payloads
         await rig.verify_ok()
 
@@ -280,3 +282,66 @@ async def _committed_at_least(rig: Rig, n: int) -> bool:
 
 async def _assigned(rig: Rig) -> bool:
     return any(not s.complete for s in await rig.segments())
+
+
+class TestLedgerMode:
+    """PIP-17 mode offloads closed ledgers whole; switching modes loses and repeats nothing."""
+
+    async def test_closed_ledgers_are_offloaded_whole(self, tmp_path: Path) -> None:
+        rig = Rig(tmp_path, RolloverPolicy(max_entries=9), RollPolicy(1 << 20, 600, 4 * KiB))
+        rig.mode = "ledger"
+        await rig.write(30)  # ledgers of 9, 9, 9 entries closed; 3 entries in the open one
+        off = rig.offloader()
+        task = asyncio.create_task(off.run())
+        await until(lambda: _committed_at_least(rig, 27))
+        await stop(task, off)
+        segs = await rig.segments()
+        assert [s.kind for s in segs] == [catalog.SegmentKind.LEDGER] * 3
+        assert all(s.complete and s.ranges[0].first == 0 for s in segs)
+        # blocks of a ledger object: full ones padded to the block size, the last one exact
+        for s in segs:
+            key = f"{s.uid}-ledger-{s.ranges[0].ledger_id}"
+            assert key in rig.blob.objects and key + "-index" in rig.blob.objects
+        assert await rig.read_back() == rig.payloads[:27]
+        await rig.verify_ok()
+
+    async def test_switching_to_ledger_mode_completes_the_open_segment_first(
+            self, tmp_path: Path) -> None:
+        rig = Rig(tmp_path, RolloverPolicy(max_entries=12), RollPolicy(1 << 20, 600, 2 * KiB))
+        await rig.write(8)
+        off = rig.offloader()
+        task = asyncio.create_task(off.run())
+        await until(lambda: _has_position(off))
+        off.trigger()
+        await until(lambda: _committed_at_least(rig, 8))  # a streaming segment ends mid-ledger
+        rig.mode = "ledger"
+        await rig.write(40)
+        await until(lambda: _committed_at_least(rig, 36))
+        await stop(task, off)
+        segs = await rig.segments()
+        kinds = [s.kind for s in segs]
+        assert kinds[0] is catalog.SegmentKind.STREAMING
+        assert catalog.SegmentKind.LEDGER in kinds
+        # the rest of the first ledger went out as one streaming segment ending at its end
+        assert segs[1].kind is catalog.SegmentKind.STREAMING and segs[1].end.entry_id == 11
+        got = await rig.read_back()
+        assert len(got) >= 36 and got == rig.payloads[:len(got)]
+        await rig.verify_ok()
+
+    async def test_switching_back_to_streaming_continues_after_the_last_ledger(
+            self, tmp_path: Path) -> None:
+        rig = Rig(tmp_path, RolloverPolicy(max_entries=10), RollPolicy(1 << 20, 600, 4 * KiB))
+        rig.mode = "ledger"
+        await rig.write(25)
+        off = rig.offloader()
+        task = asyncio.create_task(off.run())
+        await until(lambda: _committed_at_least(rig, 20))
+        rig.mode = "streaming"
+        off.trigger()
+        await until(lambda: _committed_at_least(rig, 25))
+        await stop(task, off)
+        kinds = [s.kind for s in await rig.segments()]
+        assert kinds[:2] == [catalog.SegmentKind.LEDGER] * 2
+        assert kinds[-1] is catalog.SegmentKind.STREAMING
+        assert await rig.read_back() == rig.payloads
+        await rig.verify_ok()
