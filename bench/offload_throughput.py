@@ -156,7 +156,8 @@ def bench_one(entry_size: int, mib: int, block: int) -> dict[str, object]:
         }
         o = res["offload"]
         r = res["raw_copy"]
-        assert isinstance(o, dict) and isinstance(r, dict)
+        assert isinstance(o, dict)
+        assert isinstance(r, dict)
         res["throughput_ratio"] = round(o["mib_s"] / r["mib_s"], 3)
         res["cpu_ratio"] = round(o["total_s_per_gib"] / max(r["total_s_per_gib"], 1e-9), 3)
         return res

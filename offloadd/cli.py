@@ -97,6 +97,23 @@ def build_parser() -> argparse.ArgumentParser:
     sp = cmd("offload-now", "close and upload the current segment now (SIGUSR1)")
     sp.add_argument("--topic", type=_topic, action="append")
 
+    sp = cmd("gc", "apply retention and deletions, retry failed ones, sweep orphans")
+    sp.add_argument("--grace", type=float, help="remove unreferenced objects older than this "
+                    "(s; default [retention] orphan_grace_s)")
+    sp.add_argument("--json", action="store_true")
+    sp.add_argument("--dry-run", action="store_true", help="report, change nothing")
+
+    sp = cmd("backfill", "upload a topic's closed history on Spark, then let streaming resume",
+             config_required=True)
+    sp.add_argument("--topic", type=_topic, required=True)
+    sp.add_argument("--master", help="Spark master URL (default local[*])")
+    sp.add_argument("--max-attempts", type=_positive_int, default=3,
+                    help="attempts per segment before the run fails (default 3)")
+    sp.add_argument("--spark-conf", action="append", default=[], metavar="KEY=VALUE",
+                    help="extra Spark configuration (repeatable)")
+    sp.add_argument("--metrics-bind", metavar="HOST:PORT",
+                    help="serve progress gauges here (default: [metrics] bind, if enabled)")
+
     sp = sub.add_parser("config", help="configuration tools")
     csub = sp.add_subparsers(dest="config_command", required=True)
     cc = csub.add_parser("check", help="validate a config file (exit 2 if invalid)")
@@ -141,6 +158,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         "read": _cmd_read,
         "verify": _cmd_verify,
         "offload-now": _cmd_offload_now,
+        "gc": _cmd_gc,
+        "backfill": _cmd_backfill,
         "config": _cmd_config,
     }
     return handlers[args.command](args)
@@ -315,6 +334,52 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     return _run(go())
 
 
+def _cmd_gc(args: argparse.Namespace) -> int:
+    import time
+
+    from offloadd import wiring
+    from offloadd.retention.gc import gc_pass, render_text
+
+    settings = _settings(args)
+    _setup_logs(settings)
+    if args.grace is not None and args.grace < 0:
+        print("offloadd: --grace must not be negative", file=sys.stderr)
+        return 2
+
+    async def go() -> int:
+        md = await wiring.open_metadata(settings)
+        try:
+            bs = await wiring.open_blobstore(settings)
+            try:
+                try:
+                    src = wiring.open_source(settings, md)
+                except ConfigError as exc:  # deletions and the sweep need no source
+                    log.warning("gc without the ledger source: %s", exc)
+                    src = None
+                try:
+                    rep = await gc_pass(md, bs, src, settings, now=time.time(),
+                                        grace_s=args.grace, dry_run=args.dry_run)
+                finally:
+                    if src is not None:
+                        await src.close()
+            finally:
+                await bs.close()
+        finally:
+            await md.close()
+        print(json.dumps(rep.to_json(), indent=2) if args.json else render_text(rep))
+        return 0 if rep.ok else 1
+
+    return _run(go())
+
+
+def _cmd_backfill(args: argparse.Namespace) -> int:
+    from offloadd.backfill.command import backfill_command
+
+    settings = _settings(args)
+    _setup_logs(settings)
+    return backfill_command(settings, args)
+
+
 def _cmd_offload_now(args: argparse.Namespace) -> int:
     from offloadd.daemon import read_pid_file
 
@@ -333,7 +398,7 @@ def _cmd_config(args: argparse.Namespace) -> int:
     from offloadd import config
 
     if args.config_command == "reference":
-        print(config.reference_markdown())
+        print(config.reference_markdown(), end="")
         return 0
     settings = config.load(args.config)
     print(f"{args.config or '<defaults>'}: ok (metadata {settings.metadata.url.split('@')[-1]}, "

@@ -95,6 +95,23 @@ class SourceSettings(_Section):
         "rollover_minutes", "managedLedgerMaxLedgerRolloverTimeMinutes"))
     max_entry_bytes: int = Field(5 * MiB, ge=1, description="larger entries are refused")
     verify_crc: bool = Field(False, description="check each entry's CRC32C when offloading")
+    # kind = "bookkeeper": sidecar beside a Pulsar cluster (docs/sidecar.md)
+    pulsar_zk: str | None = Field(None, description='Pulsar\'s ZooKeeper, read-only: '
+                                  '"zk://h1:2181,h2:2181[/chroot]"')
+    pulsar_zk_digest: SecretStr | None = Field(
+        None, description='"user:password" to read protected Pulsar znodes (a secret)')
+    ledgers_root: str = Field("/ledgers", description="BookKeeper's ledger metadata root")
+    digest_password: SecretStr = Field(
+        SecretStr(""), validation_alias=_alias("digest_password", "managedLedgerPassword"),
+        description="ledger password when the metadata has none (a secret)")
+    zone: str | None = Field(None, description="this host's zone: reads prefer bookies in it")
+    zones: dict[str, str] = Field(default_factory=dict, description="bookie host:port → zone")
+    read_timeout_s: float = Field(10.0, gt=0, description="per bookie read, then fail over")
+    bookie_connect_timeout_s: float = Field(5.0, gt=0)
+    bookie_quarantine_s: float = Field(10.0, ge=0,
+                                       description="a failed bookie is asked last this long")
+    reads_in_flight: int = Field(64, ge=1, le=4096, description="entry reads per ledger")
+    readahead_bytes: int = Field(8 * MiB, ge=0, description="read ahead of the offloader")
 
 
 class ReadEndpointSettings(_Section):

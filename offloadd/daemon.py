@@ -17,7 +17,7 @@ import logging
 import os
 import signal
 import socket
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,7 +32,13 @@ from offloadd.offload.buffer import OffloadBuffer
 from offloadd.offload.commit import Fence, NoFence
 from offloadd.offload.roller import RollPolicy
 from offloadd.offload.throttle import Throttle
-from offloadd.offload.topic import OffloadEnv, TopicOffloader, TopicPolicy, TopicProbe
+from offloadd.offload.topic import (
+    OffloadEnv,
+    TaskState,
+    TopicOffloader,
+    TopicPolicy,
+    TopicProbe,
+)
 
 log = logging.getLogger(__name__)
 MiB = 1024 * 1024
@@ -46,6 +52,13 @@ class DaemonState(enum.Enum):
     STOPPED = "stopped"
 
 
+class Revoke(enum.Enum):
+    """Why a running topic must stop (see :meth:`Ownership.revoked`)."""
+
+    HANDOFF = "handoff"  # another daemon should own it: close and commit the open segment first
+    LOST = "lost"  # ownership already ended (session lost, newer epoch): stop now, commit nothing
+
+
 class Ownership:
     """Decides which topics this process offloads; the default owns every topic."""
 
@@ -57,6 +70,13 @@ class Ownership:
 
     async def still_owned(self, topic: TopicName) -> bool:
         return True
+
+    async def revoked(self, running: Collection[TopicName]) -> Mapping[TopicName, Revoke]:
+        """Before each discovery pass: running topics to give up, and how."""
+        return {}
+
+    def set_waker(self, wake: Callable[[], None]) -> None:
+        """``wake()`` runs a discovery pass now (e.g. when a session is lost)."""
 
 
 @dataclass
@@ -83,6 +103,8 @@ class Daemon:
         self.metadata = metadata
         self.blobstore = blobstore
         self.ownership = ownership or Ownership()
+        self._wake = asyncio.Event()
+        self.ownership.set_waker(self._wake.set)
         self._probe_factory = probe_factory
         self.state = DaemonState.NEW
         off = settings.offload
@@ -174,7 +196,9 @@ class Daemon:
         try:
             first = True
             while not self._stop.is_set():
+                self._wake.clear()
                 try:
+                    await self._revoke()
                     await self._discover()
                 except OffloaddError as exc:
                     log.error("topic discovery failed: %s", exc)
@@ -186,8 +210,7 @@ class Daemon:
                         if res is not None:
                             await res
                 self._reap()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._stop.wait(), self._discovery_interval)
+                await self._pause()
             await self._shutdown()
         finally:
             for sig in installed:
@@ -227,6 +250,33 @@ class Daemon:
             self.reload(await asyncio.to_thread(reload))
         except OffloaddError as exc:
             log.error("SIGHUP: configuration not reloaded, keeping the old one: %s", exc)
+
+    async def _pause(self) -> None:
+        """Until the next pass is due, a stop is requested or the ownership hook wakes us."""
+        waits = [asyncio.ensure_future(self._stop.wait()), asyncio.ensure_future(self._wake.wait())]
+        try:
+            await asyncio.wait(waits, timeout=self._discovery_interval,
+                               return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waits:
+                w.cancel()
+            await asyncio.gather(*waits, return_exceptions=True)
+
+    async def _revoke(self) -> None:
+        """Stop the tasks of topics this process must give up (see :class:`Revoke`)."""
+        for topic, how in (await self.ownership.revoked(list(self.topics))).items():
+            r = self.topics.get(topic)
+            if r is None or r.task.done():
+                continue
+            if how is Revoke.LOST:
+                if not r.task.cancelling():
+                    log.warning("topic %s: ownership lost; stopping now, committing nothing",
+                                topic)
+                    r.task.cancel()
+            elif r.offloader.state is TaskState.RUNNING:
+                log.info("topic %s: handing over to another daemon after closing the open "
+                         "segment", topic)
+                r.offloader.request_stop()
 
     async def _discover(self) -> None:
         for topic in await self.source.list_topics():
@@ -287,9 +337,9 @@ def _restart_keys(settings: Settings) -> list[str]:
     """Configuration read once at start: a SIGHUP that changes these says so."""
     keys = [f"{sec}.{k}" for sec in ("metadata", "blobstore", "metrics")
             for k in type(getattr(settings, sec)).model_fields]
-    return keys + ["source.kind", "source.path", "daemon.pid_file", "daemon.log_format",
-                   "offload.buffer_max_bytes", "offload.blocks_in_flight",
-                   "offload.retry_base_s", "offload.retry_max_s"]
+    return [*keys, "source.kind", "source.path", "daemon.pid_file", "daemon.log_format",
+            "offload.buffer_max_bytes", "offload.blocks_in_flight", "offload.retry_base_s",
+            "offload.retry_max_s"]
 
 
 def _dig(settings: Settings, key: str) -> object:

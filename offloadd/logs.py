@@ -24,23 +24,45 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "msg": record.getMessage(),
         }
-        if record.exc_info:
-            out["exc"] = self.formatException(record.exc_info)
+        if record.exc_info and not record.exc_text:
+            record.exc_text = self.formatException(record.exc_info)
+        if record.exc_text:
+            out["exc"] = record.exc_text
         return json.dumps(out, ensure_ascii=False)
 
 
 class RedactFilter(logging.Filter):
+    """Replaces known secret strings in a record's message and traceback with ``***``.
+
+    A ``user:password`` secret (the ZooKeeper digest) is also redacted by its password alone.
+    Strings shorter than 4 characters are not redacted: they would mangle ordinary words.
+    """
+
     def __init__(self, secrets: Iterable[str]) -> None:
         super().__init__()
-        self.secrets = [s for s in secrets if s and len(s) >= 4]
+        found: set[str] = set()
+        for s in secrets:
+            found.add(s)
+            if ":" in s:
+                found.add(s.partition(":")[2])
+        # longest first, so a secret that contains another is replaced whole
+        self.secrets = sorted((s for s in found if len(s) >= 4), key=len, reverse=True)
+
+    def _redact(self, text: str) -> str:
+        for s in self.secrets:
+            text = text.replace(s, "***")
+        return text
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if self.secrets:
-            msg = record.getMessage()
-            if any(s in msg for s in self.secrets):
-                for s in self.secrets:
-                    msg = msg.replace(s, "***")
-                record.msg, record.args = msg, None
+        if not self.secrets:
+            return True
+        msg = record.getMessage()
+        if any(s in msg for s in self.secrets):
+            record.msg, record.args = self._redact(msg), None
+        if record.exc_info and not record.exc_text:
+            record.exc_text = logging.Formatter().formatException(record.exc_info)
+        if record.exc_text:
+            record.exc_text = self._redact(record.exc_text)
         return True
 
 

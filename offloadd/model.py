@@ -58,7 +58,8 @@ class TopicName:
         """Inverse of :attr:`managed_ledger`: ``tenant/ns/persistent/local``."""
         parts = name.split("/")
         if len(parts) != 4 or parts[2] != "persistent":
-            raise ConfigError(f"managed ledger name {name!r} is not tenant/namespace/persistent/topic")
+            raise ConfigError(
+                f"managed ledger name {name!r} is not tenant/namespace/persistent/topic")
         return cls.parse(f"persistent://{parts[0]}/{parts[1]}/{parts[3]}")
 
     @property

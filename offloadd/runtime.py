@@ -10,8 +10,9 @@ from typing import Any
 
 from offloadd import wiring
 from offloadd.blobstore.base import BlobStore
+from offloadd.cluster import ClusterOwnership, check_owner_id
 from offloadd.config import Settings
-from offloadd.daemon import Daemon, Ownership
+from offloadd.daemon import Daemon, Ownership, default_owner_id
 from offloadd.ledger.base import LedgerSource
 from offloadd.ledger.local import LocalLedgerStore
 from offloadd.metadata.base import MetadataStore
@@ -32,6 +33,11 @@ class Runtime:
     @classmethod
     async def open(cls, settings: Settings, *, with_writer: bool = False,
                    ownership: Ownership | None = None) -> Runtime:
+        # A process that only tails (`offloadd run`) may share its topics with other daemons:
+        # it joins the cluster (alone, it owns every topic). `standalone` writes its topics
+        # itself and owns them all.
+        owner_id = (check_owner_id(settings.daemon.owner_id or default_owner_id())
+                    if ownership is None and not with_writer else None)
         metadata = await wiring.open_metadata(settings)
         try:
             blobstore = await wiring.open_blobstore(settings)
@@ -44,6 +50,8 @@ class Runtime:
             source: LedgerSource = local.source
         else:
             source = wiring.open_source(settings, metadata)
+        if owner_id is not None:
+            ownership = ClusterOwnership(metadata, owner_id)
         daemon = Daemon(settings, source=source, metadata=metadata, blobstore=blobstore,
                         ownership=ownership)
         return cls(settings, metadata, blobstore, source, daemon, local)

@@ -11,14 +11,19 @@ import asyncio
 import contextlib
 import logging
 import os
+import signal
 import socket
+import time
+from pathlib import Path
 
 from offloadd import config as config_mod
 from offloadd.config import Settings
 from offloadd.daemon import remove_pid_file, write_pid_file
+from offloadd.errors import OffloaddError
 from offloadd.runtime import Runtime
 
 log = logging.getLogger(__name__)
+MiB = 1024 * 1024
 
 
 class Notifier:
@@ -60,40 +65,96 @@ class Notifier:
 
 async def run_service(settings: Settings, config_path: str | None) -> int:
     notify = Notifier()
+    pid_file = settings.daemon.pid_file
+    # SIGUSR1/SIGHUP terminate a process by default: until the daemon's handlers are in place
+    # (and again once they are gone) an early offload-now or reload must not kill us
+    _ignore(signal.SIGUSR1, signal.SIGHUP)
+    other = await asyncio.to_thread(_live_daemon, pid_file)
+    if other is not None:
+        raise OffloaddError(f"another offloadd (pid {other}) is running with pid file "
+                            f"{pid_file}; stop it first or give this one its own data")
+    notify.send("STATUS=opening the metadata and blob stores")
     rt = await Runtime.open(settings)
-    write_pid_file(settings.daemon.pid_file)
-    watchdog: asyncio.Task[None] | None = None
+    write_pid_file(pid_file)
+    helpers: list[asyncio.Task[None]] = []
     try:
         await rt.start_metrics()
         interval = notify.watchdog_interval()
         if interval:
-            watchdog = asyncio.create_task(_watchdog(notify, interval))
+            helpers.append(asyncio.create_task(_watchdog(notify, interval)))
 
         def on_ready() -> None:
-            notify.send(f"READY=1\nSTATUS=offloading {len(rt.daemon.topics)} topic(s)\n"
-                        f"MAINPID={os.getpid()}")
-            log.info("offloadd %s ready: %d topic(s)", config_path, len(rt.daemon.topics))
+            notify.send(f"READY=1\nSTATUS={_status_line(rt)}\nMAINPID={os.getpid()}")
+            log.info("offloadd ready (config %s): %d topic(s)", config_path,
+                     len(rt.daemon.topics))
+            if notify.enabled:
+                helpers.append(asyncio.create_task(_status_updates(notify, rt)))
 
         def reload() -> Settings:
-            notify.send("RELOADING=1")
+            # runs in a worker thread (file I/O); sendto is thread-safe
+            notify.send(f"RELOADING=1\nMONOTONIC_USEC={time.monotonic_ns() // 1000}")
             try:
                 return config_mod.load(config_path)
             finally:
                 notify.send("READY=1")
 
-        await rt.daemon.run(reload=reload, on_ready=on_ready,
-                            trigger_file=settings.daemon.pid_file.with_suffix(".trigger"))
-        notify.send("STOPPING=1")
+        def on_stopping() -> None:
+            notify.send("STOPPING=1\nSTATUS=stopping: closing open segments")
+
+        try:
+            await rt.daemon.run(reload=reload, on_ready=on_ready, on_stopping=on_stopping,
+                                trigger_file=pid_file.with_suffix(".trigger"))
+        finally:
+            _ignore(signal.SIGUSR1, signal.SIGHUP, signal.SIGTERM, signal.SIGINT)
+        log.info("offloadd stopped")
         return 0
     finally:
-        if watchdog is not None:
-            watchdog.cancel()
-        remove_pid_file(settings.daemon.pid_file)
+        for task in helpers:
+            task.cancel()
+        remove_pid_file(pid_file)
         await rt.close()
         notify.close()
 
 
+def _ignore(*signals: signal.Signals) -> None:
+    for sig in signals:
+        signal.signal(sig, signal.SIG_IGN)
+
+
+def _live_daemon(pid_file: Path) -> int | None:
+    """The pid of another running offloadd that the pid file names, if any."""
+    try:
+        pid = int(pid_file.read_text().strip())
+    except (OSError, ValueError):
+        return None
+    if pid == os.getpid():
+        return None
+    try:
+        # a stale file may name an unrelated process that reused the pid: check what it runs
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return None
+    return pid if b"offloadd" in cmdline else None
+
+
+def _status_line(rt: Runtime) -> str:
+    st = rt.daemon.status()
+    return (f"offloading {len(st['topics'])} topic(s); buffer {st['buffer']['used'] / MiB:.1f} "
+            f"of {st['buffer']['cap'] / MiB:.0f} MiB")
+
+
+async def _status_updates(notify: Notifier, rt: Runtime, every_s: float = 5.0) -> None:
+    last = ""
+    while True:
+        await asyncio.sleep(every_s)
+        line = _status_line(rt)
+        if line != last:
+            notify.send(f"STATUS={line}")
+            last = line
+
+
 async def _watchdog(notify: Notifier, interval: float) -> None:
+    # the pings come from the event loop itself: a wedged loop stops them and systemd restarts
     while True:
         notify.send("WATCHDOG=1")
         await asyncio.sleep(interval)

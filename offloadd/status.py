@@ -1,21 +1,37 @@
 """``offloadd status``: per topic, segments by state, lag and the last offloaded position,
-read from the metadata store and the source (no daemon needed). Never shows a secret."""
+owner and fencing epoch; the cluster's live members. Read from the metadata store and the source
+(no daemon needed). Never shows a secret."""
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import Any
 
-from offloadd import catalog, wiring
+from offloadd import catalog, cluster, wiring
 from offloadd.config import Settings
-from offloadd.errors import NotFound, OffloaddError
-from offloadd.metadata import managed_ledger
+from offloadd.errors import OffloaddError
+from offloadd.metadata import managed_ledger, ownership
 from offloadd.metadata.base import MetadataStore
 from offloadd.model import Position, TopicName
-from offloadd.paths import owner_path, topic_state_path
+
+
+async def ownership_status(md: MetadataStore, topic: TopicName) -> dict[str, Any]:
+    """``owner`` (whose session holds the topic now, or None) and ``epoch`` (the latest handed
+    out, None if never owned)."""
+    ml = topic.managed_ledger
+    out: dict[str, Any] = {"owner": None, "epoch": None}
+    try:
+        out["owner"] = await ownership.current_owner(md, ml)
+        state = await ownership.read_state(md, ml)
+        if state is not None:
+            out["epoch"] = state.epoch
+    except OffloaddError as exc:
+        out["ownership_error"] = str(exc)
+    return out
 
 
 async def topic_status(md: MetadataStore, source: Any, topic: TopicName) -> dict[str, Any]:
-    out: dict[str, Any] = {"topic": str(topic)}
+    out: dict[str, Any] = {"topic": str(topic), **await ownership_status(md, topic)}
     try:
         info, _ = await managed_ledger.load(md, topic.managed_ledger)
     except OffloaddError as exc:
@@ -40,15 +56,6 @@ async def topic_status(md: MetadataStore, source: Any, topic: TopicName) -> dict
         out["lag"] = {"entries": lag_entries, "bytes_at_least": lag_bytes}
     except OffloaddError as exc:
         out["lag"] = {"error": str(exc)}
-    for key, path in (("owner", owner_path(topic.managed_ledger)),
-                      ("state", topic_state_path(topic.managed_ledger))):
-        try:
-            node = await md.get(path)
-            out[key] = node.data.decode(errors="replace")
-        except NotFound:
-            out[key] = None
-        except OffloaddError:
-            out[key] = None
     return out
 
 
@@ -58,11 +65,12 @@ async def collect(settings: Settings) -> dict[str, Any]:
     try:
         names = await managed_ledger.list_names(md)
         topics = [await topic_status(md, src, TopicName.from_managed_ledger(n)) for n in names]
+        members = [asdict(m) for m in await cluster.read_members(md)]
     finally:
         await src.close()
         await md.close()
     return {"metadata": _redact_url(settings.metadata.url),
-            "driver": settings.blobstore.driver, "topics": topics}
+            "driver": settings.blobstore.driver, "members": members, "topics": topics}
 
 
 def _redact_url(url: str) -> str:
@@ -73,16 +81,19 @@ def _redact_url(url: str) -> str:
 
 def render_text(st: dict[str, Any]) -> str:
     lines = [f"metadata {st['metadata']}  driver {st['driver']}"]
+    if st.get("members"):
+        lines.append("members " + ", ".join(m["owner"] for m in st["members"]))
     for t in st["topics"]:
+        owner = (f" owner {t.get('owner') or '-'} epoch {t['epoch']}"
+                 if t.get("epoch") is not None else "")
         if "error" in t:
-            lines.append(f"{t['topic']}: ERROR {t['error']}")
+            lines.append(f"{t['topic']}: ERROR {t['error']}{owner}")
             continue
         seg = t["segments"]
         lag = t.get("lag", {})
         lines.append(
             f"{t['topic']}: offloaded {seg['offloaded']} assigned {seg['assigned']} "
-            f"last {t['last_offloaded']} lag {lag.get('entries', '?')} entries"
-            + (f" owner {t['owner']}" if t.get("owner") else ""))
+            f"last {t['last_offloaded']} lag {lag.get('entries', '?')} entries{owner}")
     return "\n".join(lines)
 
 

@@ -80,5 +80,9 @@ def open_source(settings: Settings, metadata: MetadataStore) -> LedgerSource:
     src = settings.source
     if src.kind == "local":
         return LocalLedgerSource(src.path, metadata, verify_crc=src.verify_crc)
-    raise ConfigError('[source] kind = "bookkeeper" is not available in this build '
-                      '(use "local")')
+    if src.kind == "bookkeeper":
+        from offloadd.ledger.bookkeeper import BookKeeperLedgerSource
+
+        return BookKeeperLedgerSource.from_settings(settings, metadata)
+    raise ConfigError(f'[source] kind = "{src.kind}" is not supported (use "local" or '
+                      '"bookkeeper")')

@@ -27,6 +27,7 @@ from __future__ import annotations
 from bisect import bisect_right
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from itertools import pairwise
 
 from offloadd.catalog import LedgerRange
 from offloadd.model import Position
@@ -116,7 +117,7 @@ def split_history(ledgers: Sequence[LedgerExtent], start: Position | None, targe
     if target < 1:
         raise ValueError(f"target segment size {target} must be at least one byte")
     ids = [lx.ledger_id for lx in ledgers]
-    if any(b <= a for a, b in zip(ids, ids[1:], strict=False)):
+    if any(b <= a for a, b in pairwise(ids)):
         raise ValueError(f"ledgers must be in log order (increasing ids), got {ids}")
     space = _Space(ledgers)
     begin = 0 if start is None else space.index_of(start)

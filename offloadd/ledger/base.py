@@ -65,10 +65,14 @@ class LedgerSource(Protocol):
         ...
 
     async def read(self, topic: TopicName, ledger_id: int, first_entry_id: int,
-                   last_entry_id: int, max_bytes: int | None = None) -> EntryRun:
+                   last_entry_id: int, max_bytes: int | None = None, *,
+                   into: bytearray | None = None) -> EntryRun:
         """Entries ``first..last`` (inclusive), all readable; stops early (never before the
         first entry) once ``max_bytes`` of frames are gathered. ``NotFound`` if the ledger is
-        gone; ``FormatError`` if stored bytes fail their checksum."""
+        gone; ``FormatError`` if stored bytes fail their checksum.
+
+        ``into``: a buffer the caller recycles; a source may read the frames into it (then
+        ``run.data`` is a view of it, valid until the caller reuses it) or ignore it."""
         ...
 
     async def wait_for_entries(self, topic: TopicName, ledger_id: int, last_known_entry_id: int,

@@ -172,6 +172,19 @@ def _pread(fd: int, n: int, offset: int, name: Path) -> bytes:
     return data
 
 
+def _pread_into(fd: int, buf: bytearray, n: int, offset: int, name: Path) -> memoryview:
+    """Read ``n`` bytes into the front of ``buf`` (reused by the caller: no fresh pages to fault
+    in, no allocation); returns a view of them."""
+    view = memoryview(buf)[:n]
+    got = 0
+    while got < n:
+        k = os.preadv(fd, [view[got:]], offset + got)
+        if k == 0:
+            raise FormatError(str(name), offset, f"wanted {n} bytes, file ends after {got}")
+        got += k
+    return view
+
+
 def _pwrite(fd: int, data: bytes, offset: int) -> None:
     view = memoryview(data)
     while view:
@@ -361,17 +374,44 @@ class LocalLedgerSource:
         return out
 
     async def read(self, topic: TopicName, ledger_id: int, first_entry_id: int,
-                   last_entry_id: int, max_bytes: int | None = None) -> EntryRun:
+                   last_entry_id: int, max_bytes: int | None = None, *,
+                   into: bytearray | None = None) -> EntryRun:
         if not 0 <= first_entry_id <= last_entry_id:
             raise ValueError(f"bad entry range {first_entry_id}..{last_entry_id}")
         files = ledger_files(self.path, ledger_id)
         try:
             return await asyncio.to_thread(self._read_sync, topic, files, ledger_id,
-                                           first_entry_id, last_entry_id, max_bytes)
+                                           first_entry_id, last_entry_id, max_bytes, into)
         except FileNotFoundError as exc:
             raise NotFound(f"{topic}: ledger {ledger_id} does not exist ({exc.filename})") from exc
         except OSError as exc:
             raise _os_error(exc, f"{topic}: reading ledger {ledger_id}") from exc
+
+    def cumulative_bytes(self, ledger_id: int, entry_id: int) -> int:
+        """Frame bytes of entries ``0 .. entry_id - 1`` of the ledger: where entry
+        ``entry_id``'s frame starts in ``.log`` (payload bytes are this minus 12 per entry).
+
+        ``entry_id`` may equal the number of readable entries: the end of the last frame.
+        Blocking (one or two ``pread`` s, no scan): the backfill splitter calls it from a worker
+        thread, O(log n) times per segment boundary. ``NotFound`` for a missing ledger or an
+        entry past the readable ones.
+        """
+        files = ledger_files(self.path, ledger_id)
+        try:
+            with _opened(files.off) as off_fd:
+                count = os.fstat(off_fd).st_size // _OFF_SIZE
+                if 0 <= entry_id < count:
+                    return _Records(off_fd, count)[entry_id]
+                with _opened(files.log) as log_fd:
+                    readable, end = _scan(off_fd, log_fd)
+        except FileNotFoundError as exc:
+            raise NotFound(f"ledger {ledger_id} does not exist ({exc.filename})") from exc
+        except OSError as exc:
+            raise _os_error(exc, f"reading offsets of ledger {ledger_id}") from exc
+        if entry_id != readable:
+            raise NotFound(f"entry {ledger_id}:{entry_id} is past the ledger's {readable} "
+                           "readable entries")
+        return end
 
     async def read_crcs(self, ledger_id: int, first_entry_id: int,
                         last_entry_id: int) -> Sequence[int]:
@@ -464,7 +504,7 @@ class LocalLedgerSource:
         return info
 
     def _read_sync(self, topic: TopicName, files: LedgerFiles, ledger_id: int, first: int,
-                   last: int, max_bytes: int | None) -> EntryRun:
+                   last: int, max_bytes: int | None, into: bytearray | None = None) -> EntryRun:
         with _opened(files.off) as off_fd, _opened(files.log) as log_fd:
             records = _Records(off_fd, os.fstat(off_fd).st_size // _OFF_SIZE)
             if last >= len(records):
@@ -484,7 +524,10 @@ class LocalLedgerSource:
             count = last - first + 1
             raw = _pread(off_fd, _OFF_SIZE * (count + (not tail)), _OFF_SIZE * first, files.off)
             offsets = _rebased(raw + _OFF.pack(end) if tail else raw, base)
-            data = _pread(log_fd, end - base, base, files.log)
+            if into is not None and len(into) >= end - base:
+                data: bytes | memoryview = _pread_into(log_fd, into, end - base, base, files.log)
+            else:
+                data = _pread(log_fd, end - base, base, files.log)
         with _opened(files.crc) as crc_fd:
             crcs = _uint32s(_pread(crc_fd, _CRC_SIZE * count, _CRC_SIZE * first, files.crc))
         if self._verify_crc:
@@ -533,7 +576,7 @@ def _size(path: Path) -> int:
         return 0
 
 
-def _verify(log_path: Path, base: int, ledger_id: int, first: int, data: bytes,
+def _verify(log_path: Path, base: int, ledger_id: int, first: int, data: bytes | memoryview,
             offsets: Sequence[int], crcs: Sequence[int]) -> None:
     view = memoryview(data)
     for i in range(len(offsets) - 1):

@@ -92,7 +92,8 @@ class MemoryLedgerSource:
         return [ledger.desc() for ledger in self._ledgers(topic)]
 
     async def read(self, topic: TopicName, ledger_id: int, first_entry_id: int,
-                   last_entry_id: int, max_bytes: int | None = None) -> EntryRun:
+                   last_entry_id: int, max_bytes: int | None = None, *,
+                   into: bytearray | None = None) -> EntryRun:
         if not 0 <= first_entry_id <= last_entry_id:
             raise ValueError(f"bad entry range {first_entry_id}..{last_entry_id}")
         ledger = self._find(topic, ledger_id)

@@ -266,9 +266,12 @@ class TopicOffloader:
         if reason is not None and att is not None and att.close_target is None:
             if reason is RollReason.MANUAL:
                 self._manual.clear()
-            # time and trigger close at the tail as it is now; size and shutdown at what we hold
-            att.close_target = (Position(desc.ledger_id, desc.last_entry_id)
-                                if desc is not None and reason in (RollReason.TIME,
+            # time and trigger close at the topic's tail as it is now (its last readable entry);
+            # size and shutdown close at what the segment holds
+            tail = next((Position(d.ledger_id, d.last_entry_id) for d in reversed(ledgers)
+                         if d.last_entry_id >= 0), None)
+            att.close_target = (max(tail, att.end or tail)
+                                if tail is not None and reason in (RollReason.TIME,
                                                                    RollReason.MANUAL)
                                 else att.end)
         self._report_lag(ledgers, pos)
@@ -359,11 +362,13 @@ class TopicOffloader:
         budget = roller.read_budget(pol, att.frame_bytes if att else 0)
         await env.buffer.reserve(budget)
         reserved = budget
+        lease = env.buffer.lease(budget)
         try:
             run = await env.source.read(self.topic, desc.ledger_id, pos.entry_id,
-                                        pos.entry_id + avail - 1, max_bytes=budget)
+                                        pos.entry_id + avail - 1, max_bytes=budget, into=lease)
         except BaseException:
             env.buffer.release(reserved)
+            env.buffer.give_back(lease)
             raise
         size = len(run.data)
         if size < reserved:
@@ -372,16 +377,17 @@ class TopicOffloader:
             env.buffer.grow(size - reserved)
         reserved = size
         self.probe.ledger_reading_max_bytes(size)
+        done = self._releaser(reserved, lease)
         try:
             if att is None:
                 att = await self._open()
             parts = stamp_parts(att.builder.add_run(run))
         except BaseException:
-            env.buffer.release(reserved)
+            done()
             raise
         att.add(run)
         att.ledger_ts.setdefault(desc.ledger_id, desc.ctime_ms)
-        att.upload.submit(parts, lambda: env.buffer.release(reserved))
+        att.upload.submit(parts, done)
         # what we know of the ledger's byte count before the new position
         if run.last_entry_id == desc.last_entry_id:
             self._bytes_before[desc.ledger_id] = desc.size
@@ -464,7 +470,6 @@ class TopicOffloader:
         await att.upload.complete()
         index = att.builder.finish(att.ledger_ts)
         meta = self._object_metadata("index")
-        meta["offloadd-data-crc32c"] = f"{att.upload.crc:08x}"
         meta["offloadd-data-length"] = str(att.upload.length)
         meta["offloadd-crc32c"] = f"{crc32c.crc32c(index):08x}"
         await env.blobstore.put(streaming_index_key(att.uid, env.key_prefix), [index], meta)
@@ -496,26 +501,29 @@ class TopicOffloader:
         await self._upload_ranges(seg.ranges, redo_of=seg.uid)
         self.position = Position(seg.end.ledger_id, seg.end.entry_id + 1)
 
-    async def _read_range(self, r: LedgerRange) -> AsyncIterator[EntryRun]:
-        """``r`` as runs of at most a block's worth, each with its buffer bytes reserved (the
-        caller releases them when the run's parts have landed)."""
+    async def _read_range(self, r: LedgerRange
+                          ) -> AsyncIterator[tuple[EntryRun, Callable[[], None]]]:
+        """``r`` as runs of at most a block's worth, each with its buffer bytes reserved and
+        the callback that frees them (to run once the run's parts have landed)."""
         pol = self._policy().roll
         nxt = r.first
         while nxt <= r.last:
             budget = pol.block_budget
             await self.env.buffer.reserve(budget)
+            lease = self.env.buffer.lease(budget)
             try:
                 run = await self.env.source.read(self.topic, r.ledger_id, nxt, r.last,
-                                                 max_bytes=budget)
+                                                 max_bytes=budget, into=lease)
             except BaseException:
                 self.env.buffer.release(budget)
+                self.env.buffer.give_back(lease)
                 raise
             size = len(run.data)
             if size < budget:
                 self.env.buffer.release(budget - size)
             else:
                 self.env.buffer.grow(size - budget)
-            yield run
+            yield run, self._releaser(size, lease)
             nxt = run.last_entry_id + 1
 
     async def _upload_ranges(self, ranges: Sequence[LedgerRange],
@@ -527,11 +535,15 @@ class TopicOffloader:
             if r.ledger_id not in stamps:
                 raise NotFound(f"topic {self.topic}: ledger {r.ledger_id} is gone from the "
                                f"source; cannot offload {r.ledger_id}:{r.first}..{r.last}")
-            async for run in self._read_range(r):
-                parts = stamp_parts(att.builder.add_run(run))
+            async for run, done in self._read_range(r):
+                try:
+                    parts = stamp_parts(att.builder.add_run(run))
+                except BaseException:
+                    done()
+                    raise
                 att.add(run)
                 att.ledger_ts.setdefault(r.ledger_id, stamps[r.ledger_id])
-                att.upload.submit(parts, self._releaser(len(run.data)))
+                att.upload.submit(parts, done)
         await self._close(att)
 
     # ---- ledger-based mode (PIP-17) --------------------------------------------------------
@@ -579,10 +591,15 @@ class TopicOffloader:
         await upload.start()
         try:
             builder = LedgerObjectBuilder(ledger_id=ledger_id, max_block_size=pol.max_block_size)
-            async for run in self._read_range(LedgerRange(ledger_id, 0, desc.last_entry_id)):
+            async for run, done in self._read_range(LedgerRange(ledger_id, 0,
+                                                                desc.last_entry_id)):
                 last = run.last_entry_id == desc.last_entry_id
-                upload.submit(stamp_parts(builder.add_run(run, last=last)),
-                              self._releaser(len(run.data)))
+                try:
+                    parts = stamp_parts(builder.add_run(run, last=last))
+                except BaseException:
+                    done()
+                    raise
+                upload.submit(parts, done)
             await upload.complete()
         except BaseException:
             await upload.abort()
@@ -593,7 +610,6 @@ class TopicOffloader:
                              "pulsar/managed-ledger": self.topic.managed_ledger.encode()})
         index = builder.finish(meta)
         imeta = self._object_metadata("index")
-        imeta["offloadd-data-crc32c"] = f"{upload.crc:08x}"
         imeta["offloadd-data-length"] = str(upload.length)
         imeta["offloadd-crc32c"] = f"{crc32c.crc32c(index):08x}"
         await env.blobstore.put(ledger_index_key(uid, ledger_id, env.key_prefix), [index], imeta)
@@ -609,8 +625,16 @@ class TopicOffloader:
         log.info("topic %s: ledger %d offloaded whole as %s (%d bytes)", self.topic, ledger_id,
                  uid, upload.length)
 
-    def _releaser(self, n: int) -> Callable[[], None]:
-        return lambda: self.env.buffer.release(n)
+    def _releaser(self, n: int, lease: bytearray | None = None) -> Callable[[], None]:
+        """What to run once a run's parts have landed: free its bytes, recycle its array."""
+        buf = self.env.buffer
+
+        def done() -> None:
+            buf.release(n)
+            if lease is not None:
+                buf.give_back(lease)
+
+        return done
 
     async def _delete_objects(self, uid: uuid.UUID, ledger_ids: Sequence[int] = ()) -> None:
         p = self.env.key_prefix

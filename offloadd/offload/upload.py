@@ -10,9 +10,8 @@ in any order) and recorded in the index object's user metadata.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-
-import crc32c
 
 from offloadd.blobstore.base import BlobStore, MultipartUpload, ObjectInfo
 from offloadd.format.layout import Part
@@ -34,7 +33,6 @@ class SegmentUpload:
         # done tasks leave the set at once: a finished part must not pin its block's bytes
         self._tasks: set[asyncio.Task[None]] = set()
         self._error: BaseException | None = None
-        self.crc = 0
         self.length = 0
         self.parts = 0
 
@@ -50,8 +48,6 @@ class SegmentUpload:
         if self._upload is None:
             raise RuntimeError("upload not started")
         for p in parts:
-            for b in p.buffers:
-                self.crc = crc32c.crc32c(b, self.crc)
             self.length = max(self.length, p.offset + p.length)
             self.parts += 1
         remaining = [len(parts)]
@@ -108,7 +104,5 @@ class SegmentUpload:
             await asyncio.gather(*list(self._tasks), return_exceptions=True)
         self._tasks.clear()
         if self._upload is not None:
-            try:
+            with contextlib.suppress(Exception):  # stale uploads are swept at start-up
                 await self._upload.abort()
-            except Exception:
-                pass

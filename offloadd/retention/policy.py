@@ -35,8 +35,11 @@ absence is final. A segment's objects are deleted only when *every* ledger it to
 Retention by time/size follows Pulsar's trimming of consumed ledgers: walk the ledgers oldest
 first, delete while the ledger is past the retention time or the topic is over the retention size
 (counting what is already chosen), stop at the first one that is neither, and never the last
-(current) ledger. One rule of ours on top: a ledger is deleted only once every entry of it is in
-committed segments — retention never throws away bytes that exist nowhere else.
+(current) ledger. Two rules of ours on top: a ledger is deleted only once every entry of it is in
+committed segments — retention never throws away bytes that exist nowhere else — and never the
+ledger holding the end of the last committed segment: that is where the offloader's cursor
+stands (Pulsar likewise keeps the slowest cursor's ledger), and a cursor whose ledger vanished
+could not tell retention from data loss.
 
 Deletion lag (``managedLedgerOffloadDeletionLagInMillis``): the *source copy* of a ledger (its
 local files; bookies in Pulsar) may be dropped once the ledger is fully offloaded and the newest
@@ -94,6 +97,7 @@ class LedgerView:
     ``offloaded``: every entry is in committed segments (an empty ledger counts once a later
     ledger has committed entries). ``offloaded_ms``: when the newest segment covering it was
     committed. ``source_deleted``: the source copy is gone (``bookkeeperDeleted``).
+    ``cursor``: the last committed segment ends in this ledger.
     """
 
     ledger_id: int
@@ -103,6 +107,7 @@ class LedgerView:
     offloaded: bool
     offloaded_ms: int | None
     source_deleted: bool
+    cursor: bool = False
 
     @property
     def open(self) -> bool:
@@ -113,9 +118,11 @@ def ledger_views(info: pb.ManagedLedgerInfo) -> list[LedgerView]:
     """One :class:`LedgerView` per ``LedgerInfo``, in log order."""
     covered: dict[int, int] = {}
     off_ms: dict[int, int] = {}
-    for seg in catalog.segments(info):
+    cursor: int | None = None
+    for seg in catalog.segments(info):  # in log order
         if not seg.complete:
             continue
+        cursor = seg.end.ledger_id
         for r in seg.ranges:
             covered[r.ledger_id] = covered.get(r.ledger_id, 0) + r.count
             off_ms[r.ledger_id] = max(off_ms.get(r.ledger_id, 0), seg.offloaded_ms)
@@ -142,7 +149,8 @@ def ledger_views(info: pb.ManagedLedgerInfo) -> list[LedgerView]:
             offloaded, when = later_ms[i] is not None, later_ms[i]
         views.append(LedgerView(
             li.ledgerId, entries, li.size if li.HasField("size") else 0, closed_ms, offloaded,
-            when, li.HasField("offloadContext") and li.offloadContext.bookkeeperDeleted))
+            when, li.HasField("offloadContext") and li.offloadContext.bookkeeperDeleted,
+            li.ledgerId == cursor))
     return views
 
 
@@ -178,7 +186,7 @@ def ledgers_to_delete(views: Sequence[LedgerView], limits: RetentionLimits,
         expired = limits.max_age_ms is not None and now_ms - v.closed_ms > limits.max_age_ms
         # Pulsar's rule: delete while the topic, before this ledger goes, is over the quota.
         over = limits.max_size_bytes is not None and total - freed > limits.max_size_bytes
-        if not (expired or over) or not v.offloaded:
+        if not (expired or over) or not v.offloaded or v.cursor:
             break
         chosen.append(v.ledger_id)
         freed += v.size

@@ -1,0 +1,796 @@
+"""The :class:`~offloadd.ledger.base.LedgerSource` over a Pulsar + BookKeeper cluster (sidecar).
+
+What it reads, and from where::
+
+    Pulsar's ZooKeeper (read-only)                         bookies (protocol v3)
+      /managed-ledgers/<t>/<ns>/persistent/<x>  topics,      entries, digest-checked,
+          ledger lists (data watch per topic)                many reads in flight,
+      <ledgers_root>/LAYOUT, /<hierarchical path>            replica choice + failover,
+          ensembles, state, last entry (watch while open)    LAC reads and long polls
+
+    offloadd's metadata store (its own chroot)
+      /managed-ledgers/<t>/<ns>/persistent/<x>  the mirror: Pulsar's ledger list + our segments
+
+Topics are the managed ledgers whose names match ``[source] topics`` (fnmatch; empty = all).
+Ledgers are Pulsar's list in order; a ledger whose BookKeeper node is gone is left out. A closed
+ledger is readable up to its metadata's ``lastEntryId`` with ``length`` payload bytes. An open one
+(``OPEN`` or ``IN_RECOVERY``) is readable up to the last-add-confirmed this source has learnt —
+first by asking the bookies of its current ensemble for their last entry, then from every entry
+header and ``maxLAC`` it reads, and from long-polling reads while the offloader waits — and only
+once it knows that entry's cumulative length (read from its header), so ``LedgerDesc.size`` is
+exact. Nothing past the LAC is handed out.
+
+Reads are pipelined per ledger: up to ``reads_in_flight`` entries are in flight in chunks, and
+after a read returns the stream keeps up to ``readahead_bytes`` of the following readable entries
+coming, so the next read of the offloader finds them ready. Entries are framed for the pipeline
+with one ``bytes.join``.
+
+The mirror (see :mod:`offloadd.ledger.bookkeeper.layout`) is brought up to date whenever the
+topics are listed or a topic's ledgers are asked for and Pulsar's list has changed since, by
+compare-and-set on offloadd's store; it never touches an ``offloadContext``. Entries Pulsar
+deleted before offloadd held them are logged as data lost to retention, counted in the metrics
+and recorded in the mirror node.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fnmatch
+import logging
+import struct
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from itertools import accumulate, chain
+from typing import Any
+
+import crc32c
+
+from offloadd import errors
+from offloadd.errors import ConfigError, Fatal, FormatError, NotFound, OffloaddError, Retriable
+from offloadd.ledger.base import FRAME_OVERHEAD, EntryRun
+from offloadd.ledger.bookkeeper.client import BookieClient, BookieError, ClientOptions
+from offloadd.ledger.bookkeeper.codec import Digest, Entry, digest_for
+from offloadd.ledger.bookkeeper.layout import (
+    DEFAULT_LEDGERS_ROOT,
+    LedgerMetadata,
+    PulsarLedger,
+    check_layout,
+    decode_ledger_metadata,
+    describe_lost,
+    ledger_path,
+    mirror_edit,
+)
+from offloadd.ledger.bookkeeper.metrics import BookKeeperMetrics
+from offloadd.ledger.bookkeeper.zk import PulsarZooKeeper
+from offloadd.metadata import managed_ledger
+from offloadd.metadata.base import MetadataStore, Versioned
+from offloadd.metadata.zookeeper import Watch
+from offloadd.model import LedgerDesc, LedgerState, TopicName
+from offloadd.paths import managed_ledger_path
+
+log = logging.getLogger(__name__)
+
+__all__ = ["BookKeeperLedgerSource", "BookKeeperOptions"]
+
+MiB = 1024 * 1024
+_HEADER = struct.Struct(">iq")
+_CHUNK_BYTES = 256 * 1024  # one batch of reads aims at this many payload bytes
+_DEFAULT_ENTRY_BYTES = 1024
+_CRC_BATCH = 1024
+_MIRROR_REFRESH_S = 60.0
+
+
+@dataclass(frozen=True)
+class BookKeeperOptions:
+    pulsar_zk: str
+    ledgers_root: str = DEFAULT_LEDGERS_ROOT
+    password: bytes = field(default=b"", repr=False)
+    topics: tuple[str, ...] = ()
+    client: ClientOptions = field(default_factory=ClientOptions)
+    reads_in_flight: int = 64
+    readahead_bytes: int = 8 * MiB
+    long_poll_max_s: float = 10.0
+    session_timeout_s: float = 10.0
+    connect_timeout_s: float = 15.0
+    zk_auth: tuple[tuple[str, str], ...] = field(default=(), repr=False)
+
+
+# ---- per-ledger state ---------------------------------------------------------------------------
+
+
+class _Ledger:
+    """One BookKeeper ledger as this source knows it (shared by every topic that lists it)."""
+
+    def __init__(self, source: BookKeeperLedgerSource, meta: LedgerMetadata,
+                 version: int) -> None:
+        self._source = source
+        self.ledger_id = meta.ledger_id
+        self.meta = meta
+        self.version = version
+        self.digest: Digest = digest_for(meta.digest_type, meta.password
+                                         if meta.password is not None else source.password)
+        self.lac = meta.last_entry_id if meta.closed else -1
+        # the highest entry ≤ lac whose cumulative length is known: what ledgers() advertises
+        self.known: tuple[int, int] = (meta.last_entry_id, meta.length) if meta.closed \
+            else (-1, 0)
+        self.lac_learnt = meta.closed
+        self.deleted = False
+        self.watch: Watch | None = None
+        self.changed = asyncio.Event()
+        self.stream: _ReadStream | None = None
+        self.probe_lock = asyncio.Lock()
+        self.lac_task: asyncio.Future[None] | None = None
+
+    @property
+    def path(self) -> str:
+        return ledger_path(self.ledger_id, self._source.options.ledgers_root)
+
+    @property
+    def readable_last(self) -> int:
+        return self.known[0]
+
+    def learn(self, lac: int) -> None:
+        if lac > self.lac and not self.meta.closed:
+            self.lac = lac
+            self._wake()
+
+    def note(self, entry: Entry) -> None:
+        """An entry read: its header teaches a LAC and, if confirmed, the size up to it."""
+        if self.meta.closed:
+            return
+        if entry.lac > self.lac:
+            self.lac = entry.lac
+        if self.known[0] < entry.entry_id <= self.lac:
+            self.known = (entry.entry_id, entry.length)
+            self._wake()
+
+    def update(self, meta: LedgerMetadata, version: int) -> bool:
+        """New metadata from ZooKeeper; True if the ensembles changed."""
+        ensembles_changed = meta.segments != self.meta.segments
+        self.meta = meta
+        self.version = version
+        if meta.closed:
+            self.lac = meta.last_entry_id
+            self.known = (meta.last_entry_id, meta.length)
+            self.lac_learnt = True
+        self._wake()
+        return ensembles_changed
+
+    async def refresh(self) -> bool:
+        """Re-read the metadata (an entry was on no bookie: maybe an ensemble change)."""
+        try:
+            node = await self._source.zk.get(self.path)
+        except NotFound:
+            self.deleted = True
+            self._wake()
+            return False
+        meta = decode_ledger_metadata(node.data, self.ledger_id, self.path)
+        return self.update(meta, node.version)
+
+    def _wake(self) -> None:
+        event, self.changed = self.changed, asyncio.Event()
+        event.set()
+
+    def close(self, *, streams: bool = False) -> None:
+        """Stop watching. Reads in flight finish on their own unless ``streams`` (shutdown):
+        a ledger dropped from Pulsar's list may still be being read by the offloader."""
+        if self.watch is not None:
+            self.watch.cancel()
+            self.watch = None
+        if streams and self.stream is not None:
+            self.stream.reset(0)
+            self.stream = None
+        if self.lac_task is not None:
+            self.lac_task.cancel()
+        self.deleted = True
+        self._wake()
+
+
+@dataclass
+class _Chunk:
+    first: int
+    last: int
+    task: asyncio.Task[tuple[list[Entry], int]]
+    taken: int = 0  # entries already handed out
+
+
+def _retrieve(task: asyncio.Task[Any]) -> None:
+    if not task.cancelled():
+        task.exception()  # a read ahead nobody waits for any more: not an unhandled error
+
+
+class _ReadStream:
+    """Pipelined, read-ahead reads of one ledger for one consumer reading forward."""
+
+    def __init__(self, client: BookieClient, ledger: _Ledger, window: int,
+                 readahead: int) -> None:
+        self._client = client
+        self._ledger = ledger
+        self._window = window
+        self._readahead = readahead
+        self.next = 0  # the next entry to hand out
+        self._issued = 0  # the next entry to ask for
+        self._chunks: deque[_Chunk] = deque()
+
+    def reset(self, first: int) -> None:
+        for c in self._chunks:
+            c.task.cancel()
+        self._chunks.clear()
+        self.next = self._issued = first
+
+    def _avg(self) -> int:
+        last, size = self._ledger.known
+        if last >= 0 and size > 0:
+            return max(size // (last + 1), 1)
+        return _DEFAULT_ENTRY_BYTES
+
+    def _issue(self, limit: int, budget: int) -> None:
+        """Ask for entries up to ``limit`` while fewer than ``window`` are in flight and the
+        unconsumed ones are estimated below ``budget`` bytes."""
+        avg = self._avg()
+        pending = sum(c.last - c.first + 1 - c.taken for c in self._chunks)
+        while self._issued <= limit and pending < self._window and pending * avg < budget:
+            n = min(max(_CHUNK_BYTES // avg, 1), self._window - pending,
+                    limit - self._issued + 1)
+            first = self._issued
+            task = asyncio.ensure_future(
+                self._client.read_entries(self._ledger, first, first + n - 1))
+            task.add_done_callback(_retrieve)
+            self._chunks.append(_Chunk(first, first + n - 1, task))
+            self._issued += n
+            pending += n
+
+    async def take(self, first: int, last: int, max_bytes: int | None) -> list[Entry]:
+        if first != self.next or (self._chunks and self._chunks[0].first
+                                  + self._chunks[0].taken != first):
+            self.reset(first)
+        limit = max(self._ledger.readable_last, last)
+        cap = (1 << 62) if max_bytes is None else max_bytes
+        out: list[Entry] = []
+        got = 0
+        full = False
+        try:
+            while self.next <= last and not full:
+                self._issue(limit, max(cap - got, 1) + self._readahead)
+                chunk = self._chunks[0]
+                try:
+                    entries, lac = await chunk.task
+                except asyncio.CancelledError:
+                    task = asyncio.current_task()
+                    if chunk.task.cancelled() and task is not None and not task.cancelling():
+                        raise Retriable(f"ledger {self._ledger.ledger_id}: read of entries "
+                                        f"{chunk.first}..{chunk.last} was abandoned") from None
+                    raise
+                self._ledger.learn(lac)
+                for e in entries[chunk.taken:]:
+                    if e.entry_id > last:
+                        break
+                    size = FRAME_OVERHEAD + len(e.payload)
+                    if out and got + size > cap:
+                        full = True
+                        break
+                    out.append(e)
+                    got += size
+                    chunk.taken += 1
+                    self.next += 1
+                if chunk.first + chunk.taken > chunk.last:
+                    self._chunks.popleft()
+        except BaseException:
+            self.reset(first + len(out))
+            raise
+        if out:
+            self._ledger.note(out[-1])
+        self._issue(self._ledger.readable_last, self._readahead)
+        return out
+
+
+@dataclass
+class _Topic:
+    topic: TopicName
+    info: managed_ledger.ManagedLedgerInfo | None = None
+    version: int = -1
+    watch: Watch | None = None
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+    mirrored: tuple[PulsarLedger, ...] | None = None
+    mirrored_at: float = 0.0
+    last_seen: dict[int, tuple[int, int]] = field(default_factory=dict)
+    read_pos: tuple[int, int] | None = None
+    mirror_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    def wake(self) -> None:
+        event, self.changed = self.changed, asyncio.Event()
+        event.set()
+
+    def ledger_ids(self) -> list[int]:
+        return [li.ledgerId for li in self.info.ledgerInfo] if self.info is not None else []
+
+
+def _frame_run(ledger_id: int, first: int, entries: Sequence[Entry]) -> EntryRun:
+    payloads = [e.payload for e in entries]
+    sizes = list(map(len, payloads))
+    heads = map(_HEADER.pack, sizes, range(first, first + len(entries)))
+    data = b"".join(chain.from_iterable(zip(heads, payloads, strict=True)))
+    offsets = list(accumulate((s + FRAME_OVERHEAD for s in sizes), initial=0))
+    return EntryRun(ledger_id, first, memoryview(data), offsets)
+
+
+# ---- the source ---------------------------------------------------------------------------------
+
+
+class BookKeeperLedgerSource:
+    """Offload source over an existing Pulsar cluster. Connects on first use."""
+
+    def __init__(self, options: BookKeeperOptions, metadata: MetadataStore, *,
+                 metrics: BookKeeperMetrics | None = None,
+                 wall_ms: Callable[[], int] = lambda: int(time.time() * 1000),
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.options = options
+        self.password = options.password
+        self.metrics = metrics or BookKeeperMetrics()
+        self._md = metadata
+        self._wall_ms = wall_ms
+        self._clock = clock
+        self.client = BookieClient(options.client, self.metrics)
+        self._zk: PulsarZooKeeper | None = None
+        self._open_lock = asyncio.Lock()
+        self._topics: dict[TopicName, _Topic] = {}
+        self._topic_futs: dict[TopicName, asyncio.Future[_Topic]] = {}
+        self._ledgers: dict[int, _Ledger] = {}
+        self._ledger_futs: dict[int, asyncio.Future[_Ledger | None]] = {}
+        self._closed = False
+
+    @classmethod
+    def from_settings(cls, settings: Any, metadata: MetadataStore) -> BookKeeperLedgerSource:
+        """Build from :class:`offloadd.config.Settings` (``[source] kind = "bookkeeper"``)."""
+        src = settings.source
+        if not src.pulsar_zk:
+            raise ConfigError('[source] kind = "bookkeeper" needs pulsar_zk, Pulsar\'s '
+                              'ZooKeeper, e.g. "zk://zk1:2181,zk2:2181" (add /chroot if Pulsar '
+                              "uses one)")
+        _check_separate_stores(settings.metadata.url, src.pulsar_zk)
+        auth: tuple[tuple[str, str], ...] = ()
+        if src.pulsar_zk_digest is not None:
+            cred = src.pulsar_zk_digest.get_secret_value()
+            if ":" not in cred:
+                raise ConfigError('[source] pulsar_zk_digest must be "user:password"')
+            auth = (("digest", cred),)
+        opts = BookKeeperOptions(
+            pulsar_zk=src.pulsar_zk, ledgers_root=src.ledgers_root,
+            password=src.digest_password.get_secret_value().encode(), topics=tuple(src.topics),
+            client=ClientOptions(read_timeout_s=src.read_timeout_s,
+                                 connect_timeout_s=src.bookie_connect_timeout_s,
+                                 quarantine_s=src.bookie_quarantine_s, local_zone=src.zone,
+                                 zones=dict(src.zones)),
+            reads_in_flight=src.reads_in_flight, readahead_bytes=src.readahead_bytes,
+            session_timeout_s=settings.metadata.session_timeout_s,
+            connect_timeout_s=settings.metadata.connect_timeout_s, zk_auth=auth)
+        return cls(opts, metadata)
+
+    # ---- opening -------------------------------------------------------------------------
+    @property
+    def zk(self) -> PulsarZooKeeper:
+        if self._zk is None:
+            raise Fatal("the BookKeeper source is not connected")
+        return self._zk
+
+    async def _open(self) -> PulsarZooKeeper:
+        if self._zk is not None:
+            return self._zk
+        if self._closed:
+            raise Fatal("the BookKeeper source is closed")
+        async with self._open_lock:
+            if self._zk is None:
+                o = self.options
+                zk = await PulsarZooKeeper.open(o.pulsar_zk,
+                                                session_timeout_s=o.session_timeout_s,
+                                                connect_timeout_s=o.connect_timeout_s,
+                                                auth=o.zk_auth)
+                try:
+                    await self._check_layout(zk)
+                except BaseException:
+                    await zk.close()
+                    raise
+                self._zk = zk
+                log.info("reading Pulsar's metadata from %s (ledgers under %s), read-only", zk,
+                         o.ledgers_root)
+        return self._zk
+
+    async def _check_layout(self, zk: PulsarZooKeeper) -> None:
+        root = self.options.ledgers_root.rstrip("/")
+        try:
+            node = await zk.get(f"{root}/LAYOUT")
+        except NotFound:
+            raise Fatal(f"no BookKeeper layout at {root}/LAYOUT in {self.options.pulsar_zk}: "
+                        "check [source] pulsar_zk (its chroot) and ledgers_root") from None
+        try:
+            check_layout(node.data, f"{root}/LAYOUT")
+        except FormatError as exc:
+            raise Fatal(str(exc)) from None
+
+    def wanted(self, topic: TopicName) -> bool:
+        pats = self.options.topics
+        return not pats or any(fnmatch.fnmatchcase(str(topic), p) for p in pats)
+
+    # ---- topics --------------------------------------------------------------------------
+    async def list_topics(self) -> list[TopicName]:
+        """Pulsar's persistent topics matching the patterns; each one's mirror is created or
+        brought up to date before it is returned, so the offloader finds it."""
+        zk = await self._open()
+        out: list[TopicName] = []
+        for name in await zk.managed_ledger_names():
+            try:
+                topic = TopicName.from_managed_ledger(name)
+            except ConfigError:
+                log.warning("ignoring Pulsar managed ledger %s: not a topic name", name)
+                continue
+            if not self.wanted(topic):
+                continue
+            try:
+                await self._sync(await self._topic(topic))
+            except NotFound:
+                continue  # deleted since it was listed
+            except (FormatError, Fatal) as exc:
+                log.error("topic %s: skipped: %s", topic, exc)
+                continue
+            out.append(topic)
+        return sorted(out)
+
+    async def _topic(self, topic: TopicName) -> _Topic:
+        t = self._topics.get(topic)
+        if t is not None:
+            if t.info is None:
+                raise NotFound(f"topic {topic} does not exist in Pulsar (no "
+                               f"{managed_ledger_path(topic.managed_ledger)})")
+            return t
+        fut = self._topic_futs.get(topic)
+        if fut is None:
+            fut = asyncio.ensure_future(self._watch_topic(topic))
+            self._topic_futs[topic] = fut
+            fut.add_done_callback(lambda _: self._topic_futs.pop(topic, None))
+        t = await asyncio.shield(fut)
+        if t.info is None:
+            raise NotFound(f"topic {topic} does not exist in Pulsar (no "
+                           f"{managed_ledger_path(topic.managed_ledger)})")
+        return t
+
+    async def _watch_topic(self, topic: TopicName) -> _Topic:
+        zk = await self._open()
+        t = _Topic(topic)
+        path = managed_ledger_path(topic.managed_ledger)
+
+        def on_change(node: Versioned | None) -> None:
+            if node is None:
+                t.info, t.version = None, -1
+            else:
+                try:
+                    t.info = managed_ledger.decode(node.data, f"Pulsar's {path}")
+                    t.version = node.version
+                except FormatError as exc:
+                    log.error("topic %s: %s; keeping the last good ledger list", topic, exc)
+            t.wake()
+
+        t.watch = await zk.watch_data(path, on_change)
+        self._topics[topic] = t
+        return t
+
+    # ---- ledgers -------------------------------------------------------------------------
+    async def _ledger(self, ledger_id: int) -> _Ledger | None:
+        """The ledger's state, loading its metadata (and watching it while open); None if
+        BookKeeper has no such ledger."""
+        led = self._ledgers.get(ledger_id)
+        if led is not None and not led.deleted:
+            return led
+        if led is not None:
+            return None
+        fut = self._ledger_futs.get(ledger_id)
+        if fut is None:
+            fut = asyncio.ensure_future(self._load_ledger(ledger_id))
+            self._ledger_futs[ledger_id] = fut
+            fut.add_done_callback(lambda _: self._ledger_futs.pop(ledger_id, None))
+        return await asyncio.shield(fut)
+
+    async def _load_ledger(self, ledger_id: int) -> _Ledger | None:
+        zk = await self._open()
+        path = ledger_path(ledger_id, self.options.ledgers_root)
+        try:
+            node = await zk.get(path)
+        except NotFound:
+            return None
+        meta = decode_ledger_metadata(node.data, ledger_id, path)
+        led = _Ledger(self, meta, node.version)
+        self._ledgers[ledger_id] = led
+        if not meta.closed:
+            def on_change(n: Versioned | None) -> None:
+                if n is None:
+                    led.deleted = True
+                    led._wake()
+                    self._wake_topics(ledger_id)
+                    return
+                if n.version <= led.version and led.watch is not None:
+                    return
+                try:
+                    m = decode_ledger_metadata(n.data, ledger_id, path)
+                except FormatError as exc:
+                    log.error("ledger %d: %s", ledger_id, exc)
+                    return
+                was_closed = led.meta.closed
+                led.update(m, n.version)
+                if m.closed and not was_closed:
+                    self._wake_topics(ledger_id)
+                    if led.watch is not None:
+                        led.watch.cancel()  # closed ledgers never change again
+                        led.watch = None
+
+            led.watch = await zk.watch_data(path, on_change)
+        return led
+
+    def _wake_topics(self, ledger_id: int) -> None:
+        for t in self._topics.values():
+            if ledger_id in t.ledger_ids():
+                t.wake()
+
+    async def _learn_lac(self, led: _Ledger) -> None:
+        """First sight of an open ledger: ask its current ensemble for their last entries."""
+        if led.lac_learnt:
+            return
+        if led.lac_task is None or led.lac_task.done():
+            led.lac_task = asyncio.ensure_future(self._ask_lac(led))
+        await asyncio.shield(led.lac_task)
+
+    async def _ask_lac(self, led: _Ledger) -> None:
+        first, ensemble = led.meta.segments[-1]
+        results = await asyncio.gather(*(self.client.read_last(b, led) for b in ensemble),
+                                       return_exceptions=True)
+        answers = [r for r in results if not isinstance(r, BaseException)]
+        if not answers:
+            errs = "; ".join(str(r) for r in results)
+            raise Retriable(f"ledger {led.ledger_id}: no bookie of its ensemble answered for "
+                            f"its last-add-confirmed ({errs})")
+        # entries before the last ensemble change were confirmed when the ensemble changed
+        lac = max([first - 1, *(hint for hint, _ in answers)])
+        led.learn(lac)
+        for _, entry in answers:
+            if entry is not None:
+                led.note(entry)
+        led.lac_learnt = True
+
+    async def _advance(self, led: _Ledger) -> None:
+        """Make the learnt LAC readable: learn that entry's cumulative length (one read)."""
+        if led.meta.closed or led.known[0] >= led.lac:
+            return
+        async with led.probe_lock:
+            target = led.lac
+            if led.known[0] >= target:
+                return
+            try:
+                entries, hint = await self.client.read_entries(led, target, target)
+            except (NotFound, Retriable, FormatError) as exc:
+                log.warning("ledger %d: could not read entry %d to advance the readable tail "
+                            "(%s); staying at %d", led.ledger_id, target, exc, led.known[0])
+                return
+            led.learn(hint)
+            led.note(entries[0])
+
+    def _desc(self, led: _Ledger, ts: int) -> LedgerDesc:
+        ctime = led.meta.ctime_ms or ts
+        last, size = led.known
+        state = LedgerState.CLOSED if led.meta.closed else LedgerState.OPEN
+        return LedgerDesc(led.ledger_id, state, last, size, ctime)
+
+    async def ledgers(self, topic: TopicName) -> list[LedgerDesc]:
+        await self._open()
+        t = await self._topic(topic)
+        descs = await self._descs(t, learn=True)
+        await self._mirror(t, descs)
+        if t.read_pos is not None:
+            self._report_lag(t, descs)
+        return descs
+
+    async def _descs(self, t: _Topic, *, learn: bool) -> list[LedgerDesc]:
+        info = t.info
+        if info is None:
+            raise NotFound(f"topic {t.topic} does not exist in Pulsar")
+        out: list[LedgerDesc] = []
+        for li in info.ledgerInfo:
+            led = await self._ledger(li.ledgerId)
+            if led is None:
+                continue  # Pulsar is deleting it (its BookKeeper node is gone already)
+            if learn and not led.meta.closed:
+                await self._learn_lac(led)
+                await self._advance(led)
+                t.last_seen[led.ledger_id] = led.known
+            out.append(self._desc(led, li.timestamp if li.HasField("timestamp") else 0))
+        self._prune()
+        return out
+
+    async def _sync(self, t: _Topic) -> None:
+        """Bring the mirror up to date without asking bookies (closed states suffice)."""
+        await self._mirror(t, await self._descs(t, learn=False))
+
+    async def _mirror(self, t: _Topic, descs: Sequence[LedgerDesc]) -> None:
+        want = tuple(PulsarLedger(d.ledger_id, d.state is LedgerState.CLOSED,
+                                  d.entries if d.state is LedgerState.CLOSED else 0,
+                                  d.size if d.state is LedgerState.CLOSED else 0, d.ctime_ms)
+                     for d in descs)
+        now = self._clock()
+        if want == t.mirrored and now - t.mirrored_at < _MIRROR_REFRESH_S:
+            return
+        async with t.mirror_lock:
+            if want == t.mirrored and now - t.mirrored_at < _MIRROR_REFRESH_S:
+                return
+            ml = t.topic.managed_ledger
+            if t.mirrored is None:
+                # the offloader loads this node before it asks for anything: it must exist
+                with contextlib.suppress(errors.Conflict):
+                    await self._md.create(managed_ledger_path(ml),
+                                          managed_ledger.ManagedLedgerInfo().SerializeToString())
+            changes: list[Any] = []
+            known = dict(t.last_seen)
+
+            def edit(info: managed_ledger.ManagedLedgerInfo) -> bool:
+                change = mirror_edit(info, want, self._wall_ms(), known)
+                changes[:] = [change]
+                return change.changed
+
+            await managed_ledger.update(self._md, ml, edit, create=True)
+            t.mirrored, t.mirrored_at = want, now
+            change = changes[0] if changes else None
+        if change is None:
+            return
+        if change.added or change.dropped or change.closed:
+            log.info("topic %s: mirrored Pulsar's ledger list (added %s, closed %s, "
+                     "dropped %s)", t.topic, change.added, change.closed, change.dropped)
+        if change.lost:
+            log.error("topic %s: data lost to retention: Pulsar deleted %s before offloadd "
+                      "offloaded it", t.topic, describe_lost(change.lost))
+            self.metrics.data_lost(str(t.topic), len(change.lost),
+                                   sum(lost.entries for lost in change.lost))
+        for lid in change.dropped:
+            t.last_seen.pop(lid, None)
+
+    def _prune(self) -> None:
+        """Forget ledgers no watched topic lists any more."""
+        listed: set[int] = set()
+        for t in self._topics.values():
+            listed.update(t.ledger_ids())
+        for lid in [lid for lid in self._ledgers if lid not in listed]:
+            self._ledgers.pop(lid).close()
+
+    def _report_lag(self, t: _Topic, descs: Sequence[LedgerDesc]) -> None:
+        assert t.read_pos is not None
+        rl, re = t.read_pos
+        lag = 0
+        for d in descs:
+            if d.ledger_id == rl:
+                lag += max(d.last_entry_id - re, 0)
+            elif d.ledger_id > rl:
+                lag += d.entries
+        self.metrics.set_lac_lag(str(t.topic), lag)
+
+    # ---- reading -------------------------------------------------------------------------
+    async def read(self, topic: TopicName, ledger_id: int, first_entry_id: int,
+                   last_entry_id: int, max_bytes: int | None = None, *,
+                   into: bytearray | None = None) -> EntryRun:
+        """``into`` is ignored: frames are joined from the response buffers in one pass."""
+        if not 0 <= first_entry_id <= last_entry_id:
+            raise ValueError(f"bad entry range {first_entry_id}..{last_entry_id}")
+        await self._open()
+        led = await self._ledger(ledger_id)
+        if led is None:
+            raise NotFound(f"{topic}: ledger {ledger_id} does not exist in BookKeeper")
+        if last_entry_id > led.readable_last:
+            raise NotFound(f"{topic}: entries {first_entry_id}..{last_entry_id} of ledger "
+                           f"{ledger_id} are not all readable (readable up to "
+                           f"{led.readable_last})")
+        if led.stream is None:
+            led.stream = _ReadStream(self.client, led, self.options.reads_in_flight,
+                                     self.options.readahead_bytes)
+        entries = await led.stream.take(first_entry_id, last_entry_id, max_bytes)
+        t = self._topics.get(topic)
+        if t is not None:
+            t.read_pos = (ledger_id, entries[-1].entry_id)
+        return _frame_run(ledger_id, first_entry_id, entries)
+
+    async def read_crcs(self, ledger_id: int, first_entry_id: int,
+                        last_entry_id: int) -> list[int]:
+        """CRC32C of each payload of ``first..last`` read from the bookies (for ``verify``)."""
+        await self._open()
+        led = self._ledgers.get(ledger_id)
+        if led is None or led.deleted:
+            led = await self._load_ledger(ledger_id)
+        if led is None:
+            raise NotFound(f"ledger {ledger_id} does not exist in BookKeeper")
+        if last_entry_id > led.readable_last:
+            raise NotFound(f"entries {first_entry_id}..{last_entry_id} of ledger {ledger_id} "
+                           f"are not all readable")
+        out: list[int] = []
+        for lo in range(first_entry_id, last_entry_id + 1, _CRC_BATCH):
+            entries, _ = await self.client.read_entries(
+                led, lo, min(lo + _CRC_BATCH - 1, last_entry_id))
+            out.extend(crc32c.crc32c(e.payload) for e in entries)
+        return out
+
+    async def wait_for_entries(self, topic: TopicName, ledger_id: int,
+                               last_known_entry_id: int, timeout: float) -> None:
+        """Return once ``ledger_id`` is readable past ``last_known_entry_id``, the topic has a
+        newer ledger or the ledger closed, or ``timeout`` passed. An open ledger is
+        long-polled at a bookie of the next entry's write set."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + max(timeout, 0.0)
+        try:
+            t = await self._topic(topic)
+            led = await self._ledger(ledger_id)
+        except OffloaddError:
+            await asyncio.sleep(min(timeout, 0.5))
+            return
+        if led is None or led.readable_last > last_known_entry_id:
+            return
+        ids = t.ledger_ids()
+        if led.meta.closed and ledger_id in ids and ids.index(ledger_id) + 1 < len(ids):
+            return  # the next ledger is there already
+        waits: list[asyncio.Future[Any]] = [asyncio.ensure_future(t.changed.wait()),
+                                            asyncio.ensure_future(led.changed.wait())]
+        if not led.meta.closed:
+            waits.append(asyncio.ensure_future(self._follow(led, deadline)))
+        try:
+            await asyncio.wait(waits, timeout=max(deadline - loop.time(), 0.0),
+                               return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waits:
+                w.cancel()
+            await asyncio.gather(*waits, return_exceptions=True)
+
+    async def _follow(self, led: _Ledger, deadline: float) -> None:
+        """Long-poll for the LAC to pass what is readable; then make it readable."""
+        loop = asyncio.get_running_loop()
+        try:
+            await self._learn_lac(led)
+            if led.lac <= led.readable_last:
+                remaining = min(deadline - loop.time(), self.options.long_poll_max_s)
+                if remaining <= 0:
+                    return
+                previous = led.lac
+                candidates = led.meta.bookies_for(previous + 1)
+                bookie = self.client.order(candidates)[0]
+                hint, entry = await self.client.long_poll(bookie, led, previous, remaining)
+                led.learn(hint)
+                if entry is not None:
+                    led.note(entry)
+            await self._advance(led)
+        except (BookieError, Retriable, FormatError, NotFound) as exc:
+            log.debug("ledger %d: long poll failed: %s", led.ledger_id, exc)
+            await asyncio.sleep(max(min(deadline - loop.time(), 0.5), 0.0))
+
+    async def close(self) -> None:
+        self._closed = True
+        for t in self._topics.values():
+            if t.watch is not None:
+                t.watch.cancel()
+        for led in self._ledgers.values():
+            led.close(streams=True)
+        self._ledgers.clear()
+        self._topics.clear()
+        await self.client.close()
+        if self._zk is not None:
+            zk, self._zk = self._zk, None
+            await zk.close()
+
+
+def _check_separate_stores(metadata_url: str, pulsar_zk: str) -> None:
+    """offloadd's catalog must not live in Pulsar's own tree (it would be Pulsar's metadata)."""
+    from offloadd.metadata.zookeeper import ZooKeeperUrl
+
+    if not metadata_url.startswith("zk://"):
+        return
+    try:
+        ours, theirs = ZooKeeperUrl.parse(metadata_url), ZooKeeperUrl.parse(pulsar_zk)
+    except ValueError as exc:
+        raise ConfigError(f"[source] pulsar_zk: {exc}") from None
+    if set(ours.hosts) & set(theirs.hosts) and ours.chroot == theirs.chroot:
+        raise ConfigError(
+            f"[metadata] url {metadata_url!r} is Pulsar's own ZooKeeper tree ([source] "
+            f"pulsar_zk {pulsar_zk!r}): in sidecar mode offloadd keeps its catalog under its "
+            f"own chroot, e.g. {str(theirs).rstrip('/')}/offloadd")

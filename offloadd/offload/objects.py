@@ -1,0 +1,46 @@
+"""User metadata of the objects offloadd writes (DESIGN §5), in one place.
+
+Every data and index object carries::
+
+    s3managedledgeroffloaderformatversion  "1"         Pulsar's readers refuse objects without it
+    role                                   data|index
+    managedledgername                      <tenant>/<ns>/persistent/<topic>
+    offloadd-format-version                "1"
+    offloadd-version                       the writing software's version
+
+and an index, written last, adds what :mod:`offloadd.verify` checks the pair with (the data
+object's blocks carry their own CRC32C in their headers, see ``format/checksum.py``)::
+
+    offloadd-data-length    the data object's length in bytes (decimal)
+    offloadd-crc32c         CRC32C of the index object itself, 8 lowercase hex digits
+
+The streaming pipeline (``offload/topic.py``) and the Spark backfill (``backfill/task.py``) write
+identical keys through these helpers.
+"""
+
+from __future__ import annotations
+
+import crc32c
+
+from offloadd import __version__
+
+FORMAT_VERSION_KEY = "s3managedledgeroffloaderformatversion"
+
+
+def object_metadata(ml_name: str, role: str) -> dict[str, str]:
+    """The keys every object of ``ml_name`` carries; ``role`` is ``data`` or ``index``."""
+    return {
+        FORMAT_VERSION_KEY: "1",
+        "role": role,
+        "managedledgername": ml_name,
+        "offloadd-format-version": "1",
+        "offloadd-version": __version__,
+    }
+
+
+def index_metadata(ml_name: str, *, data_length: int, index: bytes) -> dict[str, str]:
+    """An index object's keys: the common ones plus the pair's length and checksum."""
+    meta = object_metadata(ml_name, "index")
+    meta["offloadd-data-length"] = str(data_length)
+    meta["offloadd-crc32c"] = f"{crc32c.crc32c(index):08x}"
+    return meta

@@ -1,0 +1,294 @@
+"""The configuration as an operator meets it: precedence (environment over file over defaults,
+topic over namespace over broker), Pulsar's names as aliases, one clear line and exit code 2
+for every mistake, the generated reference and the example files."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from offloadd import cli, config
+from offloadd.config import Settings
+from offloadd.errors import ConfigError
+from offloadd.model import TopicName
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(autouse=True)
+def clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No OFFLOADD_<section>... variable of the calling shell leaks into these tests."""
+    sections = tuple(s.upper() for s in Settings.model_fields)
+    for name in list(os.environ):
+        rest = name.upper().removeprefix("OFFLOADD_")
+        if rest != name.upper() and rest.startswith(sections):
+            monkeypatch.delenv(name)
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    p = tmp_path / "offloadd.toml"
+    p.write_text(text)
+    return p
+
+
+def check(path: Path | str, capsys: pytest.CaptureFixture[str]) -> tuple[int, list[str]]:
+    rc = cli.main(["config", "check", "--config", str(path)])
+    return rc, capsys.readouterr().err.splitlines()
+
+
+class TestPrecedence:
+    """Environment beats the file, the file beats the defaults; per field, topic beats
+    namespace beats broker."""
+
+    def test_environment_override_beats_the_file(self, tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+        p = write(tmp_path, "[offload]\nflow_permits_per_second = 100\nblocks_in_flight = 3\n")
+        monkeypatch.setenv("OFFLOADD_OFFLOAD__FLOW_PERMITS_PER_SECOND", "2048")
+        s = config.load(p)
+        assert s.offload.flow_permits_per_second == 2048
+        assert s.offload.blocks_in_flight == 3  # the file still sets what env does not
+
+    def test_environment_beats_a_pulsar_alias_in_the_file(
+            self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        p = write(tmp_path, "[offload]\nmanagedLedgerOffloadBrokerFlowPermitsPerSecond = 100\n")
+        assert config.load(p).offload.flow_permits_per_second == 100
+        monkeypatch.setenv("OFFLOADD_OFFLOAD__FLOW_PERMITS_PER_SECOND", "7")
+        assert config.load(p).offload.flow_permits_per_second == 7
+
+    def test_defaults_apply_without_a_file(self) -> None:
+        s = config.load(None)
+        assert s.offload.mode == "streaming" and s.offload.flow_permits_per_second == 0
+        assert s.daemon.offload_now_topics == ()
+
+    def test_pulsar_names_are_accepted_as_aliases(self, tmp_path: Path) -> None:
+        p = write(tmp_path, """
+[source]
+managedLedgerMaxEntriesPerLedger = 1000
+[blobstore]
+managedLedgerOffloadDriver = "S3"
+s3ManagedLedgerOffloadBucket = "b"
+s3ManagedLedgerOffloadRegion = "eu-west-1"
+s3ManagedLedgerOffloadServiceEndpoint = "http://127.0.0.1:9000"
+[offload]
+maxSizePerOffloadSegmentMbytes = 8
+maxOffloadSegmentRolloverTimeMinutes = 0.5
+managedLedgerOffloadMaxBlockSizeInBytes = 1048576
+managedLedgerOffloadDeletionLagInMillis = 0
+[namespaces."public/default"]
+maxSizePerOffloadSegmentMbytes = 4
+""")
+        s = config.load(p)
+        assert s.source.rollover_entries == 1000
+        assert (s.blobstore.driver, s.blobstore.bucket, s.blobstore.region) == (
+            "aws-s3", "b", "eu-west-1")
+        assert s.blobstore.endpoint == "http://127.0.0.1:9000"
+        assert s.offload.max_size_per_segment_mbytes == 8
+        assert s.offload.max_segment_rollover_time_minutes == 0.5
+        assert s.offload.max_block_size_bytes == 1048576 and s.offload.deletion_lag_ms == 0
+        assert s.namespaces["public/default"].max_size_per_segment_mbytes == 4
+
+    def test_each_policy_field_resolves_topic_then_namespace_then_broker(
+            self, tmp_path: Path) -> None:
+        p = write(tmp_path, """
+[offload]
+mode = "streaming"
+max_size_per_segment_mbytes = 64
+max_segment_rollover_time_minutes = 10
+max_block_size_bytes = 8388608
+[namespaces."t/ns"]
+mode = "ledger"
+max_size_per_segment_mbytes = 32
+[topics."persistent://t/ns/x"]
+max_size_per_segment_mbytes = 16
+max_segment_rollover_time_minutes = 1
+[topics."persistent://other/ns/y"]
+mode = "ledger"
+""")
+        s = config.load(p)
+        x = s.policy_for(TopicName.parse("persistent://t/ns/x"))
+        assert (x.mode, x.max_size_per_segment_mbytes, x.max_segment_rollover_time_minutes,
+                x.max_block_size_bytes) == ("ledger", 16, 1, 8388608)
+        sibling = s.policy_for(TopicName.parse("persistent://t/ns/z"))
+        assert (sibling.mode, sibling.max_size_per_segment_mbytes,
+                sibling.max_segment_rollover_time_minutes) == ("ledger", 32, 10)
+        y = s.policy_for(TopicName.parse("persistent://other/ns/y"))
+        assert (y.mode, y.max_size_per_segment_mbytes) == ("ledger", 64)
+        plain = s.policy_for(TopicName.parse("persistent://other/ns/q"))
+        assert (plain.mode, plain.max_size_per_segment_mbytes) == ("streaming", 64)
+
+    def test_arrays_come_from_the_environment_as_json(self,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch.setenv("OFFLOADD_DAEMON__OFFLOAD_NOW_TOPICS", '["persistent://t/ns/*"]')
+        assert config.load(None).daemon.offload_now_topics == ("persistent://t/ns/*",)
+
+    def test_other_offloadd_variables_are_left_alone(self,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch.setenv("OFFLOADD_SLOW_TESTS", "1")
+        assert config.load(None).offload.mode == "streaming"
+
+
+# (case, file text or None for a missing file, environment, text the one line must contain)
+BAD: list[tuple[str, str | None, dict[str, str], str]] = [
+    ("invalid TOML", "[offload\nmode = 1\n", {}, "not valid TOML"),
+    ("missing file", None, {}, "config file not found"),
+    ("unknown section", "[ofload]\nmode = \"ledger\"\n", {}, "[ofload] unknown key; did you "
+     "mean 'offload'"),
+    ("unknown key", "[offload]\nflow_permits = 5\n", {}, "[offload.flow_permits] unknown key"),
+    ("section not a table", "offload = 5\n", {}, "[offload] must be a table"),
+    ("string for an integer", "[offload]\nblocks_in_flight = \"four\"\n", {},
+     "[offload.blocks_in_flight] must be an integer"),
+    ("fraction for an integer", "[offload]\nmax_block_size_bytes = 1048576.5\n", {},
+     "[offload.max_block_size_bytes] must be an integer"),
+    ("string for a number", "[offload]\nmax_size_per_segment_mbytes = \"big\"\n", {},
+     "[offload.max_size_per_segment_mbytes] must be a number"),
+    ("not a boolean", "[metrics]\nenabled = \"maybe\"\n", {},
+     "[metrics.enabled] must be true or false"),
+    ("negative buffer size", "[offload]\nbuffer_max_bytes = -1\n", {},
+     "[offload.buffer_max_bytes] must be >= 1048576"),
+    ("zero segment size", "[offload]\nmax_size_per_segment_mbytes = 0\n", {},
+     "[offload.max_size_per_segment_mbytes] must be > 0"),
+    ("negative throttle", "[offload]\nflow_permits_per_second = -5\n", {},
+     "[offload.flow_permits_per_second] must be >= 0"),
+    ("bad mode", "[offload]\nmode = \"tiered\"\n", {},
+     "[offload.mode] must be 'streaming' or 'ledger'"),
+    ("bad driver", "[blobstore]\ndriver = \"gcs\"\n", {},
+     "[blobstore.driver] must be 'filesystem' or 'aws-s3'"),
+    ("bad log level", "[daemon]\nlog_level = \"LOUD\"\n", {}, "[daemon.log_level] must be"),
+    ("bad metadata scheme", "[metadata]\nurl = \"mysql://db/x\"\n", {},
+     "[metadata.url] must be \"embedded:<dir>\" or \"zk://"),
+    ("zk host without port", "[metadata]\nurl = \"zk://zk1/offloadd\"\n", {},
+     "[metadata.url] zk:// host 'zk1' must be host:port"),
+    ("bind without port", "[metrics]\nbind = \"localhost\"\n", {}, "[metrics.bind] must be "
+     "\"host:port\""),
+    ("bind port out of range", "[metrics]\nbind = \"0.0.0.0:70000\"\n", {}, "[metrics.bind]"),
+    ("topic key not a topic", "[topics.\"public/default/x\"]\nmode = \"ledger\"\n", {},
+     "[topics] topic name 'public/default/x' is invalid"),
+    ("namespace key not tenant/ns", "[namespaces.public]\nmode = \"ledger\"\n", {},
+     "[namespaces] namespace key 'public' must be \"tenant/namespace\""),
+    ("bad value at topic level", "[topics.\"persistent://t/ns/x\"]\nmax_block_size_bytes = 10\n",
+     {}, "[topics.\"persistent://t/ns/x\".max_block_size_bytes] must be >= 1024"),
+    ("unknown key at namespace level", "[namespaces.\"t/ns\"]\nflow_permits_per_second = 1\n",
+     {}, "[namespaces.\"t/ns\".flow_permits_per_second] unknown key"),
+    ("min block above max block", "[offload]\nmin_block_size_bytes = 2097152\n"
+     "max_block_size_bytes = 1048576\n", {},
+     "[offload] min_block_size_bytes (2097152) must not exceed max_block_size_bytes (1048576)"),
+    ("min block above a namespace's max block", "[offload]\nmin_block_size_bytes = 2097152\n"
+     "[namespaces.\"t/ns\"]\nmax_block_size_bytes = 1048576\n", {},
+     "[namespaces.\"t/ns\"] min_block_size_bytes"),
+    ("retry base above max", "[offload]\nretry_base_s = 60\nretry_max_s = 30\n", {},
+     "[offload] retry_base_s (60.0) must not exceed retry_max_s"),
+    ("alias and key both set", "[offload]\nmax_size_per_segment_mbytes = 1\n"
+     "maxSizePerOffloadSegmentMbytes = 2\n", {},
+     "[offload] both max_size_per_segment_mbytes and its alias maxSizePerOffloadSegmentMbytes"),
+    ("access key without secret", "[blobstore]\naccess_key_id = \"AKIAEXAMPLE\"\n", {},
+     "[blobstore] set both access_key_id and secret_access_key"),
+    ("digest without password", "[metadata]\nacl_digest = \"offloadd\"\n", {},
+     "[metadata.acl_digest] must be \"user:password\""),
+    ("array given as string", "[source]\ntopics = \"persistent://t/ns/*\"\n", {},
+     "[source.topics] must be an array"),
+    ("path given as number", "[daemon]\npid_file = 3\n", {},
+     "[daemon.pid_file] must be a string (a path)"),
+    ("bad environment value", "", {"OFFLOADD_OFFLOAD__FLOW_PERMITS_PER_SECOND": "fast"},
+     "environment OFFLOADD_OFFLOAD__FLOW_PERMITS_PER_SECOND: "
+     "[offload.flow_permits_per_second] must be a number"),
+    ("environment variable with one underscore", "",
+     {"OFFLOADD_OFFLOAD_FLOW_PERMITS_PER_SECOND": "1"},
+     "did you mean OFFLOADD_OFFLOAD__FLOW_PERMITS_PER_SECOND?"),
+    ("environment array not JSON", "", {"OFFLOADD_SOURCE__TOPICS": "persistent://t/ns/*"},
+     "environment OFFLOADD_SOURCE__TOPICS: not valid JSON"),
+]
+
+
+@pytest.mark.parametrize(("text", "env", "expected"), [b[1:] for b in BAD],
+                         ids=[b[0] for b in BAD])
+def test_a_bad_configuration_gives_one_line_naming_the_key_and_exit_code_2(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+        text: str | None, env: dict[str, str], expected: str) -> None:
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    path = write(tmp_path, text) if text is not None else tmp_path / "absent.toml"
+    rc, lines = check(path, capsys)
+    assert rc == 2
+    assert len(lines) == 1, lines
+    line = lines[0]
+    assert line.startswith("offloadd: config error: ")
+    assert expected in line, line
+    if not env:
+        assert str(path) in line  # the file is named
+
+
+def test_the_table_has_at_least_twenty_cases() -> None:
+    assert len(BAD) >= 20
+
+
+def test_several_problems_are_counted_on_the_same_line(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    p = write(tmp_path, "[offload]\nmode = \"x\"\nblocks_in_flight = 0\nbuffer_max_bytes = 1\n")
+    rc, lines = check(p, capsys)
+    assert rc == 2 and len(lines) == 1
+    assert "(and 2 more problems)" in lines[0]
+
+
+def test_secret_values_are_never_echoed_in_errors(tmp_path: Path) -> None:
+    cases = [
+        '[metadata]\nacl_digest = "hunter2-no-colon"\n',
+        '[blobstore]\nsecret_access_key = "hunter2-secret"\n',  # without access_key_id
+        '[blobstore]\nsecret_acess_key = "hunter2-typo"\n',  # unknown key: may be a secret
+        '[metadata]\nurl = "zk://admin:hunter2@zk1:2181/x/"\n',
+    ]
+    for text in cases:
+        with pytest.raises(ConfigError) as err:
+            config.load(write(tmp_path, text))
+        assert "hunter2" not in str(err.value), str(err.value)
+
+
+def test_a_real_process_exits_2_with_one_line(tmp_path: Path) -> None:
+    p = write(tmp_path, "[offload]\nmode = \"tiered\"\n")
+    out = subprocess.run([sys.executable, "-m", "offloadd.cli", "config", "check", "-c", str(p)],
+                         capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert out.returncode == 2
+    assert out.stderr.splitlines() == [
+        f"offloadd: config error: {p}: [offload.mode] must be 'streaming' or 'ledger' "
+        "(got 'tiered')"]
+
+
+@pytest.mark.parametrize("name", ["standalone.toml", "production.toml"])
+def test_the_example_configs_pass_the_check(name: str, capsys: pytest.CaptureFixture[str]
+                                            ) -> None:
+    rc, lines = check(ROOT / "config" / name, capsys)
+    assert rc == 0, lines
+
+
+def test_the_production_example_uses_zookeeper_and_s3() -> None:
+    s = config.load(ROOT / "config" / "production.toml")
+    assert s.metadata.url.startswith("zk://") and s.blobstore.driver == "aws-s3"
+    assert s.blobstore.secret_access_key is None  # secrets come from the environment
+
+
+class TestReference:
+    """docs/config.md is generated from the model and names every key."""
+
+    def test_docs_config_md_is_up_to_date_with_the_model(self) -> None:
+        committed = (ROOT / "docs" / "config.md").read_text()
+        assert committed == config.reference_markdown(), (
+            "docs/config.md is stale: run `offloadd config reference > docs/config.md`")
+
+    def test_every_key_and_its_environment_variable_is_documented(self) -> None:
+        ref = config.reference_markdown()
+        for section, f in Settings.model_fields.items():
+            model = f.annotation
+            if not (isinstance(model, type) and hasattr(model, "model_fields")):
+                continue
+            assert f"## [{section}]" in ref
+            for key in model.model_fields:
+                assert f"| `{key}` |" in ref
+                assert f"`OFFLOADD_{section.upper()}__{key.upper()}`" in ref
+
+    def test_secrets_have_no_default_shown_and_are_marked(self) -> None:
+        line = next(ln for ln in config.reference_markdown().splitlines()
+                    if ln.startswith("| `secret_access_key`"))
+        assert "*secret*" in line and "(unset)" in line
