@@ -167,9 +167,10 @@ def _dispatch(args: argparse.Namespace) -> int:
 
 def _setup_logs(settings: Any) -> None:
     from offloadd import logs
-    from offloadd.standalone import _secrets
+    from offloadd.config import secret_values
 
-    logs.configure(settings.daemon.log_format, settings.daemon.log_level, _secrets(settings))
+    logs.configure(settings.daemon.log_format, settings.daemon.log_level,
+                   secret_values(settings))
 
 
 # ---- commands ------------------------------------------------------------------------------

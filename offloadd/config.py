@@ -481,6 +481,19 @@ def _secret_keys() -> set[tuple[str, str]]:
     return out
 
 
+def secret_values(settings: Settings) -> list[str]:
+    """Every secret the configuration holds (for the log filter); any section, any key typed
+    ``SecretStr``, so a secret added later is covered without a list to keep up to date."""
+    out = []
+    for section, key in sorted(_secret_keys()):
+        table = getattr(settings, section)
+        for item in table.values() if isinstance(table, dict) else [table]:
+            value = getattr(item, key, None)
+            if isinstance(value, SecretStr):
+                out.append(value.get_secret_value())
+    return out
+
+
 _TYPE_WORDS = {
     "int_type": "an integer", "int_parsing": "an integer", "int_from_float": "an integer",
     "float_type": "a number", "float_parsing": "a number",
@@ -697,6 +710,8 @@ def _type_text(f: Any) -> str:
         text = "one of " + ", ".join(f"`{json.dumps(a)}`" for a in get_args(base))
     elif get_origin(base) is tuple:
         text = "array of strings"
+    elif get_origin(base) is dict:
+        text = "table of strings"
     else:
         text = {int: "integer", float: "number", bool: "boolean", str: "string",
                 Path: "path", SecretStr: "string"}.get(base, str(base))

@@ -17,6 +17,7 @@ import logging
 import os
 import signal
 import socket
+import time
 from collections.abc import Awaitable, Callable, Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +28,7 @@ from offloadd.config import Settings
 from offloadd.errors import OffloaddError
 from offloadd.ledger.base import LedgerSource
 from offloadd.metadata.base import MetadataStore
+from offloadd.metrics import Metrics
 from offloadd.model import TopicName
 from offloadd.offload.buffer import OffloadBuffer
 from offloadd.offload.commit import Fence, NoFence
@@ -42,6 +44,7 @@ from offloadd.offload.topic import (
 
 log = logging.getLogger(__name__)
 MiB = 1024 * 1024
+THROTTLE_PIECE = MiB
 ABANDON_GRACE_S = 10.0
 
 
@@ -97,12 +100,16 @@ class Daemon:
                  blobstore: BlobStore, ownership: Ownership | None = None,
                  probe_factory: ProbeFactory | None = None,
                  on_buffer: Callable[[int, int], None] | None = None,
+                 metrics: Metrics | None = None,
                  discovery_interval_s: float = 1.0) -> None:
         self.settings = settings
         self.source = source
         self.metadata = metadata
         self.blobstore = blobstore
         self.ownership = ownership or Ownership()
+        self.metrics = metrics
+        if metrics is not None:
+            metrics.throttle_limit(settings.offload.flow_permits_per_second)
         self._wake = asyncio.Event()
         self.ownership.set_waker(self._wake.set)
         self._probe_factory = probe_factory
@@ -112,7 +119,7 @@ class Daemon:
         self.throttle = Throttle(off.flow_permits_per_second, off.burst_bytes)
         self.env = OffloadEnv(
             source=source, metadata=metadata, blobstore=blobstore, buffer=self.buffer,
-            acquire=self.throttle.acquire, blocks_in_flight=off.blocks_in_flight,
+            acquire=self._acquire, blocks_in_flight=off.blocks_in_flight,
             retry_base_s=off.retry_base_s, retry_max_s=off.retry_max_s)
         self.topics: dict[TopicName, _Running] = {}
         self._stop = asyncio.Event()
@@ -121,6 +128,20 @@ class Daemon:
         self.ready = False
         self._on_stopping: Callable[[], None] | None = None
         self._reloading: asyncio.Task[None] | None = None
+
+    async def _acquire(self, nbytes: int, topic: str) -> float:
+        """Take a block's bytes from the broker-wide budget in pieces of at most
+        ``THROTTLE_PIECE`` (one grant never exceeds a slice of the limit, so no one-second
+        window overshoots at low limits), reporting the wait per topic."""
+        waited = 0.0
+        left = nbytes
+        while left > 0:
+            piece = min(left, THROTTLE_PIECE)
+            waited += await self.throttle.acquire(piece, topic)
+            left -= piece
+        if self.metrics is not None:
+            self.metrics.throttle_wait(topic, waited)
+        return waited
 
     # ---- configuration -------------------------------------------------------------------
     def policy(self, topic: TopicName) -> TopicPolicy:
@@ -146,6 +167,8 @@ class Daemon:
         old, self.settings = self.settings, settings
         self.throttle.set_rate(settings.offload.flow_permits_per_second,
                                settings.offload.burst_bytes)
+        if self.metrics is not None:
+            self.metrics.throttle_limit(settings.offload.flow_permits_per_second)
         logging.getLogger().setLevel(settings.daemon.log_level)
         later = [k for k in _restart_keys(old) if _dig(old, k) != _dig(settings, k)]
         if later:
@@ -193,6 +216,7 @@ class Daemon:
                 loop.add_signal_handler(sig, fn)
                 installed.append(sig)
         self.state = DaemonState.RUNNING
+        gc_task = asyncio.create_task(self._gc_loop(), name="gc")
         try:
             first = True
             while not self._stop.is_set():
@@ -211,12 +235,30 @@ class Daemon:
                             await res
                 self._reap()
                 await self._pause()
+            gc_task.cancel()
+            await asyncio.gather(gc_task, return_exceptions=True)
             await self._shutdown()
         finally:
+            gc_task.cancel()
             for sig in installed:
                 loop.remove_signal_handler(sig)
             self.state = DaemonState.STOPPED
             self.ready = False
+
+    async def _gc_loop(self) -> None:
+        """Retention and garbage collection every ``[retention] interval_s`` (docs/retention.md):
+        deletions of fully deleted segments, their retries, the orphan sweep."""
+        from offloadd.retention.gc import gc_pass
+
+        while True:
+            await asyncio.sleep(self.settings.retention.interval_s)
+            try:
+                report = await gc_pass(self.metadata, self.blobstore, self.source,
+                                       self.settings, now=time.time(), probe=self.metrics)
+                if not report.ok:
+                    log.warning("gc pass left work pending: %s", report.to_json())
+            except OffloaddError as exc:
+                log.error("gc pass failed (retried next interval): %s", exc)
 
     def _signal_trigger(self, trigger_file: Path | None) -> None:
         """SIGUSR1: all topics, or those ``offloadd offload-now --topic`` wrote down."""
@@ -325,8 +367,13 @@ class Daemon:
         self.topics.clear()
 
     def status(self) -> dict[str, Any]:
+        health = getattr(self.blobstore, "health", None)
+        circuit = getattr(getattr(health, "state", None), "value", "healthy")
         return {
             "state": self.state.value,
+            "pid": os.getpid(),
+            "store_circuit": circuit,
+            "throttle": {"bytes_per_s": self.throttle.rate, "waiting": self.throttle.waiting},
             "buffer": {"used": self.buffer.used, "cap": self.buffer.cap},
             "topics": {str(t): dict(r.offloader.status()) for t, r in self.topics.items()},
         }

@@ -8,6 +8,8 @@ path        answer
 /healthz    ``200 ok`` whenever the event loop is running (it answers from the loop)
 /readyz     ``200`` and the reason when ``ready()`` returns ``(True, reason)``; ``503`` and the
             reason when it returns False, raises, or takes longer than ``ready_timeout``
+/status     the daemon's live state as JSON (topics, positions, buffer, store circuit), when a
+            ``status`` callable is given; ``offloadd status`` merges it in
 ==========  =====================================================================================
 
 Binds to loopback by default (``[metrics] bind = "127.0.0.1:9105"``); listening on other
@@ -19,7 +21,8 @@ from __future__ import annotations
 
 import asyncio
 import enum
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
 
 from aiohttp import web
 
@@ -62,12 +65,14 @@ class MetricsServer:
         metrics: Metrics,
         ready: ReadyCheck,
         ready_timeout: float = 5.0,
+        status: Callable[[], Mapping[str, Any]] | None = None,
     ) -> None:
         self._bind = bind
         self._host, self._port = parse_bind(bind)
         self._metrics = metrics
         self._ready = ready
         self._ready_timeout = ready_timeout
+        self._status = status
         self._runner: web.AppRunner | None = None
         self.state = ServerState.UNOPENED
 
@@ -92,6 +97,8 @@ class MetricsServer:
         app.router.add_get("/metrics", self._handle_metrics)
         app.router.add_get("/healthz", self._handle_healthz)
         app.router.add_get("/readyz", self._handle_readyz)
+        if self._status is not None:
+            app.router.add_get("/status", self._handle_status)
         # Scrapes every few seconds would flood the log; handle_signals: the daemon owns signals.
         runner = web.AppRunner(app, access_log=None, handle_signals=False)
         await runner.setup()
@@ -124,6 +131,10 @@ class MetricsServer:
 
     async def _handle_healthz(self, request: web.Request) -> web.Response:
         return web.Response(text="ok\n")
+
+    async def _handle_status(self, request: web.Request) -> web.Response:
+        assert self._status is not None
+        return web.json_response(dict(self._status()))
 
     async def _handle_readyz(self, request: web.Request) -> web.Response:
         try:

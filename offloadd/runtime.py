@@ -13,11 +13,16 @@ from offloadd.blobstore.base import BlobStore
 from offloadd.cluster import ClusterOwnership, check_owner_id
 from offloadd.config import Settings
 from offloadd.daemon import Daemon, Ownership, default_owner_id
+from offloadd.httpserver import MetricsServer
 from offloadd.ledger.base import LedgerSource
 from offloadd.ledger.local import LocalLedgerStore
 from offloadd.metadata.base import MetadataStore
+from offloadd.metrics import Metrics
 
 log = logging.getLogger(__name__)
+
+# the store-health states as the metrics' circuit-breaker vocabulary
+_CIRCUIT = {"healthy": "closed", "degraded-paused": "open", "recovering": "half_open"}
 
 
 @dataclass
@@ -28,7 +33,9 @@ class Runtime:
     source: LedgerSource
     daemon: Daemon
     local: LocalLedgerStore | None = None
+    metrics: Metrics = field(default_factory=Metrics)
     extras: list[Any] = field(default_factory=list)
+    server: MetricsServer | None = None
 
     @classmethod
     async def open(cls, settings: Settings, *, with_writer: bool = False,
@@ -38,9 +45,12 @@ class Runtime:
         # itself and owns them all.
         owner_id = (check_owner_id(settings.daemon.owner_id or default_owner_id())
                     if ownership is None and not with_writer else None)
+        metrics = Metrics()
         metadata = await wiring.open_metadata(settings)
         try:
-            blobstore = await wiring.open_blobstore(settings)
+            blobstore = await wiring.open_blobstore(
+                settings, on_circuit=lambda state: metrics.store_circuit(
+                    _CIRCUIT.get(state, state)))
         except BaseException:
             await metadata.close()
             raise
@@ -53,11 +63,34 @@ class Runtime:
         if owner_id is not None:
             ownership = ClusterOwnership(metadata, owner_id)
         daemon = Daemon(settings, source=source, metadata=metadata, blobstore=blobstore,
-                        ownership=ownership)
-        return cls(settings, metadata, blobstore, source, daemon, local)
+                        ownership=ownership,
+                        probe_factory=lambda t: metrics.topic(t.ns, str(t)),
+                        on_buffer=metrics.buffer, metrics=metrics)
+        return cls(settings, metadata, blobstore, source, daemon, local, metrics)
 
     async def start_metrics(self) -> None:
-        return None
+        """Serve /metrics, /healthz, /readyz and /status when ``[metrics] enabled``."""
+        if not self.settings.metrics.enabled or self.server is not None:
+            return
+        self.server = MetricsServer(self.settings.metrics.bind, metrics=self.metrics,
+                                    ready=self.ready, status=self.daemon.status)
+        await self.server.start()
+        self.extras.append(self.server)
+        log.info("metrics on %s/metrics", self.server.url)
+
+    async def ready(self) -> tuple[bool, str]:
+        """Ready: the daemon runs, the metadata store answers, the blob store is not paused."""
+        if not self.daemon.ready:
+            return False, f"daemon is {self.daemon.state.value}"
+        try:
+            await self.metadata.exists("/")
+        except Exception as exc:
+            return False, f"metadata store unreachable: {exc}"
+        health = getattr(self.blobstore, "health", None)
+        state = getattr(getattr(health, "state", None), "value", "healthy")
+        if state != "healthy":
+            return False, f"blob store circuit is {state}"
+        return True, f"offloading {len(self.daemon.topics)} topic(s)"
 
     async def close(self) -> None:
         for extra in reversed(self.extras):

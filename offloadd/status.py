@@ -4,6 +4,9 @@ owner and fencing epoch; the cluster's live members. Read from the metadata stor
 
 from __future__ import annotations
 
+import asyncio
+import json
+import urllib.request
 from dataclasses import asdict
 from typing import Any
 
@@ -69,8 +72,25 @@ async def collect(settings: Settings) -> dict[str, Any]:
     finally:
         await src.close()
         await md.close()
-    return {"metadata": _redact_url(settings.metadata.url),
-            "driver": settings.blobstore.driver, "members": members, "topics": topics}
+    out: dict[str, Any] = {"metadata": _redact_url(settings.metadata.url),
+                           "driver": settings.blobstore.driver, "members": members,
+                           "topics": topics}
+    if settings.metrics.enabled:
+        out["daemon"] = await asyncio.to_thread(_daemon_status, settings.metrics.bind)
+    return out
+
+
+def _daemon_status(bind: str) -> dict[str, Any] | None:
+    """The running daemon's live view (``/status`` on its metrics endpoint), if one answers."""
+    host, _, port = bind.rpartition(":")
+    if host in ("0.0.0.0", "", "[::]"):
+        host = "127.0.0.1"
+    try:
+        with urllib.request.urlopen(f"http://{host}:{port}/status", timeout=2) as resp:
+            data = json.loads(resp.read())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
 
 
 def _redact_url(url: str) -> str:
@@ -81,6 +101,11 @@ def _redact_url(url: str) -> str:
 
 def render_text(st: dict[str, Any]) -> str:
     lines = [f"metadata {st['metadata']}  driver {st['driver']}"]
+    d = st.get("daemon")
+    if d:
+        lines.append(f"daemon pid {d.get('pid')} {d.get('state')}: store circuit "
+                     f"{d.get('store_circuit')}, buffer {d['buffer']['used']}/"
+                     f"{d['buffer']['cap']} bytes, {len(d.get('topics', {}))} topic(s) owned")
     if st.get("members"):
         lines.append("members " + ", ".join(m["owner"] for m in st["members"]))
     for t in st["topics"]:

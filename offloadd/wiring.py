@@ -6,6 +6,8 @@ the protocols. Heavy client libraries (kazoo, aiobotocore) are imported only whe
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from pydantic import SecretStr
 
 from offloadd.blobstore.base import BlobStore
@@ -37,7 +39,9 @@ async def open_metadata(settings: Settings) -> MetadataStore:
     raise ConfigError(f"[metadata] url {url!r}: unsupported scheme")
 
 
-async def open_blobstore(settings: Settings) -> BlobStore:
+async def open_blobstore(settings: Settings,
+                         on_circuit: Callable[[str], None] | None = None) -> BlobStore:
+    """The configured tier; ``on_circuit`` hears the store-health circuit's state names."""
     bs = settings.blobstore
     if bs.driver == "filesystem":
         from offloadd.blobstore.filesystem import FilesystemBlobStore
@@ -61,7 +65,13 @@ async def open_blobstore(settings: Settings) -> BlobStore:
         local_zone=bs.local_zone,
         health=HealthPolicy(window_s=bs.health_window_s, high=bs.health_high,
                             low=bs.health_low, pause_timeout_s=bs.health_pause_timeout_s))
-    return await S3BlobStore.open(opts)
+    from offloadd.blobstore.health import StoreHealth
+
+    health = StoreHealth(opts.health, on_change=(
+        (lambda old, new: on_circuit(new.value)) if on_circuit is not None else None))
+    if on_circuit is not None:
+        on_circuit(health.state.value)
+    return await S3BlobStore.open(opts, health=health)
 
 
 def rollover_policy(settings: Settings) -> RolloverPolicy:

@@ -167,3 +167,17 @@ shutdown_deadline_s = 5
     everything = "\n".join([*outputs, daemon_out])
     for secret in (S3_SECRET, S3_TOKEN, ZK_PASSWORD):
         assert secret not in everything
+
+
+def test_the_log_filter_gets_every_secret_the_configuration_holds() -> None:
+    from offloadd import config
+
+    keys = sorted(config._secret_keys())
+    assert ("blobstore", "secret_access_key") in keys and ("metadata", "acl_digest") in keys
+    overrides: dict[str, object] = {"blobstore__access_key_id": "AKIAOFFLOADDTEST"}
+    for section, key in keys:
+        overrides[f"{section}__{key}"] = f"user:secret-{section}-{key}"
+    s = config.load(None, **overrides)
+    found = config.secret_values(s)
+    for section, key in keys:
+        assert f"user:secret-{section}-{key}" in found

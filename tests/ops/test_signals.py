@@ -85,6 +85,9 @@ def test_offload_now_finds_the_daemon_and_closes_the_topics_asked_for(tmp_path: 
         d.wait_logged(f"offloading topic {b}")
         out = offloadd(["offload-now", "--config", str(cfg)], tmp_path)
         assert str(d.pid) in out.stdout
+        second = offloadd(["run", "--config", str(cfg)], tmp_path, check=False)
+        assert second.returncode == 1
+        assert f"another offloadd (pid {d.pid}) is running" in second.stderr
         wait_for(lambda: committed_entries(tmp_path).get(ml(a)) == na, 10, "topic a committed")
         time.sleep(1.0)  # give a wrong trigger of b the time to show
         assert committed_entries(tmp_path).get(ml(b), 0) == 0

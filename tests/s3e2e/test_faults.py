@@ -60,6 +60,7 @@ def test_every_segment_completes_and_reads_back_through_a_proxy_failing_requests
 
     seen = len(proxy.log)
     injected = sum(proxy.injected.values())
+    print("REQ", seen, injected, dict(proxy.injected))
     assert seen >= 200, f"only {seen} requests: too few to judge"
     assert injected / seen >= 0.10, (injected, seen, proxy.injected)
     assert set(proxy.injected) == {"500", "503", "reset", "stall", "truncate"}
