@@ -49,7 +49,7 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Callable, Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -192,14 +192,14 @@ class ClusterOwnership(Ownership):
         self._held: dict[TopicName, _Held] = {}
         self._unreleased: set[TopicName] = set()  # owner nodes whose release failed
         self._locks: dict[TopicName, asyncio.Lock] = {}
-        self._wake: Callable[[], None] = lambda: None
+        self._revoke: Callable[[Mapping[TopicName, Revoke]], None] = lambda verdicts: None
         self._warned_holder: str | None = None
         self._remove_listener = (self._sessions.add_session_listener(self._on_session)
                                  if self._sessions is not None else None)
 
     # ---- the Ownership hook ------------------------------------------------------------------
-    def set_waker(self, wake: Callable[[], None]) -> None:
-        self._wake = wake
+    def bind(self, revoke: Callable[[Mapping[TopicName, Revoke]], None]) -> None:
+        self._revoke = revoke
 
     async def acquire(self, topic: TopicName) -> Fence | None:
         if not self._connected() or self._registered != self._generation:
@@ -333,11 +333,16 @@ class ClusterOwnership(Ownership):
         if value == "suspended":
             log.warning("metadata connection suspended: acquiring nothing until it is back")
             return
+        lost: list[TopicName] = []
         if value == "lost":
+            lost = list(self.held())
             self._end_session()
         else:
             self._connected()
-        self._wake()
+        # Synchronously, from the session event itself: kazoo delivers the loss before it fails
+        # the requests the session leaves pending, so the tasks are cancelled before they see
+        # those failures (and would begin retrying from a stale view).
+        self._revoke(dict.fromkeys(lost, Revoke.LOST))
 
     # ---- membership --------------------------------------------------------------------------
     async def _refresh(self) -> None:

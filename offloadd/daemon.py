@@ -78,8 +78,10 @@ class Ownership:
         """Before each discovery pass: running topics to give up, and how."""
         return {}
 
-    def set_waker(self, wake: Callable[[], None]) -> None:
-        """``wake()`` runs a discovery pass now (e.g. when a session is lost)."""
+    def bind(self, revoke: Callable[[Mapping[TopicName, Revoke]], None]) -> None:
+        """``revoke(verdicts)`` stops those running topics at once and runs a discovery pass
+        soon: for what happens between passes (a lost session must stop its tasks before they
+        act on the failed requests it leaves behind)."""
 
 
 @dataclass
@@ -111,7 +113,7 @@ class Daemon:
         if metrics is not None:
             metrics.throttle_limit(settings.offload.flow_permits_per_second)
         self._wake = asyncio.Event()
-        self.ownership.set_waker(self._wake.set)
+        self.ownership.bind(self._revoke_now)
         self._probe_factory = probe_factory
         self.state = DaemonState.NEW
         off = settings.offload
@@ -305,8 +307,15 @@ class Daemon:
             await asyncio.gather(*waits, return_exceptions=True)
 
     async def _revoke(self) -> None:
+        self._apply_revocations(await self.ownership.revoked(list(self.topics)))
+
+    def _revoke_now(self, verdicts: Mapping[TopicName, Revoke]) -> None:
+        self._apply_revocations(verdicts)
+        self._wake.set()
+
+    def _apply_revocations(self, verdicts: Mapping[TopicName, Revoke]) -> None:
         """Stop the tasks of topics this process must give up (see :class:`Revoke`)."""
-        for topic, how in (await self.ownership.revoked(list(self.topics))).items():
+        for topic, how in verdicts.items():
             r = self.topics.get(topic)
             if r is None or r.task.done():
                 continue

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from offloadd._proto import mldataformats_pb2 as pb
-from offloadd.errors import Conflict
+from offloadd.errors import Conflict, NotFound
 from offloadd.metadata import managed_ledger
 from offloadd.metadata.base import MetadataStore, Op, SetOp
 from offloadd.paths import managed_ledger_path
@@ -47,7 +47,13 @@ async def apply(store: MetadataStore, ml_name: str, edit: Callable[[pb.ManagedLe
     for _ in range(attempts):
         node = await store.get(path)
         info = managed_ledger.decode(node.data, path)
-        if not edit(info):
+        try:
+            changed = edit(info)
+        except (ValueError, KeyError) as exc:
+            # the managed ledger moved under us (a ledger deleted, a record replaced): the
+            # edit no longer applies; the caller redoes its work from a fresh read
+            raise NotFound(f"{path}: {exc}") from exc
+        if not changed:
             return info
         guard = list(fence.guard_ops())
         set_op = SetOp(path, info.SerializeToString(), node.version)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import functools
 import logging
 import random
 import time
@@ -239,9 +240,22 @@ class TopicOffloader:
         self._publish_states(segs)
         for seg in segs:
             if not seg.complete:
-                log.info("topic %s: redoing assigned segment %s over %s..%s",
-                         self.topic, seg.uid, seg.begin, seg.end)
-                await self._redo(seg)
+                live = {d.ledger_id for d in await self._ledgers()}
+                if not set(seg.ledger_ids()) <= live:
+                    # its ledgers were deleted (retention) before it could be redone
+                    log.error("topic %s: assigned segment %s covers ledgers the source no "
+                              "longer has; dropping it: entries %s..%s are lost to retention",
+                              self.topic, seg.uid, seg.begin, seg.end)
+                    for lid in set(seg.ledger_ids()) - live:
+                        self.probe.data_lost(lid)
+                    await self._delete_objects(seg.uid, seg.ledger_ids())
+                    await commit.apply(self.env.metadata, self.topic.managed_ledger,
+                                       functools.partial(catalog.remove_segment, uid=seg.uid),
+                                       self.fence, on_write=self.probe.metadata_write)
+                else:
+                    log.info("topic %s: redoing assigned segment %s over %s..%s",
+                             self.topic, seg.uid, seg.begin, seg.end)
+                    await self._redo(seg)
                 info, _ = await managed_ledger.load(self.env.metadata, self.topic.managed_ledger)
         done = [s for s in catalog.segments(info) if s.complete]
         if done:
@@ -667,6 +681,8 @@ class TopicOffloader:
         log.error("topic %s: offload attempt failed (%s); retry %d", self.topic, exc,
                   self.failed_attempts)
         await self._abandon()
+        if att is not None and att.close_target is not None:
+            self._manual.set()  # the retry closes as promptly as the failed attempt meant to
         delay = min(self.env.retry_max_s,
                     self.env.retry_base_s * 2 ** min(self.failed_attempts - 1, 10))
         delay *= 0.5 + random.random() / 2

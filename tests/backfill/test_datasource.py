@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import operator
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -117,7 +117,7 @@ class TestBounds:
 
 
 @pytest.fixture(scope="module")
-def backfilled(tmp_path_factory: pytest.TempPathFactory, spark: Any) -> Iterator[Rig]:
+def backfilled(tmp_path_factory: pytest.TempPathFactory, spark: Any) -> Rig:
     """A topic of eight ledgers (~3 MiB) backfilled in ~512 KiB segments."""
     root = tmp_path_factory.mktemp("tier")
 
@@ -128,7 +128,8 @@ def backfilled(tmp_path_factory: pytest.TempPathFactory, spark: Any) -> Iterator
         await run_backfill(rig.settings, TOPIC, spark=lambda: spark)
         return rig
 
-    yield uvloop.run(build())
+    rig: Rig = uvloop.run(build())
+    return rig
 
 
 def _read(spark: Any, rig: Rig, **options: str) -> Any:

@@ -53,7 +53,7 @@ class TestReassign:
     """A redo gives an ASSIGNED segment a fresh uuid in place, wherever it sits."""
 
     def test_a_middle_segment_keeps_its_ranges_under_the_new_uuid(self) -> None:
-        info, (a, b, c) = _info([[LedgerRange(1, 0, 9)], [LedgerRange(1, 10, 99),
+        info, (_, b, _) = _info([[LedgerRange(1, 0, 9)], [LedgerRange(1, 10, 99),
                                                           LedgerRange(2, 0, 4)],
                                  [LedgerRange(2, 5, 99)]])
         before = [(s.uid, s.ranges) for s in catalog.segments(info)]

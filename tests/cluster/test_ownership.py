@@ -162,14 +162,14 @@ class TestSessions:
         tree = MemoryTree()
         store = SessionedStore(tree)
         a = ClusterOwnership(store, "a")
-        woken: list[int] = []
-        a.set_waker(lambda: woken.append(1))
+        told: list[dict[TopicName, Revoke]] = []
+        a.bind(lambda verdicts: told.append(dict(verdicts)))
         await joined(a)
         held = TOPICS[:3]
         for t in held:
             assert await a.acquire(t) is not None
         await store.expire(reconnect=False)
-        assert woken  # the daemon is told at once, not at its next pass
+        assert told == [dict.fromkeys(held, Revoke.LOST)]  # at once, not at the next pass
         assert await a.revoked(held) == dict.fromkeys(held, Revoke.LOST)
         assert not await a.still_owned(held[0])
         assert await a.acquire(TOPICS[5]) is None  # nothing new while the session is gone

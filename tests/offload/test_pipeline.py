@@ -345,3 +345,28 @@ class TestLedgerMode:
         assert kinds[-1] is catalog.SegmentKind.STREAMING
         assert await rig.read_back() == rig.payloads
         await rig.verify_ok()
+
+
+class TestExternalDeletion:
+    """A ledger deleted under an open segment fails that attempt, never the task."""
+
+    async def test_the_task_survives_and_offloads_what_remains(self, tmp_path: Path) -> None:
+        rig = Rig(tmp_path, RolloverPolicy(max_entries=5), RollPolicy(1 << 20, 600, 2 * KiB))
+        await rig.write(20)  # ledgers 0..2 closed (5 entries each), ledger 3 open
+        off = rig.offloader()
+        task = asyncio.create_task(off.run())
+        await until(lambda: _position_past(off, 2))
+        first = (await rig.store.source.ledgers(TOPIC))[0].ledger_id
+        await rig.store.source.delete_ledger(TOPIC, first)  # retention, behind our back
+        off.trigger()
+        await until(lambda: _committed_at_least(rig, 10))
+        assert not task.done()
+        await stop(task, off)
+        segs = await rig.segments()
+        assert segs and all(s.complete for s in segs)
+        assert first not in {lid for s in segs for lid in s.ledger_ids()}
+        assert await rig.read_back() == rig.payloads[5:5 + len(await rig.read_back())]
+
+
+async def _position_past(off: TopicOffloader, ledger_id: int) -> bool:
+    return off.position is not None and off.position.ledger_id >= ledger_id

@@ -71,11 +71,14 @@ def test_every_segment_completes_and_reads_back_through_a_proxy_failing_requests
         assert t["segments"] >= 2, (name, t)
         assert t["last_offloaded"] == source_crcs(tmp_path, name)[-1][0]
     # verify and read go through the same faults
+    import time; t0=time.monotonic()
     rep = verify_json(tmp_path, cfg, timeout=180)
+    print('VERIFY', time.monotonic()-t0); t0=time.monotonic()
     assert rep["ok"], rep
     assert all(t["source_checked"] == t["entries"] > 0 for t in rep["topics"])
     topic = rep["topics"][0]["topic"]
     assert read_crcs(tmp_path, cfg, topic, timeout=180) == source_crcs(tmp_path, topic)
+    print('READ', time.monotonic()-t0)
     assert sum(proxy.injected.values()) > injected  # the reads met faults as well
 
     proxy.plan = FaultPlan()
