@@ -97,6 +97,8 @@ def backfill_killed_midway(cwd: Path, cfg: Path, after: int, timeout: float) -> 
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=30)
         reader.join(timeout=10)
+        if proc.stderr is not None:
+            proc.stderr.close()
     return seen[-1]
 
 
