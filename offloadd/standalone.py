@@ -142,12 +142,3 @@ async def _summary(rt: Runtime, names: list[Any], stats: ProduceStats,
         }
     return {"seconds": round(seconds, 1), "entries_written": stats.entries,
             "bytes_written": stats.bytes, "topics": topics}
-
-
-def _secrets(settings: Settings) -> list[str]:
-    out = []
-    for s in (settings.blobstore.secret_access_key, settings.blobstore.session_token,
-              settings.metadata.acl_digest):
-        if s is not None:
-            out.append(s.get_secret_value())
-    return out
