@@ -405,9 +405,11 @@ class ClusterOwnership(Ownership):
 
     # ---- per topic ---------------------------------------------------------------------------
     async def _check(self, topic: TopicName) -> Revoke | None:
+        held = self._held.get(topic)
+        if held is None or held.generation != self._generation:
+            return Revoke.LOST  # the session ended while this pass was reading
         if self.owner_for(topic) != self.owner_id:
             return Revoke.HANDOFF
-        held = self._held[topic]
         try:
             state = await ownership.read_state(self.store, topic.managed_ledger)
         except Retriable:

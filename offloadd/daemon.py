@@ -44,7 +44,6 @@ from offloadd.offload.topic import (
 
 log = logging.getLogger(__name__)
 MiB = 1024 * 1024
-THROTTLE_PIECE = MiB
 ABANDON_GRACE_S = 10.0
 
 
@@ -132,15 +131,17 @@ class Daemon:
         self._reloading: asyncio.Task[None] | None = None
 
     async def _acquire(self, nbytes: int, topic: str) -> float:
-        """Take a block's bytes from the broker-wide budget in pieces of at most
-        ``THROTTLE_PIECE`` (one grant never exceeds a slice of the limit, so no one-second
-        window overshoots at low limits), reporting the wait per topic."""
-        waited = 0.0
-        left = nbytes
-        while left > 0:
-            piece = min(left, THROTTLE_PIECE)
-            waited += await self.throttle.acquire(piece, topic)
-            left -= piece
+        """Take a block's bytes from the broker-wide budget in one request, reporting the wait
+        per topic.
+
+        One request, not pieces: a part goes to the store whole once its bytes are granted, and
+        a topic has several parts waiting at once. Pieces of those parts would be served
+        interleaved, so all of them would finish their pieces together and go to the store
+        in one burst (4 MiB blocks at 1 MB/s: nothing for 50 s, then 50 MB). Whole requests
+        leave the store one block at a time, evenly spaced; a block larger than the throttle's
+        burst is granted on credit and paid back by the requests after it (throttle.py).
+        """
+        waited = await self.throttle.acquire(nbytes, topic)
         if self.metrics is not None:
             self.metrics.throttle_wait(topic, waited)
         return waited
@@ -349,6 +350,8 @@ class Daemon:
                 exc = r.task.exception() if not r.task.cancelled() else None
                 if exc is not None:
                     log.error("topic %s task ended: %r", topic, exc)
+                if self.metrics is not None:
+                    self.metrics.forget_topic(topic.ns, str(topic))
                 self._bg.add(t := asyncio.ensure_future(self.ownership.release(topic)))
                 t.add_done_callback(self._bg.discard)
 

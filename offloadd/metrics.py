@@ -199,7 +199,9 @@ class TopicProbe:
     # -- writing to the tier --------------------------------------------------------------------
 
     def offload_bytes(self, nbytes: int, entries: int = 0) -> None:
-        """Bytes (and entries) committed to the tier."""
+        """Bytes (and entries) written to the tier. The topic task reports each data block's
+        bytes as it lands (so rates move smoothly) and the entries in
+        :meth:`segment_committed`."""
         self._child(self._m._offloaded_bytes).inc(nbytes)
         if entries:
             self._child(self._m._offloaded_entries).inc(entries)
@@ -231,7 +233,10 @@ class TopicProbe:
 
     def segment_committed(self, entries: int, nbytes: int, seconds: float) -> None:
         """A segment was committed; ``seconds`` from closing it to its commit (PIP-211's
-        ledger offload time)."""
+        ledger offload time). Its bytes were already counted block by block
+        (:meth:`offload_bytes`); its entries are counted here."""
+        if entries:
+            self._child(self._m._offloaded_entries).inc(entries)
         self.ledger_offload_time(seconds)
 
     def metadata_write(self) -> None:
@@ -392,7 +397,7 @@ class Metrics:
         # Ours.
         self._offloaded_bytes = Counter(
             "offloadd_offloaded_bytes",
-            "Entry bytes committed to the tier.",
+            "Bytes written to the tier's data objects, counted as each block lands.",
             _TOPIC_LABELS,
             registry=r,
         )

@@ -60,6 +60,10 @@ async def produce(writer: LocalLedgerWriter, topics: Sequence[TopicName], *, ent
     ``rate`` bytes/s when given) or ``stop`` is set."""
     pool = PayloadPool(entry_size)
     stats = ProduceStats()
+    if rate:
+        # at most 50 ms of the rate per batch: a slow rate must not wait for a whole batch's
+        # worth of time before its first entry (nor write in bursts)
+        batch_bytes = min(batch_bytes, int(rate / 20))
     per_batch = max(1, batch_bytes // max(entry_size, 1))
     t0 = clock()
     i = 0

@@ -50,7 +50,7 @@ from offloadd.backfill.task import SegmentResult, SegmentSpec, absolute_paths, u
 from offloadd.blobstore.base import BlobStore
 from offloadd.catalog import LedgerRange, SegmentKind
 from offloadd.config import Settings
-from offloadd.errors import ConfigError, Conflict, Fenced, NotFound, OffloaddError
+from offloadd.errors import ConfigError, Conflict, Fatal, Fenced, NotFound, OffloaddError
 from offloadd.ledger.base import FRAME_OVERHEAD
 from offloadd.ledger.local import LocalLedgerSource
 from offloadd.metadata import managed_ledger, ownership
@@ -109,6 +109,7 @@ class BackfillReport:
     object_bytes: int = 0  # data object bytes (headers and padding included)
     size_lookups: int = 0
     upload_seconds: float = 0.0
+    task_seconds: float = 0.0  # summed over tasks: the work itself, without Spark's overhead
     seconds: float = 0.0
     first: str | None = None
     last: str | None = None
@@ -131,6 +132,7 @@ class BackfillReport:
             "failed_segments": self.failed_segments, "failed_attempts": self.failed_attempts,
             "entries": self.entries, "bytes": self.bytes, "object_bytes": self.object_bytes,
             "size_lookups": self.size_lookups, "upload_seconds": round(self.upload_seconds, 3),
+            "task_seconds": round(self.task_seconds, 3),
             "seconds": round(self.seconds, 3),
             "throughput_mib_s": round(self.throughput / MiB, 2),
             "first": self.first, "last": self.last,
@@ -275,7 +277,8 @@ async def run_backfill(settings: Settings, topic: TopicName, *, spark: Callable[
     offloaded after ``max_attempts`` (it stays ASSIGNED for a rerun).
 
     ``spark()`` returns the SparkSession; it is called only once the topic is owned and there
-    is something to upload (a refused or empty backfill starts no JVM).
+    is something to upload (a refused or empty backfill starts no JVM). ``concurrency``: segment
+    jobs in flight (default twice Spark's ``defaultParallelism``).
     """
     t0 = time.monotonic()
     settings = absolute_paths(settings)
@@ -359,12 +362,24 @@ async def _backfill(settings: Settings, topic: TopicName, metadata: MetadataStor
         metrics.serve(metrics_bind)
     progress = Progress([*sinks, metrics])
     progress.plan(len(plan.work), sum(w.nbytes for w in plan.work))
-    workers = max(1, concurrency or int(spark.sparkContext.defaultParallelism))
-    pool = concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="backfill-job")
+    slots = int(spark.sparkContext.defaultParallelism)
+    # Twice as many one-task jobs in flight as task slots: when a task ends, the next one is
+    # already queued in Spark, so no slot waits for a commit and a job submission.
+    workers = max(1, concurrency or 2 * slots)
+    pool = concurrent.futures.ThreadPoolExecutor(workers + 1, thread_name_prefix="backfill-job")
     ctx = _Ctx(settings, topic, metadata, blobstore, fence, spark, pool, progress, report,
                max_block_size, min_block_size,
                settings.blobstore.prefix if settings.blobstore.driver == "aws-s3" else "",
                {li.ledgerId: li.timestamp for li in info.ledgerInfo}, max_attempts)
+    # Start every executor's Python worker (and its imports) before the clock and the first
+    # segment: otherwise the first wave of tasks pays seconds of start-up each.
+    try:
+        await _in_pool(pool, _warm_up, spark, slots)
+    except Exception as exc:
+        pool.shutdown(wait=False)
+        metrics.stop()
+        raise Fatal(f"Spark executors could not run offloadd ({_short(exc)}): on a cluster, "
+                    "install the same offloadd on every executor") from exc
     ticker = asyncio.create_task(_tick(progress))
     sem = asyncio.Semaphore(workers)
     t_up = time.monotonic()
@@ -380,15 +395,18 @@ async def _backfill(settings: Settings, topic: TopicName, metadata: MetadataStor
     finally:
         report.upload_seconds = time.monotonic() - t_up
         ticker.cancel()
+        await asyncio.gather(ticker, return_exceptions=True)
         progress.finish()
         metrics.stop()
         pool.shutdown(wait=False, cancel_futures=True)
-    for r in results:
-        if isinstance(r, Fenced):
-            raise r
-        if isinstance(r, BaseException) and not isinstance(r, Exception):
-            raise r
     report.failed_attempts = progress.failed_attempts
+    for r in results:
+        if isinstance(r, Fenced) or (isinstance(r, BaseException)
+                                     and not isinstance(r, Exception)):
+            raise r
+        if isinstance(r, Exception):  # a bug, not a failed attempt: still a failed segment
+            log.error("%s: segment task ended with %r", topic, r)
+            report.failed_segments += 1
 
 
 async def _tick(progress: Progress) -> None:
@@ -403,20 +421,21 @@ async def _segment(ctx: _Ctx, w: Work, sem: asyncio.Semaphore) -> None:
     ml = ctx.topic.managed_ledger
     for attempt in range(ctx.max_attempts):
         async with sem:
-            if w.redo or attempt:
-                old, new = w.uid, uuid.uuid4()
-                await commit.apply(ctx.metadata, ml,
-                                   partial(_reassign_now, old=old, new=new, ctx=ctx), ctx.fence)
-                w.uid = new
-                await _delete_objects(ctx, old)
-            spec = SegmentSpec(ctx.settings, str(ctx.topic), str(w.uid),
-                               tuple((r.ledger_id, r.first, r.last) for r in w.ranges),
-                               tuple((r.ledger_id, ctx.ledger_ts.get(r.ledger_id, 0))
-                                     for r in w.ranges),
-                               ctx.max_block_size, ctx.min_block_size,
-                               ctx.settings.offload.blocks_in_flight, ctx.key_prefix)
             ctx.progress.segment_started()
             try:
+                if w.redo or attempt:
+                    old, new = w.uid, uuid.uuid4()
+                    await commit.apply(ctx.metadata, ml,
+                                       partial(_reassign_now, old=old, new=new, ctx=ctx),
+                                       ctx.fence)
+                    w.uid = new
+                    await _delete_objects(ctx, old)
+                spec = SegmentSpec(ctx.settings, str(ctx.topic), str(w.uid),
+                                   tuple((r.ledger_id, r.first, r.last) for r in w.ranges),
+                                   tuple((r.ledger_id, ctx.ledger_ts.get(r.ledger_id, 0))
+                                         for r in w.ranges),
+                                   ctx.max_block_size, ctx.min_block_size,
+                                   ctx.settings.offload.blocks_in_flight, ctx.key_prefix)
                 result = await loop.run_in_executor(ctx.pool, _spark_upload, ctx.spark, spec)
                 await ctx.blobstore.head(streaming_index_key(w.uid, ctx.key_prefix))
                 await commit.apply(ctx.metadata, ml,
@@ -439,6 +458,7 @@ async def _segment(ctx: _Ctx, w: Work, sem: asyncio.Semaphore) -> None:
         rep.entries += result.entries
         rep.bytes += result.frame_bytes
         rep.object_bytes += result.data_length
+        rep.task_seconds += result.seconds
         rep.segments.append(str(w.uid))
         return
     ctx.report.failed_segments += 1
@@ -453,12 +473,36 @@ def _offloaded_now(info: pb.ManagedLedgerInfo, *, uid: uuid.UUID, ctx: _Ctx) -> 
     return catalog.mark_offloaded(info, uid, ctx.wall_ms())
 
 
+async def _in_pool(pool: concurrent.futures.ThreadPoolExecutor, fn: Callable[..., Any],
+                   *args: Any) -> Any:
+    return await asyncio.get_running_loop().run_in_executor(pool, fn, *args)
+
+
+def _warm_up(spark: Any, n: int) -> None:
+    sc = spark.sparkContext
+    sc.setJobDescription("offloadd backfill: start the executors' Python workers")
+    sc.parallelize(range(n), n).map(_import_task).collect()
+
+
+def _import_task(i: int) -> int:
+    import offloadd.backfill.task  # noqa: F401  (the import is the point)
+
+    time.sleep(0.2)  # overlap the tasks, so each slot starts its own worker
+    return i
+
+
 def _spark_upload(spark: Any, spec: SegmentSpec) -> SegmentResult:
     """One Spark job of one task (runs in a pool thread; Spark pins it to a JVM thread)."""
     sc = spark.sparkContext
     sc.setJobDescription(f"offloadd backfill {spec.topic} segment {spec.uid}")
-    results: list[SegmentResult] = sc.parallelize([spec], 1).map(upload_segment).collect()
+    # The spec travels in the task's closure: no input data to write out for the job.
+    results: list[SegmentResult] = sc.range(0, 1, numSlices=1).map(
+        partial(_upload_one, spec)).collect()
     return results[0]
+
+
+def _upload_one(spec: SegmentSpec, _: int) -> SegmentResult:
+    return upload_segment(spec)
 
 
 async def _delete_objects(ctx: _Ctx, uid: uuid.UUID) -> None:

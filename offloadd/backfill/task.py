@@ -11,14 +11,18 @@ pipeline's own pieces, exactly as the streaming daemon does::
 
 Nothing is committed in metadata here: the driver marks the segment OFFLOADED once this returns.
 Memory is bounded by an :class:`~offloadd.offload.buffer.OffloadBuffer` of ``in_flight + 1``
-blocks. On failure the multipart upload is aborted and whatever was written under the uuid is
-deleted (best effort; ``offloadd gc`` sweeps the rest) before the exception propagates, failing
-the Spark task; the driver redoes the segment under a fresh uuid.
+blocks, whose read arrays it recycles.
+
+Failure: the multipart upload is aborted and the exception fails the Spark task. The task
+deletes nothing: the objects of one uuid are a pure function of the spec (same ranges, same
+block sizes: the same bytes), so a Spark retry of the task — or a zombie attempt still running
+on a lost executor — can only write identical objects, and no late attempt can delete a pair
+the driver has committed. Before the driver redoes a segment under a fresh uuid it deletes the
+old uuid's objects itself; ``offloadd gc`` sweeps what a zombie writes after that.
 """
 
 from __future__ import annotations
 
-import logging
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -28,7 +32,7 @@ from pathlib import Path
 from offloadd.blobstore.base import BlobStore
 from offloadd.catalog import LedgerRange
 from offloadd.config import Settings
-from offloadd.errors import ConfigError, OffloaddError
+from offloadd.errors import ConfigError
 from offloadd.format.checksum import stamp_parts
 from offloadd.format.streaming import StreamingObjectBuilder
 from offloadd.ledger.base import LedgerSource
@@ -38,8 +42,6 @@ from offloadd.offload.objects import index_metadata, object_metadata
 from offloadd.offload.roller import RollPolicy
 from offloadd.offload.upload import SegmentUpload
 from offloadd.paths import streaming_data_key, streaming_index_key
-
-log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -137,10 +139,14 @@ async def upload_ranges(source: LedgerSource, blobstore: BlobStore, topic: Topic
             nxt = r.first
             while nxt <= r.last:
                 await buffer.reserve(budget)
+                # A recycled array: fresh pages per block would cost page faults on every read.
+                lease = buffer.lease(budget)
                 try:
-                    run = await source.read(topic, r.ledger_id, nxt, r.last, max_bytes=budget)
+                    run = await source.read(topic, r.ledger_id, nxt, r.last, max_bytes=budget,
+                                            into=lease)
                 except BaseException:
                     buffer.release(budget)
+                    buffer.give_back(lease)
                     raise
                 size = len(run.data)
                 if size < budget:
@@ -151,8 +157,9 @@ async def upload_ranges(source: LedgerSource, blobstore: BlobStore, topic: Topic
                     parts = stamp_parts(builder.add_run(run))
                 except BaseException:
                     buffer.release(size)
+                    buffer.give_back(lease)
                     raise
-                upload.submit(parts, _releaser(buffer, size))
+                upload.submit(parts, _releaser(buffer, size, lease))
                 entries += run.count
                 frame_bytes += size
                 payload_bytes += run.payload_bytes
@@ -162,21 +169,18 @@ async def upload_ranges(source: LedgerSource, blobstore: BlobStore, topic: Topic
         await blobstore.put(streaming_index_key(uid, key_prefix), [index],
                             index_metadata(ml, data_length=upload.length, index=index))
     except BaseException:
+        # Abort only this attempt's upload; delete nothing: a retry of this task (or a zombie
+        # of it) writes the same uuid, and the driver deletes a failed uuid's objects itself
+        # before moving the segment to a fresh one.
         await upload.abort()
-        await _discard(blobstore, uid, key_prefix)
         raise
     return SegmentResult(str(uid), upload.length, entries, frame_bytes,
                          payload_bytes, time.monotonic() - t0)
 
 
-def _releaser(buffer: OffloadBuffer, n: int) -> Callable[[], None]:
-    return lambda: buffer.release(n)
+def _releaser(buffer: OffloadBuffer, n: int, lease: bytearray) -> Callable[[], None]:
+    def release() -> None:
+        buffer.release(n)
+        buffer.give_back(lease)
 
-
-async def _discard(blobstore: BlobStore, uid: uuid.UUID, key_prefix: str) -> None:
-    for key in (streaming_index_key(uid, key_prefix), streaming_data_key(uid, key_prefix)):
-        try:
-            await blobstore.delete(key)
-        except OffloaddError as exc:
-            log.warning("could not delete %s of a failed backfill attempt: %s "
-                        "(offloadd gc removes it)", key, exc)
+    return release

@@ -7,14 +7,18 @@ memory is bounded whatever the request rate) and moves between three states::
 
                     error rate >= high                    a probe succeeds
       HEALTHY ─────────────────────────────▶ PAUSED ─────────────────────────▶ RECOVERING
-      (closed)                               (open)                            (half-open)
+      (closed)     or a failure streak       (open)                            (half-open)
          ▲                                     ▲        error rate >= high          │
          │                                     └────────────────────────────────────┤
          └────────────────────── error rate <= low ─────────────────────────────────┘
 
 Rates are judged only once the window holds ``min_samples`` outcomes; between the watermarks the
-state does not change (hysteresis, so a store at the edge does not flap). Entering RECOVERING
-starts a fresh window so old outage failures do not hold the circuit open.
+state does not change (hysteresis, so a store at the edge does not flap). A *failure streak* —
+the window's last ``min_samples`` outcomes all failures — trips the circuit too, whatever the
+rate: when a busy store goes down outright, the successes of the seconds before would otherwise
+hold the rate under ``high`` for up to ``window_s`` while every request fails (and retrying
+operations back off, so failures pile up slowly). Entering RECOVERING starts a fresh window so
+old outage failures do not hold the circuit open.
 
 While PAUSED, writers wait in :meth:`StoreHealth.wait_until_healthy` (bounded: a deadline turns
 into ``Retriable``) instead of hammering a failing store, and only probes reach it:
@@ -23,8 +27,9 @@ while the state is not HEALTHY, so the circuit closes by itself once the store a
 RECOVERING lets writers through; their outcomes (and further probes) decide the rest.
 
 The component does no I/O and reads time only through the injected ``clock``; ``on_change(old,
-new)`` is called synchronously on every transition (metrics, status). It knows nothing about S3:
-any driver can feed it.
+new)`` is called synchronously on every transition (metrics, status), and every transition is
+logged as ``store health <old> -> <new>: <name> ...`` (the trip to PAUSED at WARNING, the way
+back at INFO). It knows nothing about S3: any driver can feed it.
 """
 
 from __future__ import annotations
@@ -93,12 +98,16 @@ class StoreHealth:
         *,
         clock: Callable[[], float] = time.monotonic,
         on_change: Callable[[HealthState, HealthState], None] | None = None,
+        name: str | None = None,
     ) -> None:
         self.policy = policy or HealthPolicy()
+        # For log lines only ("s3://bucket/prefix"); a driver names an unnamed one it is given.
+        self.name = name
         self._clock = clock
         self._on_change = on_change
         self._samples: deque[tuple[float, bool]] = deque(maxlen=self.policy.max_samples)
         self._failures = 0
+        self._streak = 0  # failures since the last success, window or not
         self._state = HealthState.HEALTHY
         self._since = clock()
         self._last_probe = self._since
@@ -136,6 +145,7 @@ class StoreHealth:
         self._samples.append((now, ok))
         if not ok:
             self._failures += 1
+        self._streak = 0 if ok else self._streak + 1
         self._evaluate(now)
 
     def _prune(self, now: float) -> None:
@@ -150,12 +160,17 @@ class StoreHealth:
         if len(self._samples) < self.policy.min_samples:
             return
         rate = self._failures / len(self._samples)
-        if self._state is not HealthState.PAUSED and rate >= self.policy.high:
+        # The streak's failures are the window's newest; those older than the window are gone.
+        streak = min(self._streak, len(self._samples))
+        if self._state is not HealthState.PAUSED and (
+            rate >= self.policy.high or streak >= self.policy.min_samples
+        ):
             self._transition(HealthState.PAUSED, now)
         elif self._state is HealthState.RECOVERING and rate <= self.policy.low:
             self._transition(HealthState.HEALTHY, now)
 
     def _transition(self, new: HealthState, now: float) -> None:
+        rate, samples = self._failures / max(len(self._samples), 1), len(self._samples)
         old, self._state, self._since = self._state, new, now
         if new is HealthState.PAUSED:
             self._writable.clear()
@@ -169,7 +184,20 @@ class StoreHealth:
         if new is HealthState.RECOVERING:
             self._samples.clear()
             self._failures = 0
-        log.warning("store health %s -> %s", old.value, new.value)
+        # Operators grep for "store health"; the trip is a WARNING, the way back INFO.
+        name = self.name or "the store"
+        if new is HealthState.PAUSED:
+            log.warning(
+                "store health %s -> %s: %s failed %.0f%% of the last %d requests (the last %d "
+                "in a row); writes wait (at most %.0fs each), probing every %.0fs", old.value,
+                new.value, name, 100 * rate, samples, min(self._streak, samples),
+                self.policy.pause_timeout_s, self.policy.probe_interval_s)
+        elif new is HealthState.RECOVERING:
+            log.info("store health %s -> %s: %s answered a probe; writes resume", old.value,
+                     new.value, name)
+        else:
+            log.info("store health %s -> %s: %s failed %.0f%% of the last %d requests",
+                     old.value, new.value, name, 100 * rate, samples)
         if self._on_change is not None:
             try:
                 self._on_change(old, new)

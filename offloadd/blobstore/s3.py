@@ -418,7 +418,10 @@ class S3BlobStore:
         except _BACKEND_ERRORS as exc:
             await stack.aclose()
             raise _translate(exc, "open", options.bucket) from None
-        store = cls(options, stack, primary, replicas, health or StoreHealth(options.health))
+        health = health or StoreHealth(options.health)
+        if health.name is None:
+            health.name = f"s3://{options.bucket}/{options.prefix}".rstrip("/")
+        store = cls(options, stack, primary, replicas, health)
         store._prober = asyncio.get_running_loop().create_task(
             store._health.run_prober(store._probe), name=f"s3-prober-{options.bucket}"
         )

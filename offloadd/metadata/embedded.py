@@ -91,6 +91,18 @@ def _process_alive(pid: int, start: int | None) -> bool:
     return state != "Z" and (not start or started == start)
 
 
+def _volume_full(path: Path) -> bool:
+    """No block left for us on the volume holding ``path`` (or its nearest existing parent)."""
+    for p in (path, *path.parents):
+        try:
+            return os.statvfs(p).f_bavail == 0
+        except FileNotFoundError:
+            continue
+        except OSError:
+            return False
+    return False
+
+
 def _translate(e: sqlite3.Error, what: str) -> OffloaddError:
     code = getattr(e, "sqlite_errorcode", 0) & 0xFF
     text = str(e)
@@ -236,6 +248,11 @@ class EmbeddedMetadataStore:
                 self._reap(conn)
                 return fn(conn)
             except sqlite3.Error as e:
+                if _volume_full(self.db_path.parent):
+                    # SQLite often reports a full volume as a plain "disk I/O error" (when it
+                    # cannot create or grow its WAL and shared-memory files): say what it is
+                    raise Retriable(f"embedded metadata store disk full during {what}: {e}; "
+                                    f"free space on the volume of {self.db_path.parent}") from e
                 raise _translate(e, what) from e
             except OSError as e:  # creating the database's directory
                 raise Fatal(f"embedded metadata store cannot use {self.db_path.parent} "

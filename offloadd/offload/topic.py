@@ -377,6 +377,8 @@ class TopicOffloader:
         await env.buffer.reserve(budget)
         reserved = budget
         lease = env.buffer.lease(budget)
+        # the phase lines at DEBUG let the crash tests tell where a kill -9 landed
+        log.debug("topic %s: building a block from %s", self.topic, pos)
         try:
             run = await env.source.read(self.topic, desc.ledger_id, pos.entry_id,
                                         pos.entry_id + avail - 1, max_bytes=budget, into=lease)
@@ -402,6 +404,7 @@ class TopicOffloader:
         att.add(run)
         att.ledger_ts.setdefault(desc.ledger_id, desc.ctime_ms)
         att.upload.submit(parts, done)
+        log.debug("segment %s: %d part(s) uploading", att.uid, len(parts))
         # what we know of the ledger's byte count before the new position
         if run.last_entry_id == desc.last_entry_id:
             self._bytes_before[desc.ledger_id] = desc.size
@@ -441,6 +444,7 @@ class TopicOffloader:
             in_flight=env.blocks_in_flight, acquire=self._acquire_fn(),
             on_part_done=self._part_done)
         await upload.start()
+        log.debug("segment %s: multipart upload started", uid)
         builder = StreamingObjectBuilder(max_block_size=pol.max_block_size,
                                          min_block_size=pol.min_block_size)
         opened = self._pending_since if self._pending_since is not None else env.clock()
@@ -477,16 +481,20 @@ class TopicOffloader:
                 catalog.remove_segment(info, att.redo_of)
             return catalog.add_assigned(info, att.uid, ranges, now_ms, driver)
 
+        log.debug("segment %s: assigning %s..%s", att.uid, ranges[0].ledger_id, att.end)
         await commit.apply(env.metadata, self.topic.managed_ledger, assign, self.fence,
                            on_write=self.probe.metadata_write)
         self.segment_state = SegmentState.ASSIGNED
         att.redo_of = att.uid  # from here on, a retry replaces this record
+        log.debug("segment %s: assigned; draining parts", att.uid)
         await att.upload.complete()
+        log.debug("segment %s: data object complete; writing index", att.uid)
         index = att.builder.finish(att.ledger_ts)
         meta = self._object_metadata("index")
         meta["offloadd-data-length"] = str(att.upload.length)
         meta["offloadd-crc32c"] = f"{crc32c.crc32c(index):08x}"
         await env.blobstore.put(streaming_index_key(att.uid, env.key_prefix), [index], meta)
+        log.debug("segment %s: index written; committing", att.uid)
         await commit.apply(env.metadata, self.topic.managed_ledger,
                            lambda info: catalog.mark_offloaded(info, att.uid, env.wall_ms()),
                            self.fence, on_write=self.probe.metadata_write)
@@ -558,6 +566,7 @@ class TopicOffloader:
                 att.add(run)
                 att.ledger_ts.setdefault(r.ledger_id, stamps[r.ledger_id])
                 att.upload.submit(parts, done)
+                log.debug("segment %s: %d part(s) uploading", att.uid, len(parts))
         await self._close(att)
 
     # ---- ledger-based mode (PIP-17) --------------------------------------------------------
@@ -592,6 +601,7 @@ class TopicOffloader:
             raise NotFound(f"topic {self.topic}: ledger {ledger_id} is not a closed ledger of "
                            "the source")
         uid = uuid.uuid4()
+        t0 = env.clock()
         driver = catalog.driver_metadata(env.blobstore.name,
                                          dict(env.blobstore.driver_properties()))
         await commit.apply(env.metadata, self.topic.managed_ledger,
@@ -636,6 +646,7 @@ class TopicOffloader:
         self.committed_segments += 1
         self.failed_attempts = 0
         self.probe.last_offloaded(*self.last_committed)
+        self.probe.segment_committed(desc.entries, upload.length, env.clock() - t0)
         log.info("topic %s: ledger %d offloaded whole as %s (%d bytes)", self.topic, ledger_id,
                  uid, upload.length)
 

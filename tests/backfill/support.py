@@ -8,10 +8,9 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from offloadd import config
+from offloadd import config, wiring
 from offloadd.config import Settings
 from offloadd.ledger.local import LocalLedgerSource, LocalLedgerWriter, RolloverPolicy
-from offloadd.metadata.embedded import EmbeddedMetadataStore
 from offloadd.model import Position, TopicName
 
 TOPIC = TopicName.parse("persistent://public/default/history")
@@ -26,17 +25,19 @@ class Rig:
 
 
 def write_config(root: Path, *, segment_mbytes: float, block_bytes: int,
+                 metadata_url: str | None = None, blobstore: str | None = None,
                  extra: str = "") -> Path:
     cfg = root / "offloadd.toml"
+    url = metadata_url or f"embedded:{root / 'data' / 'metadata'}"
+    tier = blobstore or f'driver = "filesystem"\npath = "{root / "data" / "tier"}"'
     cfg.write_text(f"""
 [metadata]
-url = "embedded:{root / 'data' / 'metadata'}"
+url = "{url}"
 [source]
 path = "{root / 'data' / 'ledgers'}"
 rollover_bytes = 1073741824
 [blobstore]
-driver = "filesystem"
-path = "{root / 'data' / 'tier'}"
+{tier}
 [offload]
 max_size_per_segment_mbytes = {segment_mbytes}
 max_block_size_bytes = {block_bytes}
@@ -54,7 +55,7 @@ async def write_ledgers(settings: Settings, topic: TopicName,
                         ledgers: list[tuple[int, int]], *, close_last: bool = True,
                         seed: int = 0) -> None:
     """Append ``(entries, entry size)`` per ledger, rolling between them."""
-    md = await EmbeddedMetadataStore.open(settings.metadata.url[len("embedded:"):])
+    md = await wiring.open_metadata(settings)
     writer = LocalLedgerWriter(settings.source.path, md, RolloverPolicy(max_bytes=1 << 40))
     pool = os.urandom(1 << 20) + bytes([seed % 256])
     try:
@@ -89,7 +90,7 @@ async def make_rig(root: Path, ledgers: list[tuple[int, int]], *, segment_mbytes
 async def source_truth(settings: Settings, topic: TopicName, upto: Position | None = None
                        ) -> tuple[int, int]:
     """(entries, sum of zlib CRC-32 of payloads) of the topic's entries (up to ``upto``)."""
-    md = await EmbeddedMetadataStore.open(settings.metadata.url[len("embedded:"):])
+    md = await wiring.open_metadata(settings)
     src = LocalLedgerSource(settings.source.path, md)
     count = total = 0
     try:

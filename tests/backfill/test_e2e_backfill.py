@@ -116,13 +116,15 @@ def run_scenario(tmp_path: Path, sc: Scenario) -> None:
     committed, planned = backfill_killed_midway(tmp_path, cfg, after=2, timeout=240)
     assert 2 <= committed < planned
     mid = verify(tmp_path, cfg)["topics"][0]
-    assert mid["segments"] < planned  # the kill left work undone
+    assert mid["segments"] < planned  # the kill left work undone...
+    assert mid["assigned"] == planned - mid["segments"]  # ...recorded ASSIGNED up front
 
     again = json.loads(offloadd(["backfill", "--config", str(cfg), "--topic", TOPIC,
                                  "--master", "local[2]", "--spark-conf",
                                  "spark.ui.enabled=false"], tmp_path, timeout=600).stdout)
     assert again["ok"]
     assert again["skipped_segments"] == mid["segments"]
+    assert again["redone_segments"] == mid["assigned"] and again["new_segments"] == 0
     assert again["skipped_segments"] + again["redone_segments"] + again["new_segments"] \
         == planned
     rep = verify(tmp_path, cfg)

@@ -21,8 +21,10 @@ from typing import Any
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
+from kazoo.retry import KazooRetry
 
 from offloadd import catalog
+from offloadd.errors import FormatError
 from offloadd.metadata import managed_ledger
 
 OFFLOADD = [sys.executable, "-m", "offloadd.cli"]
@@ -72,6 +74,8 @@ class Rig:
         self.flow = flow
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self._zk: KazooClient | None = None
+        # the rig's own reads ride out a ZooKeeper election like the daemons do
+        self._retry = KazooRetry(max_tries=-1, delay=0.1, max_delay=1.0, deadline=30)
 
     # ---- processes -----------------------------------------------------------------------------
     def config(self, name: str) -> Path:
@@ -142,13 +146,13 @@ class Rig:
 
     def _children(self, path: str) -> list[str]:
         try:
-            return sorted(self.zk.get_children(self.chroot + path))
+            return sorted(self._retry(self.zk.get_children, self.chroot + path))
         except NoNodeError:
             return []
 
     def _get(self, path: str) -> bytes | None:
         try:
-            data, _ = self.zk.get(self.chroot + path)
+            data, _ = self._retry(self.zk.get, self.chroot + path)
             return bytes(data)
         except NoNodeError:
             return None
@@ -184,6 +188,16 @@ class Rig:
         """Entries in complete segments, per topic."""
         return {t: sum(s.entries for s in catalog.segments(self.info(t)) if s.complete)
                 for t in self.topics()}
+
+    def committed_or_error(self) -> dict[str, int]:
+        """As :meth:`committed`, with -1 for topics whose node does not decode."""
+        out = {}
+        for t in self.topics():
+            try:
+                out[t] = sum(s.entries for s in catalog.segments(self.info(t)) if s.complete)
+            except FormatError:
+                out[t] = -1
+        return out
 
     def written(self) -> dict[str, int]:
         """Entries in closed ledgers, per topic (all of them once the writer has exited)."""

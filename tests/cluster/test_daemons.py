@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import signal
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -43,7 +44,7 @@ def settle(rig: Rig, members: list[str], topics: int) -> dict[str, str]:
     return want
 
 
-def finish(rig: Rig, producer: str, daemons: list[str]) -> dict[str, object]:
+def finish(rig: Rig, producer: str, daemons: list[str]) -> dict[str, Any]:
     """Let the writer end, wait until every entry is committed, stop the daemons, verify."""
     assert rig.wait_exit(producer, 90) == 0, rig.tail(producer)
     rig.wait(rig.drained, 60, "every written entry to be committed")
@@ -53,7 +54,7 @@ def finish(rig: Rig, producer: str, daemons: list[str]) -> dict[str, object]:
     assert rep["ok"], rep
     assert rep["orphans"] == []
     written = rig.written()
-    for t in rep["topics"]:  # type: ignore[attr-defined]
+    for t in rep["topics"]:
         assert t["gaps"] == [] and t["duplicates"] == 0 and t["errors"] == []
         assert t["entries"] == written[t["topic"].rsplit("/", 1)[1]] > 0
     return rep

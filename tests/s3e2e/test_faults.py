@@ -1,8 +1,8 @@
 """A fault-injecting HTTP proxy between offloadd and moto_server fails well over 10 % of the
 requests (500 InternalError, 503 SlowDown, connection resets before and after the server acted,
-stalled and truncated responses): every segment still completes, what reads back is byte-identical
-to what was written (``offloadd read`` goes through the same faulty proxy), and no multipart upload is left
-behind."""
+stalled and truncated responses): every segment still completes, what reads back is
+byte-identical to what was written (``offloadd read`` goes through the same faulty proxy), and
+no multipart upload is left behind."""
 
 from __future__ import annotations
 

@@ -30,7 +30,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, cast
 
 from offloadd.errors import FormatError, NotFound, Retriable
 from offloadd.ledger.bookkeeper.codec import (
@@ -161,8 +161,7 @@ class _Connection(asyncio.Protocol):
         self._need = 4
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
 
     def data_received(self, data: bytes) -> None:
         buf: bytes | memoryview = data

@@ -1,0 +1,62 @@
+"""A Pulsar-shaped cluster per test: a real ZooKeeper (the session's shared server, one chroot
+for Pulsar's tree and another for offloadd's catalog), three fake bookies and a writer.
+
+Pulsar's nodes are created with a digest ACL (``pulsar:broker-secret``) plus world-read, as a
+secured cluster would grant a sidecar: offloadd connects without credentials, so any write it
+attempted there would fail loudly with ``NoAuth``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import pytest
+
+from offloadd.ledger.bookkeeper import BookKeeperLedgerSource, BookKeeperOptions, ClientOptions
+from offloadd.metadata.zookeeper import DigestAcl, ZooKeeperMetadataStore
+from tests.bookkeeper.cluster import FakePulsar
+from tests.fixtures.fake_bookie import FakeBookie
+from tests.fixtures.zookeeper import zk_ensemble, zk_server  # noqa: F401  (fixtures)
+
+PULSAR_ACL = DigestAcl("pulsar", "broker-secret", world_readable=True)
+
+
+@dataclass
+class Cluster:
+    hosts: str
+    pulsar_url: str
+    offloadd_url: str
+    pulsar: FakePulsar
+    bookies: list[FakeBookie]
+    ours: ZooKeeperMetadataStore
+
+    def source(self, **kw: object) -> BookKeeperLedgerSource:
+        opts: dict[str, object] = dict(
+            pulsar_zk=self.pulsar_url, session_timeout_s=4.0, connect_timeout_s=10.0,
+            client=ClientOptions(read_timeout_s=1.0, connect_timeout_s=1.0, quarantine_s=5.0))
+        opts.update(kw)
+        return BookKeeperLedgerSource(BookKeeperOptions(**opts), self.ours)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+async def cluster(zk_server: str) -> AsyncIterator[Cluster]:  # noqa: F811
+    tag = uuid.uuid4().hex[:12]
+    pulsar_url = f"zk://{zk_server}/pulsar-{tag}"
+    offloadd_url = f"zk://{zk_server}/offloadd-{tag}"
+    writer = await ZooKeeperMetadataStore.open(pulsar_url, session_timeout_s=4.0,
+                                               connect_timeout_s=10.0, acl=PULSAR_ACL)
+    ours = await ZooKeeperMetadataStore.open(offloadd_url, session_timeout_s=4.0,
+                                             connect_timeout_s=10.0)
+    bookies = [await FakeBookie().start() for _ in range(3)]
+    pulsar = FakePulsar(writer, bookies)
+    await pulsar.setup()
+    try:
+        yield Cluster(zk_server, pulsar_url, offloadd_url, pulsar, bookies, ours)
+    finally:
+        await pulsar.close()
+        for b in bookies:
+            await b.kill()
+        await asyncio.gather(writer.close(), ours.close(), return_exceptions=True)

@@ -1,0 +1,305 @@
+"""The bookie client against in-process fake bookies: batching, replica choice, failover,
+digest checks, LAC reads and long polls."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import pytest
+
+from offloadd.errors import NotFound, Retriable
+from offloadd.ledger.bookkeeper import codec
+from offloadd.ledger.bookkeeper.client import (
+    BookieClient,
+    BookieHealth,
+    ClientOptions,
+    order_replicas,
+)
+from offloadd.ledger.bookkeeper.codec import Digest, DigestError, DigestType, Status
+from offloadd.ledger.bookkeeper.layout import LedgerMetadata, LedgerStateBK
+from tests.fixtures.fake_bookie import FakeBookie, Fault
+
+pytestmark = pytest.mark.timeout(30)
+
+DIGEST = codec.digest_for(DigestType.CRC32C, b"")
+
+
+@dataclass
+class Ctx:
+    ledger_id: int
+    meta: LedgerMetadata
+    digest: Digest = DIGEST
+    fresh: LedgerMetadata | None = None
+    refreshes: int = 0
+
+    async def refresh(self) -> bool:
+        self.refreshes += 1
+        if self.fresh is not None and self.fresh != self.meta:
+            self.meta = self.fresh
+            return True
+        return False
+
+
+def meta(ledger_id: int, segments: list[tuple[int, list[str]]], wq: int = 2) -> LedgerMetadata:
+    return LedgerMetadata(ledger_id, len(segments[0][1]), wq, wq, LedgerStateBK.OPEN, -1, 0, 3,
+                          None, 0, tuple((f, tuple(e)) for f, e in segments))
+
+
+def populate(bookies: dict[str, FakeBookie], md: LedgerMetadata, n: int,
+             seed: int = 1) -> list[bytes]:
+    """Write ``n`` entries to their write sets, as a writer that waits for each would."""
+    rnd = random.Random(seed)
+    payloads = [rnd.randbytes(rnd.randint(0, 3000)) for _ in range(n)]
+    length = 0
+    for e, p in enumerate(payloads):
+        length += len(p)
+        body = codec.encode_entry(DIGEST, md.ledger_id, e, e - 1, length, p)
+        for b in md.bookies_for(e):
+            bookies[b].put(md.ledger_id, e, body)
+    return payloads
+
+
+@pytest.fixture
+async def bookies() -> AsyncIterator[dict[str, FakeBookie]]:
+    started = [await FakeBookie().start() for _ in range(4)]
+    yield {b.address: b for b in started}
+    for b in started:
+        await b.kill()
+
+
+@pytest.fixture
+async def client() -> AsyncIterator[BookieClient]:
+    c = BookieClient(ClientOptions(read_timeout_s=0.5, connect_timeout_s=1.0, quarantine_s=30))
+    yield c
+    await c.close()
+
+
+def addrs(bookies: dict[str, FakeBookie]) -> list[str]:
+    return list(bookies)
+
+
+class TestReplicaOrder:
+    """Healthy before quarantined before slow; local zone first; then fewest in flight."""
+
+    def rank(self, cands: list[str], **kw: object) -> list[str]:
+        args: dict[str, object] = dict(now=100.0, pending={}, health={}, slow=lambda b: False,
+                                       local_zone=None, zones={})
+        args.update(kw)
+        return order_replicas(cands, **args)  # type: ignore[arg-type]
+
+    def test_write_order_when_all_equal(self) -> None:
+        assert self.rank(["a", "b", "c"]) == ["a", "b", "c"]
+
+    def test_fewest_pending_first(self) -> None:
+        assert self.rank(["a", "b", "c"], pending={"a": 3, "b": 1, "c": 2}) == ["b", "c", "a"]
+
+    def test_local_zone_beats_pending(self) -> None:
+        got = self.rank(["a", "b", "c"], pending={"c": 9}, local_zone="z1",
+                        zones={"c": "z1", "a": "z2"})
+        assert got == ["c", "a", "b"]
+
+    def test_quarantined_and_slow_go_last(self) -> None:
+        got = self.rank(["a", "b", "c"], health={"a": BookieHealth(down_until=200.0)},
+                        slow=lambda b: b == "b", local_zone="z", zones={"a": "z", "b": "z"})
+        assert got == ["c", "b", "a"]
+
+    def test_quarantine_expires(self) -> None:
+        got = self.rank(["a", "b"], health={"a": BookieHealth(down_until=50.0)})
+        assert got == ["a", "b"]
+
+
+class TestReads:
+    async def test_reads_every_entry_spreading_over_replicas(
+            self, bookies: dict[str, FakeBookie], client: BookieClient) -> None:
+        a = addrs(bookies)
+        md = meta(1, [(0, a[:3])])
+        payloads = populate(bookies, md, 300)
+        entries, lac = await client.read_entries(Ctx(1, md), 0, 299)
+        assert [bytes(e.payload) for e in entries] == payloads
+        assert [e.entry_id for e in entries] == list(range(300))
+        assert lac == 298  # from the headers: entry 299 says 298 was confirmed
+        per_bookie = client.metrics.entries
+        assert sum(per_bookie.values()) == 300
+        assert all(per_bookie[b] > 50 for b in a[:3])
+
+    async def test_concurrent_reads_share_connections(
+            self, bookies: dict[str, FakeBookie], client: BookieClient) -> None:
+        a = addrs(bookies)
+        md = meta(2, [(0, a[:3])])
+        payloads = populate(bookies, md, 200)
+        ranges = [(i * 40, i * 40 + 39) for i in range(5)]
+        got = await asyncio.gather(*(client.read_entries(Ctx(2, md), lo, hi)
+                                     for lo, hi in ranges))
+        for (lo, _), (entries, _) in zip(ranges, got, strict=True):
+            assert [bytes(e.payload) for e in entries] == payloads[lo:lo + 40]
+        assert len(client._conns) == 3
+
+    async def test_local_zone_serves_what_it_holds(
+            self, bookies: dict[str, FakeBookie]) -> None:
+        a = addrs(bookies)
+        md = meta(3, [(0, a[:3])])
+        populate(bookies, md, 90)
+        c = BookieClient(ClientOptions(local_zone="east", zones={a[0]: "east", a[1]: "west",
+                                                                 a[2]: "west"}))
+        try:
+            await c.read_entries(Ctx(3, md), 0, 89)
+        finally:
+            await c.close()
+        on_a0 = sum(1 for e in range(90) if a[0] in md.bookies_for(e))
+        assert c.metrics.entries[a[0]] == on_a0 == 60
+
+    async def test_a_range_large_entries_ok(self, bookies: dict[str, FakeBookie],
+                                            client: BookieClient) -> None:
+        a = addrs(bookies)
+        md = meta(4, [(0, a[:1])], wq=1)
+        big = [bytes([i]) * (300_000 + i) for i in range(5)]
+        length = 0
+        for e, p in enumerate(big):
+            length += len(p)
+            bookies[a[0]].put(4, e, codec.encode_entry(DIGEST, 4, e, e - 1, length, p))
+        entries, _ = await client.read_entries(Ctx(4, md), 0, 4)
+        assert [bytes(e.payload) for e in entries] == big
+        assert isinstance(entries[0].payload.obj, bytes)  # a view of the frame, not a copy
+
+
+class TestFailover:
+    async def test_error_status_fails_over_to_the_other_replica(
+            self, bookies: dict[str, FakeBookie], client: BookieClient) -> None:
+        a = addrs(bookies)
+        md = meta(5, [(0, a[:3])])
+        payloads = populate(bookies, md, 60)
+        bookies[a[0]].on_request = lambda r: Fault(status=Status.EIO)
+        entries, _ = await client.read_entries(Ctx(5, md), 0, 59)
+        assert [bytes(e.payload) for e in entries] == payloads
+        assert client.metrics.failovers[a[0]] > 0 and client.metrics.retries > 0
+        assert client.metrics.entries.get(a[0], 0) == 0
+
+    async def test_silent_bookie_times_out_then_is_asked_last(
+            self, bookies: dict[str, FakeBookie], client: BookieClient) -> None:
+        a = addrs(bookies)
+        md = meta(6, [(0, a[:3])])
+        payloads = populate(bookies, md, 30)
+        bookies[a[1]].on_request = lambda r: Fault(drop=True)
+        entries, _ = await client.read_entries(Ctx(6, md), 0, 29)
+        assert [bytes(e.payload) for e in entries] == payloads
+        assert client.metrics.errors[(a[1], "timeout")] > 0
+        asked = bookies[a[1]].served["dropped"]
+        entries, _ = await client.read_entries(Ctx(6, md), 0, 29)
+        assert bookies[a[1]].served["dropped"] == asked  # quarantined: not asked again
+
+    async def test_corrupt_replica_is_detected_counted_and_skipped(
+            self, bookies: dict[str, FakeBookie], client: BookieClient) -> None:
+        a = addrs(bookies)
+        md = meta(7, [(0, a[:3])])
+        payloads = populate(bookies, md, 12)
+        for b in md.bookies_for(5):
+            bookies[b].corrupt(7, 5)
+            break  # one of the two replicas only
+        entries, _ = await client.read_entries(Ctx(7, md), 0, 11)
+        assert [bytes(e.payload) for e in entries] == payloads
+        # whichever replica was asked first, at most one digest error for entry 5
+        assert sum(client.metrics.digest_errors.values()) <= 1
+        c2 = BookieClient(ClientOptions())
+        try:
+            bad = md.bookies_for(5)[0]
+            # make the corrupt replica the preferred one, so the error must happen
+            c2.pending[md.bookies_for(5)[1]] = 100
+            entries, _ = await c2.read_entries(Ctx(7, md), 5, 5)
+            assert bytes(entries[0].payload) == payloads[5]
+            assert c2.metrics.digest_errors[bad] == 1
+        finally:
+            await c2.close()
+
+    async def test_every_replica_corrupt_is_a_digest_error(
+            self, bookies: dict[str, FakeBookie], client: BookieClient) -> None:
+        a = addrs(bookies)
+        md = meta(8, [(0, a[:3])])
+        populate(bookies, md, 6)
+        for b in md.bookies_for(2):
+            bookies[b].corrupt(8, 2)
+        with pytest.raises(DigestError, match="every replica"):
+            await client.read_entries(Ctx(8, md), 0, 5)
+
+    async def test_killed_bookie_fails_over_and_all_dead_is_retriable(
+            self, bookies: dict[str, FakeBookie], client: BookieClient) -> None:
+        a = addrs(bookies)
+        md = meta(9, [(0, a[:3])])
+        payloads = populate(bookies, md, 30)
+        await client.read_entries(Ctx(9, md), 0, 2)  # connections open
+        await bookies[a[2]].kill()
+        entries, _ = await client.read_entries(Ctx(9, md), 0, 29)
+        assert [bytes(e.payload) for e in entries] == payloads
+        await bookies[a[0]].kill()
+        with pytest.raises(Retriable, match="every replica failed"):
+            await client.read_entries(Ctx(9, md), 0, 29)
+
+    async def test_entry_on_no_bookie_is_not_found_after_a_metadata_refresh(
+            self, bookies: dict[str, FakeBookie], client: BookieClient) -> None:
+        a = addrs(bookies)
+        md = meta(10, [(0, a[:3])])
+        populate(bookies, md, 5)
+        ctx = Ctx(10, md)
+        with pytest.raises(NotFound, match="on no bookie of its write set"):
+            await client.read_entries(ctx, 5, 7)
+        assert ctx.refreshes == 1
+
+    async def test_stale_ensemble_is_refreshed(self, bookies: dict[str, FakeBookie],
+                                               client: BookieClient) -> None:
+        a = addrs(bookies)
+        new = meta(11, [(0, [a[0]]), (10, [a[3]])], wq=1)
+        payloads = populate(bookies, new, 20)
+        ctx = Ctx(11, meta(11, [(0, [a[0]])], wq=1), fresh=new)
+        entries, _ = await client.read_entries(ctx, 0, 19)
+        assert [bytes(e.payload) for e in entries] == payloads
+        assert ctx.refreshes == 1
+
+    async def test_slow_bookie_is_detected_and_avoided(
+            self, bookies: dict[str, FakeBookie]) -> None:
+        a = addrs(bookies)
+        md = meta(12, [(0, a[:2])])
+        populate(bookies, md, 40)
+        bookies[a[0]].on_request = lambda r: Fault(delay_s=0.2)
+        c = BookieClient(ClientOptions(slow_floor_s=0.05, slow_factor=3.0))
+        try:
+            for lo in range(0, 40, 4):
+                await c.read_entries(Ctx(12, md), lo, lo + 3)
+            assert c.is_slow(a[0]) and not c.is_slow(a[1])
+            assert c.metrics.slow[a[0]]
+            before = c.metrics.entries.get(a[0], 0)
+            await c.read_entries(Ctx(12, md), 0, 39)
+            assert c.metrics.entries.get(a[0], 0) == before
+        finally:
+            await c.close()
+
+
+class TestLastAddConfirmed:
+    async def test_last_entry_tells_the_lac(self, bookies: dict[str, FakeBookie],
+                                            client: BookieClient) -> None:
+        a = addrs(bookies)
+        md = meta(13, [(0, a[:3])])
+        populate(bookies, md, 10)
+        hints = [await client.read_last(b, Ctx(13, md)) for b in a[:3]]
+        assert max(h for h, _ in hints) == 8
+        assert all(e is not None and e.entry_id in (8, 9) for _, e in hints)
+        lac, entry = await client.read_last(a[3], Ctx(13, md))  # holds nothing
+        assert (lac, entry) == (-1, None)
+
+    async def test_long_poll_returns_when_the_lac_moves(
+            self, bookies: dict[str, FakeBookie], client: BookieClient) -> None:
+        a = addrs(bookies)
+        md = meta(14, [(0, [a[0]])], wq=1)
+        populate(bookies, md, 3)  # LAC 1 at the bookie
+        ctx = Ctx(14, md)
+        poll = asyncio.ensure_future(client.long_poll(a[0], ctx, 1, 10.0))
+        await asyncio.sleep(0.1)
+        assert not poll.done()
+        body = codec.encode_entry(DIGEST, 14, 3, 2, 0, b"")
+        bookies[a[0]].put(14, 3, body)  # piggybacks LAC 2
+        lac, entry = await asyncio.wait_for(poll, 5)
+        assert lac == 2 and entry is not None and entry.entry_id == 2
+        lac, entry = await client.long_poll(a[0], ctx, 2, 0.2)
+        assert (lac, entry) == (2, None)
+        assert client.metrics.long_polls == 2

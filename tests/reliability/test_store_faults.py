@@ -1,0 +1,126 @@
+"""Store faults: ``offloadd standalone`` uploads to moto through the fault-injecting proxy at
+request error rates of 1, 10 and 50 % (500 InternalError, 503 SlowDown, connection resets before
+and after the server acted, responses stalled past the read timeout, bodies cut in half). What
+``offloadd read`` returns through the same faults equals what the writer wrote, entry for entry;
+``verify`` straight against the server finds every entry once with the source's CRC32C; no
+multipart upload is left behind, and one gc pass leaves no orphan.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.fixtures.faultproxy import FaultPlan, FaultProxy
+from tests.fixtures.s3 import MotoBucket
+from tests.reliability.conftest import Figures
+from tests.s3e2e.helpers import (
+    check_objects,
+    incomplete_uploads,
+    read_crcs,
+    run,
+    s3_config,
+    source_crcs,
+    summary_of,
+    verify_json,
+)
+
+pytestmark = pytest.mark.integration
+
+# Small blocks: many parts, so many requests to fail. A stall outlasts the read timeout.
+POLICY = """
+[offload]
+max_size_per_segment_mbytes = 0.25
+max_segment_rollover_time_minutes = 0.02
+max_block_size_bytes = 16384
+min_block_size_bytes = 0
+blocks_in_flight = 4
+retry_base_s = 0.1
+retry_max_s = 1
+[source]
+rollover_bytes = 400000
+"""
+BLOBSTORE = "read_timeout_s = 1.0\nconnect_timeout_s = 2.0\nhealth_window_s = 3"
+
+
+def faults(rate: float) -> FaultPlan:
+    """``rate`` of all requests fail, spread over every kind the proxy knows."""
+    return FaultPlan(error_500=0.3 * rate, slowdown_503=0.2 * rate, reset=0.2 * rate,
+                     truncate=0.2 * rate, stall=0.1 * rate, stall_s=1.5)
+
+
+@pytest.fixture
+def proxy(moto_server: str) -> Iterator[FaultProxy]:
+    with FaultProxy(moto_server, seed=7) as p:
+        yield p
+
+
+def survive(tmp_path: Path, bucket: MotoBucket, proxy: FaultProxy, figures: Figures, *,
+            rate: float, seconds: float, bytes_per_s: int) -> None:
+    cfg = s3_config(tmp_path, proxy.url, bucket.name, POLICY, blobstore=BLOBSTORE)
+    direct = s3_config(tmp_path, bucket.endpoint, bucket.name, POLICY, name="direct.toml")
+    proxy.plan = faults(rate)
+    out = run(["standalone", "--config", str(cfg), "--duration", str(seconds), "--rate",
+               str(bytes_per_s), "--topics", "1", "--entry-size", "1024"], tmp_path,
+              timeout=240)
+    writing = dict(proxy.injected)
+    seen = len(proxy.log)
+
+    summary = summary_of(out)
+    (name, t), = summary["topics"].items()
+    source = source_crcs(tmp_path, name)
+    assert t["last_offloaded"] == source[-1][0], (t, source[-1])
+    # read back through the same faults: byte-identical payloads, in order, none missing
+    got = read_crcs(tmp_path, cfg, name, timeout=240)
+    differences = sum(1 for a, b in zip(got, source, strict=False) if a != b) + abs(
+        len(got) - len(source))
+    proxy.plan = FaultPlan()
+    after = verify_json(tmp_path, direct)
+    removed = 0
+    if after["orphans"]:  # an abandoned attempt whose clean-up failed: gc's to remove
+        gc = run(["gc", "--config", str(direct), "--grace", "0", "--json"], tmp_path)
+        removed = len(json.loads(gc.stdout)["orphans_removed"])
+        after = verify_json(tmp_path, direct)
+    injected = sum(proxy.injected.values())
+    (vt,) = after["topics"]
+    figures.set(f"store_faults_{round(rate * 100)}pct", requests=len(proxy.log),
+                faults_injected=injected, faults_survived=injected if after["ok"] else 0,
+                faults_by_kind=dict(sorted(proxy.injected.items())),
+                requests_while_writing=seen, faults_while_writing=sum(writing.values()),
+                entries_written=len(source), entries_checked=len(got),
+                read_differences=differences, entries_lost=len(vt["gaps"]) + max(
+                    len(source) - vt["entries"], 0),
+                entries_duplicated=vt["duplicates"],
+                checksum_mismatches=vt["checksum_mismatches"],
+                orphans_removed_by_gc=removed,
+                orphans_left=len(after["orphans"]))
+
+    assert got == source and differences == 0
+    assert after["ok"], after
+    assert vt["source_checked"] == vt["entries"] == len(source)
+    check_objects(bucket, tmp_path)  # only committed objects, one part per block
+    assert incomplete_uploads(bucket) == []
+    if rate >= 0.1:
+        assert injected / max(len(proxy.log), 1) >= rate / 3, (injected, len(proxy.log))
+        assert {"500", "503", "reset", "truncate"} <= set(proxy.injected), proxy.injected
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("rate", [pytest.param(0.01, id="1pct"), pytest.param(0.10, id="10pct"),
+                                  pytest.param(0.50, id="50pct")])
+def test_reads_back_identical_data_through_failing_store_requests(
+        tmp_path: Path, s3_bucket: MotoBucket, proxy: FaultProxy, figures: Figures,
+        rate: float) -> None:
+    # at 50 % every request costs about two, with backoff: less data, as many faults
+    survive(tmp_path, s3_bucket, proxy, figures, rate=rate, seconds=1 if rate >= 0.5 else 3,
+            bytes_per_s=200_000 if rate >= 0.5 else 300_000)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_half_of_all_requests_failing_over_more_data_loses_nothing(
+        tmp_path: Path, s3_bucket: MotoBucket, proxy: FaultProxy, figures: Figures) -> None:
+    survive(tmp_path, s3_bucket, proxy, figures, rate=0.5, seconds=20, bytes_per_s=500_000)
