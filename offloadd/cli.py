@@ -198,6 +198,10 @@ def _run_dict(coro: Coroutine[Any, Any, dict[str, Any]]) -> dict[str, Any]:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
+    # SIGHUP and SIGUSR1 terminate by default: ignore them before the second or so of imports
+    # (run_service keeps them ignored until the daemon's handlers are in place)
+    for sig in (signal.SIGHUP, signal.SIGUSR1):
+        signal.signal(sig, signal.SIG_IGN)
     from offloadd.service import run_service
 
     settings = _settings(args)

@@ -1,12 +1,13 @@
-"""History backfill on Spark, and the tier as a Spark data source.
+"""History backfill on Spark, and the tier as a Spark data source (docs/backfill.md).
 
 ``split.py``      pure: cut closed history into segments by binary search over positions
-``task.py``       executor side: upload one segment's range from the source (one Spark task)
-``job.py``        driver side: ownership, plan, assign, run tasks, commit, progress
-``progress.py``   terminal progress bar and Prometheus gauges for a running backfill
+``job.py``        driver: ownership, plan, assign, one Spark task per segment, commit, progress
+``task.py``       executor: upload one segment's range from the source (no Spark import)
+``progress.py``   terminal progress bar and Prometheus gauges of a running backfill
 ``spark.py``      SparkSession set-up (local or cluster)
 ``datasource.py`` ``spark.read.format("offloadd")``: committed segments as a DataFrame
+``command.py``    ``offloadd backfill``
 
-Only ``split.py`` is imported eagerly by nothing else; the rest pull in PySpark lazily where it
-is needed, so the daemon never loads it.
+Nothing outside this package imports it, and only ``spark.py``/``datasource.py`` import PySpark,
+so the daemon never loads Spark.
 """

@@ -236,6 +236,9 @@ class TopicOffloader:
         """Redo any ASSIGNED segment over its positions, then resume after the last one."""
         self._bytes_before.clear()
         info, _ = await managed_ledger.load(self.env.metadata, self.topic.managed_ledger)
+        # read, then check ownership: a stale owner must not redo (and so delete the objects
+        # of) a segment the new owner is writing
+        await self.fence.verify()
         segs = catalog.segments(info)
         self._publish_states(segs)
         for seg in segs:
@@ -670,16 +673,36 @@ class TopicOffloader:
             await self.env.blobstore.delete(key)
 
     async def _abandon(self) -> None:
-        """Discard the open attempt: nothing of it is committed, nothing of it stays."""
-        att, self._attempt = self._attempt, None
+        """Discard the open attempt's uncommitted work.
+
+        Its objects are deleted only when the metadata, read *now*, does not record the attempt:
+        a commit whose reply was lost may have landed (then the objects are the committed
+        segment's), and an ASSIGNED record belongs to recovery, which redoes it and deletes the
+        dead attempt's objects itself. When the metadata cannot be read, nothing is deleted
+        (``offloadd gc`` sweeps real orphans later).
+        """
+        att = self._attempt
         if att is None:
             return
-        await att.upload.abort()
         try:
-            await self._delete_objects(att.uid)
-        except OffloaddError as exc:
-            log.warning("topic %s: could not delete objects of abandoned attempt %s: %s "
-                        "(offloadd gc removes them)", self.topic, att.uid, exc)
+            await att.upload.abort()
+            try:
+                info, _ = await managed_ledger.load(self.env.metadata,
+                                                    self.topic.managed_ledger)
+            except OffloaddError as exc:
+                log.warning("topic %s: attempt %s abandoned; metadata unreadable (%s), its "
+                            "objects are left for offloadd gc", self.topic, att.uid, exc)
+                return
+            if any(s.uid == att.uid for s in catalog.segments(info)):
+                return
+            try:
+                await self._delete_objects(att.uid)
+            except OffloaddError as exc:
+                log.warning("topic %s: could not delete objects of abandoned attempt %s: %s "
+                            "(offloadd gc removes them)", self.topic, att.uid, exc)
+        finally:
+            if self._attempt is att:
+                self._attempt = None
 
     async def _on_failure(self, exc: OffloaddError) -> None:
         """A failed attempt: abort it, back off, then redo the same positions."""

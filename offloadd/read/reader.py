@@ -35,6 +35,7 @@ from offloadd.format.checksum import verify_block_checksum
 from offloadd.metadata import managed_ledger
 from offloadd.metadata.base import MetadataStore
 from offloadd.model import Position, TopicName
+from offloadd.offload.objects import FORMAT_VERSION_KEY
 from offloadd.paths import (
     ledger_data_key,
     ledger_index_key,
@@ -174,6 +175,12 @@ class TierReader:
             return idx
         t0 = self._clock()
         info = await self.blobstore.head(key)
+        version = info.metadata.get(FORMAT_VERSION_KEY)
+        if version is not None and version != "1":
+            # Pulsar's readers refuse a version they do not know; so do we, rather than guess
+            self.probe.read_error()
+            raise FormatError(key, 0, f"unknown object format version {version!r} "
+                              f"({FORMAT_VERSION_KEY}); this offloadd reads version 1")
         raw = await self.blobstore.get_range(key, 0, info.size)
         self.probe.index_read(self._clock() - t0)
         try:

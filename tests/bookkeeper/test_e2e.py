@@ -126,11 +126,6 @@ async def test_sidecar_offloads_three_topics_two_live_through_faults(
         assert sum(metrics.entries.values()) >= sum(len(p.written[t]) for t in (STATIC, *LIVE))
         assert not await cluster.ours.exists(f"/managed-ledgers/{OTHER.managed_ledger}")
 
-        print("METRICS", metrics.snapshot())
-        for t in (STATIC, *LIVE):
-            info, _ = await managed_ledger.load(cluster.ours, t.managed_ledger)
-            print(t, len(p.written[t]), "ledgers", [li.ledgerId for li in info.ledgerInfo], "segs", len(catalog.segments(info)))
-        print("LOG", caplog.text[-3000:])
         report = await verify(rt.metadata, rt.blobstore, rt.source, [STATIC, *LIVE], grace_s=0)
         assert report.ok, report.to_json()
         for t in report.topics:

@@ -1,8 +1,7 @@
 """What the topic task must never do when ownership or the metadata connection wavers; both are
 reachable in a cluster (a ZooKeeper leader dying mid-commit, a stalled owner waking up).
 
-Both are known failures of ``offloadd/offload/topic.py`` today, kept as strict xfails so that the
-fix turns them into failures that say "remove the marker":
+Both were failures of ``offloadd/offload/topic.py`` once; these tests keep them fixed:
 
 - a commit whose reply is lost (``Retriable`` after ZooKeeper applied it) is abandoned, and the
   abandon deletes the objects of what is now a committed segment;
@@ -71,8 +70,6 @@ class ReplyLost(MemoryMetadataStore):
         return result
 
 
-@pytest.mark.xfail(strict=True, reason="topic.py: _on_failure abandons (deletes) an attempt "
-                   "whose OFFLOADED commit landed but whose reply was lost")
 async def test_a_commit_whose_reply_is_lost_keeps_the_committed_segments_objects(
         tmp_path: Path) -> None:
     tree = MemoryTree()
@@ -91,9 +88,6 @@ async def test_a_commit_whose_reply_is_lost_keeps_the_committed_segments_objects
     assert rep.ok, rep.to_json()
 
 
-@pytest.mark.xfail(strict=True, reason="topic.py: _recover redoes (deletes the objects of) an "
-                   "ASSIGNED segment before checking its fence; a stale owner can delete the "
-                   "new owner's segment")
 async def test_a_stale_owner_recovering_never_deletes_the_new_owners_segment(
         tmp_path: Path) -> None:
     tree = MemoryTree()

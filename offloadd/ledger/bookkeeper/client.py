@@ -131,20 +131,17 @@ class LedgerContext(Protocol):
 class _Sink:
     """Collects the responses of one batch (or one request) into slots."""
 
-    __slots__ = ("future", "latency", "remaining", "results", "sent")
+    __slots__ = ("future", "remaining", "results")
 
-    def __init__(self, n: int, future: asyncio.Future[None], sent: float) -> None:
+    def __init__(self, n: int, future: asyncio.Future[None]) -> None:
         self.results: list[Response | BookieError | None] = [None] * n
         self.remaining = n
         self.future = future
-        self.sent = sent
-        self.latency = 0.0
 
     def deliver(self, slot: int, result: Response | BookieError) -> None:
         if self.results[slot] is not None:
             return
         self.results[slot] = result
-        self.latency += time.monotonic() - self.sent
         self.remaining -= 1
         if self.remaining == 0 and not self.future.done():
             self.future.set_result(None)
@@ -242,11 +239,36 @@ class _Plan:
     assigned: set[int]
 
 
-@dataclass
-class _Outcome:
-    entry: Entry | None = None
-    reason: str = ""
-    detail: str = ""
+def _failure(addr: str, r: Response | BookieError | None) -> tuple[str, str]:
+    """(reason, detail) of a read that did not return a good entry."""
+    if isinstance(r, BookieError):
+        return r.reason, str(r)
+    if not isinstance(r, ReadResponse):
+        return "protocol", f"{addr}: answer {r!r} to a read"
+    status = r.status if r.status != Status.EOK else (r.read_status or 0)
+    if status == Status.EOK:
+        return "protocol", f"{addr}: EOK without a body"
+    reason = "noentry" if status in _NOT_THERE else status_name(status).lower()
+    return reason, f"{addr}: {status_name(status)}"
+
+
+def _water_fill(n: int, bookies: Sequence[str], pend: Mapping[str, int]
+                ) -> list[tuple[str, int]]:
+    """Split ``n`` reads over equally good bookies so their reads in flight end up as even
+    as possible (the least loaded get more)."""
+    if len(bookies) == 1:
+        return [(bookies[0], n)]
+    loads = sorted((pend.get(b, 0), i, b) for i, b in enumerate(bookies))
+    level, active, left = loads[0][0], 1, n
+    while active < len(loads) and (loads[active][0] - level) * active < left:
+        left -= (loads[active][0] - level) * active
+        level = loads[active][0]
+        active += 1
+    q, r = divmod(left, active)
+    out = []
+    for j, (load, _, b) in enumerate(loads[:active]):
+        out.append((b, level - load + q + (1 if j < r else 0)))
+    return out
 
 
 class BookieClient:
@@ -334,7 +356,7 @@ class BookieClient:
         except BookieError as exc:
             return [exc] * n
         loop = asyncio.get_running_loop()
-        sink = _Sink(n, loop.create_future(), self._clock())
+        sink = _Sink(n, loop.create_future())
         self.pending[addr] += n
         self.metrics.set_pending(addr, self.pending[addr])
         try:
@@ -379,50 +401,46 @@ class BookieClient:
 
     # ---- reads ---------------------------------------------------------------------------
     async def _read_on(self, addr: str, ctx: LedgerContext, entry_ids: list[int]
-                       ) -> tuple[list[_Outcome], int]:
-        """Read ``entry_ids`` from one bookie; per entry an outcome, plus the best LAC hint."""
+                       ) -> tuple[list[Entry | None], dict[int, tuple[str, str]], int]:
+        """Read ``entry_ids`` from one bookie: the entries (None where it failed), the
+        failures by position (reason, detail) and the best LAC hint."""
         n = len(entry_ids)
         first_txn = self._take_txns(n)
         data = encode_plain_reads(first_txn, ctx.ledger_id, entry_ids)
         t0 = self._clock()
         results = await self._send(addr, data, n, first_txn, self.options.read_timeout_s)
-        out: list[_Outcome] = []
+        elapsed = self._clock() - t0
+        got: list[Entry | None] = [None] * n
+        failed: dict[int, tuple[str, str]] = {}
         lac = -1
-        ok = ok_bytes = 0
+        ok_bytes = 0
         digest = ctx.digest
         ledger_id = ctx.ledger_id
-        for entry_id, r in zip(entry_ids, results, strict=True):
-            if isinstance(r, BookieError):
-                out.append(_Outcome(reason=r.reason, detail=str(r)))
-                continue
-            if not isinstance(r, ReadResponse):
-                out.append(_Outcome(reason="protocol", detail=f"answer {r!r} to a read"))
-                continue
-            status = r.status if r.status != Status.EOK else (r.read_status or 0)
-            if status != Status.EOK or r.body is None:
-                reason = "noentry" if status in _NOT_THERE else status_name(status).lower()
-                out.append(_Outcome(reason=reason, detail=status_name(status)))
-                continue
-            try:
-                entry = decode_entry(r.body, digest, ledger_id=ledger_id, entry_id=entry_id,
-                                     where=f"entry {ledger_id}:{entry_id} from bookie {addr}")
-            except DigestError as exc:
-                out.append(_Outcome(reason="digest", detail=str(exc)))
-                continue
-            except FormatError as exc:
-                out.append(_Outcome(reason="format", detail=str(exc)))
-                continue
-            if r.max_lac is not None and r.max_lac > lac:
-                lac = r.max_lac
-            if entry.lac > lac:
-                lac = entry.lac
-            ok += 1
-            ok_bytes += len(entry.payload)
-            out.append(_Outcome(entry))
+        for k, r in enumerate(results):
+            if r.__class__ is ReadResponse and r.status == 0 and r.read_status == 0 \
+                    and r.body is not None:
+                try:
+                    entry = decode_entry(r.body, digest, ledger_id=ledger_id,
+                                         entry_id=entry_ids[k])
+                except DigestError as exc:
+                    failed[k] = ("digest", f"{addr}: {exc}")
+                    continue
+                except FormatError as exc:
+                    failed[k] = ("format", f"{addr}: {exc}")
+                    continue
+                got[k] = entry
+                ok_bytes += len(entry.payload)
+                if r.max_lac is not None and r.max_lac > lac:
+                    lac = r.max_lac
+            else:
+                failed[k] = _failure(addr, r)
+        if got and got[-1] is not None and got[-1].lac > lac:
+            lac = got[-1].lac
+        ok = n - len(failed)
         if ok:
-            self.metrics.entries_read(addr, ok, ok_bytes, (self._clock() - t0) * ok)
-            self._observe(addr, self._clock() - t0)
-        return out, lac
+            self.metrics.entries_read(addr, ok, ok_bytes, elapsed * ok)
+            self._observe(addr, elapsed)
+        return got, failed, lac
 
     async def read_entries(self, ctx: LedgerContext, first: int, last: int
                            ) -> tuple[list[Entry], int]:
@@ -430,7 +448,7 @@ class BookieClient:
         from their headers and the bookies' ``maxLAC``."""
         n = last - first + 1
         out: list[Entry | None] = [None] * n
-        tried: list[set[str]] = [set() for _ in range(n)]
+        tried: dict[int, set[str]] = {}  # only for entries that failed somewhere
         failures: dict[int, list[tuple[str, str, str]]] = {}
         refreshed = False
         lac = -1
@@ -444,7 +462,7 @@ class BookieClient:
                     refreshed = True
                     if await ctx.refresh():  # an ensemble change: ask the new write sets
                         for i in todo or []:
-                            tried[i].clear()
+                            tried.pop(i, None)
                         continue
                 raise self._give_up(ctx, first, exhausted, failures)
             if not plan.by_bookie:
@@ -452,56 +470,53 @@ class BookieClient:
             results = await asyncio.gather(*(self._read_on(b, ctx, [first + i for i in idxs])
                                              for b, idxs in plan.by_bookie.items()))
             todo = []
-            for (b, idxs), (outcomes, hint) in zip(plan.by_bookie.items(), results,
-                                                   strict=True):
-                lac = max(lac, hint)
-                for i, o in zip(idxs, outcomes, strict=True):
-                    if o.entry is not None:
-                        out[i] = o.entry
+            for (b, idxs), (got, failed, hint) in zip(plan.by_bookie.items(), results,
+                                                      strict=True):
+                if hint > lac:
+                    lac = hint
+                if not failed:
+                    for i, e in zip(idxs, got, strict=True):
+                        out[i] = e
+                    continue
+                for k, i in enumerate(idxs):
+                    if k not in failed:
+                        out[i] = got[k]
                         continue
-                    failures.setdefault(i, []).append((b, o.reason, o.detail))
-                    self.metrics.failover(b, o.reason)
+                    reason, detail = failed[k]
+                    tried.setdefault(i, set()).add(b)
+                    failures.setdefault(i, []).append((b, reason, detail))
+                    self.metrics.failover(b, reason)
                     todo.append(i)
             if not todo:
                 break
             self.metrics.retry(len(todo))
             log.debug("ledger %d: %d reads failed, trying other replicas", ctx.ledger_id,
                       len(todo))
-        assert all(e is not None for e in out)
         return out, lac  # type: ignore[return-value]
 
     def _plan(self, ctx: LedgerContext, first: int, last: int, todo: list[int] | None,
-              tried: list[set[str]]) -> _Plan:
+              tried: dict[int, set[str]]) -> _Plan:
         """Assign each entry to read (by index from ``first``) to a bookie."""
         pend = dict(self.pending)
         by_bookie: dict[str, list[int]] = defaultdict(list)
         assigned: set[int] = set()
         meta = ctx.meta
         if todo is None:
-            groups = meta.write_set_groups(first, last)
-            for ws, ids in groups.items():
+            for ws, ids in meta.write_set_groups(first, last).items():
                 ranked = self.order(ws, pend)
-                best = [b for b in ranked if self._rank(b) == self._rank(ranked[0])]
-                if len(best) == 1:
-                    b = best[0]
-                    by_bookie[b].extend(e - first for e in ids)
-                    pend[b] = pend.get(b, 0) + len(ids)
-                    for e in ids:
-                        tried[e - first].add(b)
-                    continue
-                for e in ids:
-                    b = min(best, key=lambda x: pend.get(x, 0))
-                    by_bookie[b].append(e - first)
-                    pend[b] = pend.get(b, 0) + 1
-                    tried[e - first].add(b)
-            assigned = set(range(last - first + 1))
+                top = self._rank(ranked[0])
+                best = [b for b in ranked if self._rank(b) == top]
+                pos = 0
+                for b, count in _water_fill(len(ids), best, pend):
+                    by_bookie[b].extend(e - first for e in ids[pos:pos + count])
+                    pend[b] = pend.get(b, 0) + count
+                    pos += count
         else:
             for i in todo:
-                cands = [b for b in meta.bookies_for(first + i) if b not in tried[i]]
+                cands = [b for b in meta.bookies_for(first + i) if b not in tried.get(i, ())]
                 if not cands:
                     continue
                 b = self.order(cands, pend)[0]
-                tried[i].add(b)
                 by_bookie[b].append(i)
                 pend[b] = pend.get(b, 0) + 1
                 assigned.add(i)
@@ -520,7 +535,7 @@ class BookieClient:
         i = exhausted[0]
         fails = failures.get(i, [])
         where = f"entry {ctx.ledger_id}:{first + i}"
-        detail = "; ".join(f"{b}: {d or r}" for b, r, d in fails) or "no bookie to ask"
+        detail = "; ".join(d or f"{b}: {r}" for b, r, d in fails) or "no bookie to ask"
         reasons = {r for _, r, _ in fails}
         if reasons == {"noentry"}:
             return NotFound(f"{where} is on no bookie of its write set ({detail})")

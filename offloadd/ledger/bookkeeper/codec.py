@@ -277,7 +277,7 @@ def digest_for(kind: int, password: bytes) -> Digest:
     raise FormatError("ledger metadata", 0, f"unknown BookKeeper digest type {kind}")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Entry:
     """A verified entry: its header fields and the payload (a view into the body)."""
 
@@ -322,9 +322,7 @@ def decode_entry(body: bytes | memoryview, digest: Digest, *, ledger_id: int | N
 # ---- varints (protobuf wire format) -----------------------------------------------------------
 
 
-def _varint(v: int) -> bytes:
-    if 0 <= v < 0x80:
-        return bytes((v,))
+def _varint_slow(v: int) -> bytes:
     if v < 0:
         v += 1 << 64  # int64 negatives are ten-byte varints
     out = bytearray()
@@ -333,6 +331,18 @@ def _varint(v: int) -> bytes:
         v >>= 7
     out.append(v)
     return bytes(out)
+
+
+_VARINTS = [_varint_slow(v) for v in range(1 << 14)]  # every one- and two-byte varint
+_MINUS_ONE = _varint_slow(-1)  # the LAC of an empty ledger, everywhere
+
+
+def _varint(v: int) -> bytes:
+    if 0 <= v < 16384:
+        return _VARINTS[v]
+    if v == -1:
+        return _MINUS_ONE
+    return _varint_slow(v)
 
 
 def _read_varint(buf: memoryview, pos: int, end: int) -> tuple[int, int]:
@@ -357,7 +367,7 @@ def _signed(v: int) -> int:
 # ---- v3 messages ------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ReadRequest:
     op: ClassVar[Op] = Op.READ_ENTRY
     txn_id: int
@@ -370,7 +380,7 @@ class ReadRequest:
     priority: int | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class AddRequest:
     op: ClassVar[Op] = Op.ADD_ENTRY
     txn_id: int
@@ -383,7 +393,7 @@ class AddRequest:
     priority: int | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ReadLacRequest:
     op: ClassVar[Op] = Op.READ_LAC
     txn_id: int
@@ -394,7 +404,7 @@ class ReadLacRequest:
 Request = ReadRequest | AddRequest | ReadLacRequest
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ReadResponse:
     """``read_status`` is the inner ``readResponse.status``; None when that message is absent."""
 
@@ -410,7 +420,7 @@ class ReadResponse:
     priority: int | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class AddResponse:
     op: ClassVar[Op] = Op.ADD_ENTRY
     txn_id: int
@@ -421,7 +431,7 @@ class AddResponse:
     priority: int | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ReadLacResponse:
     op: ClassVar[Op] = Op.READ_LAC
     txn_id: int
@@ -433,7 +443,7 @@ class ReadLacResponse:
     priority: int | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class OtherResponse:
     """A response to an operation offloadd does not send (kept for the error message)."""
 
@@ -729,7 +739,7 @@ _V2_FENCE = 0x1
 _MASTER_KEY_LEN = 20
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class V2ReadRequest:
     ledger_id: int
     entry_id: int
@@ -737,14 +747,14 @@ class V2ReadRequest:
     master_key: bytes | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class V2AddRequest:
     master_key: bytes
     body: bytes
     flags: int = 0
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class V2ReadResponse:
     rc: int
     ledger_id: int
@@ -753,7 +763,7 @@ class V2ReadResponse:
     flags: int = 0
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class V2AddResponse:
     rc: int
     ledger_id: int

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import enum
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from offloadd._proto import bookkeeper_pb2
@@ -337,13 +337,15 @@ def _offloaded_end(li: mlpb.ManagedLedgerInfo.LedgerInfo) -> int:
 
 
 def mirror_edit(info: mlpb.ManagedLedgerInfo, pulsar: Sequence[PulsarLedger], now_ms: int,
-                known_last: Mapping[int, tuple[int, int]] | None = None) -> MirrorChange:
+                known_last: Mapping[int, tuple[int, int]] | None = None, *,
+                exempt: Collection[int] = ()) -> MirrorChange:
     """Make the ledger list of ``info`` (offloadd's mirror) follow ``pulsar`` (in place).
 
     ``known_last`` gives, for open ledgers, the last readable entry and payload bytes the
     source knew, so that a ledger deleted while open is reported with what it had; without it
-    the loss is recorded with an unknown end. Records that stay keep their ``offloadContext``
-    as they are.
+    the loss is recorded with an unknown end. Ledgers in ``exempt`` (held elsewhere, e.g. by
+    Pulsar's own offloader) are dropped without a loss. Records that stay keep their
+    ``offloadContext`` as they are.
     """
     ours = {li.ledgerId: li for li in info.ledgerInfo}
     wanted = {p.ledger_id for p in pulsar}
@@ -361,7 +363,8 @@ def mirror_edit(info: mlpb.ManagedLedgerInfo, pulsar: Sequence[PulsarLedger], no
         else:
             last, size, known = -1, -1, False
         lost = LostLedger(li.ledgerId, end + 1, last, size if end < 0 else -1, now_ms)
-        if (last > end or not known) and lost.key() not in recorded:
+        if (last > end or not known) and lost.key() not in recorded \
+                and li.ledgerId not in exempt:
             change.lost.append(lost)
     for p in pulsar:
         mine = ours.get(p.ledger_id)

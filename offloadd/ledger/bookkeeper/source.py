@@ -81,6 +81,7 @@ _CHUNK_BYTES = 256 * 1024  # one batch of reads aims at this many payload bytes
 _DEFAULT_ENTRY_BYTES = 1024
 _CRC_BATCH = 1024
 _MIRROR_REFRESH_S = 60.0
+_METADATA_READS = 32  # ledger metadata reads in flight when a topic is first seen
 
 
 @dataclass(frozen=True)
@@ -593,13 +594,27 @@ class BookKeeperLedgerSource:
         info = t.info
         if info is None:
             raise NotFound(f"topic {t.topic} does not exist in Pulsar")
+        missing = [li.ledgerId for li in info.ledgerInfo if li.ledgerId not in self._ledgers]
+        if len(missing) > 1:  # first sight of a long topic: fetch the metadata concurrently
+            limit = asyncio.Semaphore(_METADATA_READS)
+
+            async def load(lid: int) -> None:
+                async with limit:
+                    await self._ledger(lid)
+
+            await asyncio.gather(*map(load, missing))
         out: list[LedgerDesc] = []
         for li in info.ledgerInfo:
             led = await self._ledger(li.ledgerId)
             if led is None:
                 continue  # Pulsar is deleting it (its BookKeeper node is gone already)
             if learn and not led.meta.closed:
-                await self._learn_lac(led)
+                try:
+                    await self._learn_lac(led)
+                except Retriable as exc:
+                    # the ledgers before it can still be offloaded meanwhile
+                    log.warning("topic %s: %s; its open ledger stays unread for now",
+                                t.topic, exc)
                 await self._advance(led)
                 t.last_seen[led.ledger_id] = led.known
             out.append(self._desc(led, li.timestamp if li.HasField("timestamp") else 0))
@@ -629,9 +644,13 @@ class BookKeeperLedgerSource:
                                           managed_ledger.ManagedLedgerInfo().SerializeToString())
             changes: list[Any] = []
             known = dict(t.last_seen)
+            # a ledger Pulsar's own offloader moved to its tier is not lost when it leaves
+            # BookKeeper
+            theirs = {li.ledgerId for li in (t.info.ledgerInfo if t.info is not None else ())
+                      if li.HasField("offloadContext") and li.offloadContext.complete}
 
             def edit(info: managed_ledger.ManagedLedgerInfo) -> bool:
-                change = mirror_edit(info, want, self._wall_ms(), known)
+                change = mirror_edit(info, want, self._wall_ms(), known, exempt=theirs)
                 changes[:] = [change]
                 return change.changed
 

@@ -1,0 +1,166 @@
+"""Reading entries from bookies: MiB/s and CPU-s/GiB of the BookKeeper source's read path,
+beside a raw socket read of the same bytes.
+
+For each entry size (1 KiB, 64 KiB): a fake bookie runs in its own process
+(``tests/fixtures/fake_bookie.py --generate``) holding ``--mib`` MiB of one closed CRC32C ledger.
+This process reads the whole ledger the way the offloader does — the source's pipelined read
+stream (``reads_in_flight`` entries in flight, read-ahead) in block-sized runs, each entry's
+digest checked, frames joined into an ``EntryRun`` — and reports wall time and its own CPU
+seconds (user + system, ``time.process_time``). Beside it, a plain blocking socket reads the very
+bytes the bookie sends for those reads (every response frame, pre-encoded by a server process) with
+``recv_into``: the floor for moving them through the kernel in Python. Prints one JSON document.
+
+    .venv/bin/python bench/bookkeeper_read.py [--mib 128] [--block-mib 16] [--in-flight 256]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from offloadd.ledger.bookkeeper import codec  # noqa: E402
+from offloadd.ledger.bookkeeper.client import BookieClient, ClientOptions  # noqa: E402
+from offloadd.ledger.bookkeeper.layout import LedgerMetadata, LedgerStateBK  # noqa: E402
+from offloadd.ledger.bookkeeper.source import _frame_run, _ReadStream  # noqa: E402
+
+GiB = 1024**3
+MiB = 1024**2
+LEDGER = 7
+
+RAW_SERVER = """
+import socket, sys
+sys.path.insert(0, {root!r})
+from offloadd.ledger.bookkeeper import codec
+from offloadd.ledger.bookkeeper.codec import ReadResponse
+from tests.fixtures.fake_bookie import FakeBookie, generate
+b = FakeBookie()
+generate(b, {ledger}, {n}, {size})
+parts = []
+for e in range({n}):
+    parts += codec.read_response_parts(ReadResponse(e + 1, 0, 0, {ledger}, e,
+                                                    b.entries[{ledger}][e], {n} - 1))
+stream = b"".join(parts)
+srv = socket.socket()
+srv.bind(("127.0.0.1", 0))
+srv.listen(1)
+print("ready", srv.getsockname()[1], len(stream), flush=True)
+conn, _ = srv.accept()
+conn.sendall(stream)
+conn.close()
+"""
+
+
+class _Ledger:
+    """What the read stream needs of the source's ledger state: a closed ledger."""
+
+    def __init__(self, meta: LedgerMetadata) -> None:
+        self.ledger_id = meta.ledger_id
+        self.meta = meta
+        self.digest = codec.digest_for(meta.digest_type, b"")
+        self.known = (meta.last_entry_id, meta.length)
+        self.readable_last = meta.last_entry_id
+
+    def learn(self, lac: int) -> None:
+        pass
+
+    def note(self, entry: codec.Entry) -> None:
+        pass
+
+    async def refresh(self) -> bool:
+        return False
+
+
+def _start_bookie(n: int, size: int) -> tuple[subprocess.Popen[str], str]:
+    p = subprocess.Popen([sys.executable, "-m", "tests.fixtures.fake_bookie", "--generate",
+                          f"{LEDGER}:{n}:{size}"], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    assert p.stdout is not None
+    line = p.stdout.readline().split()
+    if not line or line[0] != "ready":
+        p.kill()
+        raise SystemExit("fake bookie did not start")
+    return p, line[1]
+
+
+async def _read_all(addr: str, n: int, size: int, block: int, in_flight: int) -> dict[str, Any]:
+    meta = LedgerMetadata(LEDGER, 1, 1, 1, LedgerStateBK.CLOSED, n - 1, n * size, 3, None, 0,
+                          ((0, (addr,)),))
+    client = BookieClient(ClientOptions(read_timeout_s=60))
+    led = _Ledger(meta)
+    stream = _ReadStream(client, led, in_flight, 8 * MiB)  # type: ignore[arg-type]
+    await client.read_entries(led, 0, 0)  # connect before the clock starts
+    cpu0, t0 = time.process_time(), time.perf_counter()
+    pos = payload = frames = 0
+    while pos < n:
+        entries = await stream.take(pos, n - 1, block)
+        run = _frame_run(LEDGER, pos, entries)
+        payload += run.payload_bytes
+        frames += len(run.data)
+        pos = run.last_entry_id + 1
+    wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+    await client.close()
+    assert payload == n * size
+    return {"seconds": wall, "mib_s": payload / MiB / wall, "cpu_s_per_gib": cpu / (payload / GiB),
+            "entries": n}
+
+
+def _raw(n: int, size: int) -> dict[str, Any]:
+    code = RAW_SERVER.format(root=str(ROOT), ledger=LEDGER, n=n, size=size)
+    p = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE,
+                         text=True)
+    assert p.stdout is not None
+    _, port, total = p.stdout.readline().split()
+    buf = bytearray(4 * MiB)
+    view = memoryview(buf)
+    got = 0
+    with socket.create_connection(("127.0.0.1", int(port))) as s:
+        cpu0, t0 = time.process_time(), time.perf_counter()
+        while True:
+            k = s.recv_into(view)
+            if not k:
+                break
+            got += k
+        wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+    p.wait(timeout=60)
+    assert got == int(total)
+    payload = n * size
+    return {"seconds": wall, "mib_s": payload / MiB / wall, "cpu_s_per_gib": cpu / (payload / GiB),
+            "wire_bytes": got}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--mib", type=int, default=128)
+    ap.add_argument("--block-mib", type=int, default=16)
+    ap.add_argument("--in-flight", type=int, default=256)
+    args = ap.parse_args()
+    import uvloop
+
+    results = []
+    for size in (1024, 65536):
+        n = args.mib * MiB // size
+        bookie, addr = _start_bookie(n, size)
+        try:
+            ours = uvloop.run(_read_all(addr, n, size, args.block_mib * MiB, args.in_flight))
+        finally:
+            bookie.kill()
+            bookie.wait()
+        raw = _raw(n, size)
+        results.append({"entry_bytes": size, "mib": args.mib, "source": ours, "raw_socket": raw,
+                        "mib_s_ratio": ours["mib_s"] / raw["mib_s"],
+                        "cpu_ratio": ours["cpu_s_per_gib"] / raw["cpu_s_per_gib"]})
+    print(json.dumps({"benchmark": "bookkeeper_read", "in_flight": args.in_flight,
+                      "block_mib": args.block_mib, "results": results}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
