@@ -250,6 +250,9 @@ class DaemonSettings(_Section):
     owner_id: str | None = Field(None, description="default: hostname-pid")
     log_format: Literal["auto", "json", "text"] = "auto"
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    nice: int = Field(0, ge=0, le=19, description="lower the daemon's CPU priority by this "
+                      "(like nice(1)) so offload yields to the broker and writers on a busy "
+                      "host; under systemd prefer the unit's Nice=")
     offload_now_topics: tuple[str, ...] = Field(
         (), description="topic patterns (fnmatch) SIGUSR1 closes when `offloadd offload-now` "
         "names none; empty = all topics")

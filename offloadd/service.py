@@ -64,6 +64,8 @@ class Notifier:
 
 
 async def run_service(settings: Settings, config_path: str | None) -> int:
+    if settings.daemon.nice:
+        os.nice(settings.daemon.nice)  # before any worker thread exists: they inherit it
     notify = Notifier()
     pid_file = settings.daemon.pid_file
     # SIGUSR1/SIGHUP terminate a process by default: until the daemon's handlers are in place
