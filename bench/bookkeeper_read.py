@@ -16,7 +16,6 @@ bytes the bookie sends for those reads (every response frame, pre-encoded by a s
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import socket
 import subprocess

@@ -9,6 +9,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from offloadd.errors import NotFound, Retriable
 from offloadd.ledger.bookkeeper import codec
@@ -303,3 +305,28 @@ class TestLastAddConfirmed:
         lac, entry = await client.long_poll(a[0], ctx, 2, 0.2)
         assert (lac, entry) == (2, None)
         assert client.metrics.long_polls == 2
+
+
+class TestWaterFill:
+    """Reads for equally good bookies go mostly to the least loaded."""
+
+    def test_levels_the_load(self) -> None:
+        from offloadd.ledger.bookkeeper.client import _water_fill
+
+        assert _water_fill(10, ["a"], {}) == [("a", 10)]
+        assert dict(_water_fill(10, ["a", "b"], {})) == {"a": 5, "b": 5}
+        assert dict(_water_fill(10, ["a", "b"], {"a": 8})) == {"b": 9, "a": 1}
+        assert dict(_water_fill(3, ["a", "b", "c"], {"a": 5, "b": 5})) == {"c": 3}
+
+    @given(st.integers(0, 500), st.lists(st.integers(0, 50), min_size=1, max_size=4))
+    def test_assigns_every_read_once(self, n: int, loads: list[int]) -> None:
+        from offloadd.ledger.bookkeeper.client import _water_fill
+
+        names = [f"b{i}" for i in range(len(loads))]
+        pend = dict(zip(names, loads, strict=True))
+        split = _water_fill(n, names, pend)
+        assert sum(c for _, c in split) == n and all(c >= 0 for _, c in split)
+        final = [pend[b] + dict(split).get(b, 0) for b in names]
+        if n:  # the busiest bookie that got work is at most one above the least busy one
+            used = [pend[b] + c for b, c in split if c]
+            assert max(used) - min(final) <= 1

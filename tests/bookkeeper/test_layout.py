@@ -5,7 +5,7 @@ from __future__ import annotations
 import uuid
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from offloadd import catalog
@@ -53,7 +53,7 @@ class TestLedgerPaths:
                                       "/ledgers/00/0000/L000x", "/other/00/0000/L0001",
                                       "/ledgers/000/0000/0000/0000/L0001"])
     def test_non_ledger_paths(self, path: str) -> None:
-        with pytest.raises(ValueError):
+        with pytest.raises(ValueError, match=r"ledger|under"):
             ledger_id_from_path(path)
 
 
@@ -197,6 +197,11 @@ class TestMirror:
         info2 = _info((1, None))
         ch2 = mirror_edit(info2, [], 1)
         assert [(lost.first, lost.last) for lost in ch2.lost] == [(0, -1)]  # end unknown
+
+    def test_ledgers_held_by_pulsars_own_offloader_are_not_lost(self) -> None:
+        info = _info((1, 10), (2, None))
+        ch = mirror_edit(info, [PulsarLedger(2, False)], 1, exempt={1})
+        assert ch.dropped == [1] and ch.lost == []
 
     def test_empty_ledger_deleted_is_no_loss(self) -> None:
         info = _info((1, 0), (2, None))

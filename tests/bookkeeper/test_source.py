@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import struct
 from collections.abc import Callable
 from typing import Any
 
+import crc32c
 import pytest
 from kazoo.client import KazooClient
 
@@ -16,6 +18,7 @@ from offloadd.errors import ConfigError, FormatError, NotFound
 from offloadd.ledger.base import LedgerSource
 from offloadd.ledger.bookkeeper import BookKeeperLedgerSource, lost_ledgers
 from offloadd.ledger.bookkeeper.codec import DigestType
+from offloadd.ledger.bookkeeper.layout import decode_ledger_metadata, encode_ledger_metadata
 from offloadd.metadata import managed_ledger
 from offloadd.model import LedgerState, TopicName
 from tests.bookkeeper.conftest import Cluster
@@ -126,8 +129,7 @@ class TestLedgersAndReads:
                 await src.read(A, 1, 40, 50)
             with pytest.raises(NotFound):
                 await src.read(A, 99, 0, 0)
-            assert await src.read_crcs(1, 0, 49) == [__import__("crc32c").crc32c(x)
-                                                      for x in items]
+            assert await src.read_crcs(1, 0, 49) == [crc32c.crc32c(x) for x in items]
         finally:
             await src.close()
 
@@ -168,15 +170,10 @@ class TestLedgersAndReads:
         await p.append(A, items)
         await p.close_ledger(A)
         # the password is not in the ledger metadata: offloadd must be told
-        path = f"/ledgers/00/0000/L0001"
+        path = "/ledgers/00/0000/L0001"
         node = await p.zk.get(path)
-        from offloadd.ledger.bookkeeper.layout import (
-            decode_ledger_metadata,
-            encode_ledger_metadata,
-        )
-        md = decode_ledger_metadata(node.data, 1, path)
-        await p.zk.set(path, encode_ledger_metadata(md.__class__(**{**md.__dict__,
-                                                                     "password": None})))
+        md = dataclasses.replace(decode_ledger_metadata(node.data, 1, path), password=None)
+        await p.zk.set(path, encode_ledger_metadata(md))
         good = cluster.source(password=b"s3cret")
         bad = cluster.source(password=b"wrong")
         try:

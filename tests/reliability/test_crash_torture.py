@@ -82,8 +82,19 @@ def plan(kills: int) -> list[str | None]:
     return out[:kills]
 
 
-def phase_of(last: str) -> str:
-    """The phase a kill landed in, from the last line the process wrote."""
+def phase_of(lines: list[str]) -> str:
+    """The phase a kill landed in: a start-up redo not finished yet, else what the last line the
+    process wrote says."""
+    redoing: set[str] = set()
+    for line in lines:
+        topic = line.partition(" topic ")[2].partition(": ")[0]
+        if "redoing assigned segment" in line:
+            redoing.add(topic)
+        elif " offloaded: " in line:
+            redoing.discard(topic)
+    if redoing:
+        return "recovery redo"
+    last = lines[-1] if lines else ""
     for marker, phase in MARKERS:
         if marker in last:
             return phase
@@ -153,8 +164,7 @@ def torture(tmp_path: Path, figures: Figures, *, kills: int, history_bytes: int,
                         wait_logged(d, _MARKER[target], 2.5)
             finally:
                 d.kill9()
-            lines = d.lines()
-            phases[phase_of(lines[-1] if lines else "")] += 1
+            phases[phase_of(d.lines())] += 1
             assert d.proc.returncode == -signal.SIGKILL, d.text()[-2000:]
             assert writer.alive(), writer.text()[-2000:]
         torture_s = time.monotonic() - t0

@@ -212,6 +212,10 @@ def test_no_output_holds_a_secret_and_the_defaults_are_safe(
                 cases=6, cases_passed=0)
 
     assert hits == {}, hits
+    # the control: the same search does find them where they are meant to be
+    assert all(secret.encode() in wrong.read_bytes() for secret in needles.values()
+               if secret != zk_password and secret != digest)
+    assert s3_secret.encode() in cfg.read_bytes() and digest.encode() in cfg.read_bytes()
     assert len(nodes) > 10 and unprotected == [], {n: acls[n] for n in unprotected}
     assert defaults.metrics.bind.startswith("127.0.0.1:"), defaults.metrics.bind
     assert bound == {"127.0.0.1"}, bound

@@ -318,6 +318,11 @@ class BookieClient:
         h.failures += 1
         h.down_until = self._clock() + self.options.quarantine_s
 
+    def is_down(self, addr: str) -> bool:
+        """Failed (error, timeout, refused connection) within the last ``quarantine_s``."""
+        h = self.health.get(addr)
+        return h is not None and h.down_until > self._clock()
+
     def is_slow(self, addr: str) -> bool:
         h = self.health.get(addr)
         if h is None or h.ewma_s is None or h.ewma_s <= self.options.slow_floor_s:
@@ -525,9 +530,8 @@ class BookieClient:
         return _Plan(dict(by_bookie), assigned)
 
     def _rank(self, b: str) -> tuple[bool, bool, bool]:
-        h = self.health.get(b)
         o = self.options
-        return (h is not None and h.down_until > self._clock(), self.is_slow(b),
+        return (self.is_down(b), self.is_slow(b),
                 o.local_zone is not None and o.zones.get(b) != o.local_zone)
 
     def _give_up(self, ctx: LedgerContext, first: int, exhausted: list[int],

@@ -543,7 +543,9 @@ class BookKeeperLedgerSource:
 
     async def _ask_lac(self, led: _Ledger) -> None:
         first, ensemble = led.meta.segments[-1]
-        results = await asyncio.gather(*(self.client.read_last(b, led) for b in ensemble),
+        # bookies that just failed would only make every caller wait for their timeouts
+        ask = [b for b in ensemble if not self.client.is_down(b)] or list(ensemble)
+        results = await asyncio.gather(*(self.client.read_last(b, led) for b in ask),
                                        return_exceptions=True)
         answers = [r for r in results if not isinstance(r, BaseException)]
         if not answers:

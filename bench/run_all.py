@@ -1,0 +1,235 @@
+"""Run the whole benchmark suite (P1–P9) in one go, save the JSON, rewrite the summary table.
+
+    .venv/bin/python bench/run_all.py            # everything (< 15 min on 2 cores)
+    .venv/bin/python bench/run_all.py --only P4  # one benchmark (names below)
+
+Each benchmark is its own script (run alone with ``.venv/bin/python bench/<name>.py``) that
+prints one JSON document; this runner runs them one after another (never in parallel: they
+measure ratios on a shared 2-core machine), stores every document in
+``bench/results/latest.json`` and rewrites the table between the summary markers at the top of
+``docs/benchmarks.md``: date, machine, commit, goal, figure, met or not. The detailed sections
+below the table are written by hand from the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+DOC = ROOT / "docs" / "benchmarks.md"
+BEGIN, END = "<!-- summary:begin -->", "<!-- summary:end -->"
+
+Row = tuple[str, str, str, bool | None]  # what, goal, figure, met
+
+
+def _get(d: Any, *path: Any) -> Any:
+    for p in path:
+        if isinstance(d, dict):
+            d = d.get(p)
+        elif isinstance(d, list) and isinstance(p, int) and -len(d) <= p < len(d):
+            d = d[p]
+        else:
+            return None
+    return d
+
+
+def _p1p2(d: dict[str, Any]) -> list[Row]:
+    rows: list[Row] = []
+    for r in d.get("results", []):
+        size = "1 KiB" if r["entry_size"] == 1024 else f"{r['entry_size'] // 1024} KiB"
+        goal_user = 0.5 if r["entry_size"] <= 1024 else 0.1
+        u = r["offload"]["user_s_per_gib"]
+        rows.append((f"P1 user CPU s/GiB, {size} entries", f"≤ {goal_user}", f"{u}",
+                     u <= goal_user))
+        rows.append((f"P1 total CPU ÷ raw copy, {size}", "≤ 1.3", f"{r['cpu_ratio']}",
+                     r["cpu_ratio"] <= 1.3))
+        rows.append((f"P2 throughput ÷ raw copy, filesystem, {size}", "≥ 0.9",
+                     f"{r['throughput_ratio']}", r["throughput_ratio"] >= 0.9))
+    return rows
+
+
+def _p3(d: dict[str, Any]) -> list[Row]:
+    r = d["p99_ratio"]
+    return [("P3 writer append p99 with offload ÷ without", "≤ 1.10", f"{r}", r <= 1.10)]
+
+
+def _p4(d: dict[str, Any]) -> list[Row]:
+    p99, goal = d["lag_p99_s"], d["goal_s"]
+    return [(f"P4 availability lag p99, {d['rate_bytes_per_s'] / 1e6:g} MB/s, "
+             f"{d['roll_s']:g} s rolling", f"≤ {goal:g} s", f"{p99} s", p99 <= goal)]
+
+
+def _p5(d: dict[str, Any]) -> list[Row]:
+    ratios = _get(d, "ratio_vs_sequential") or {}
+    if not ratios:
+        return []
+    best_key = max(ratios, key=lambda k: ratios[k])
+    r = ratios[best_key]
+    return [(f"P5 cold read: parallel ({best_key}) ÷ sequential, 20 ms/request", "≥ 4",
+             f"{r}", r >= 4)]
+
+
+def _p2s3(d: dict[str, Any]) -> list[Row]:
+    r = _get(d, "ratio")
+    if r is None:
+        return []
+    return [("P2 S3 upload ÷ plain aiobotocore multipart", "≥ 0.9", f"{r}", r >= 0.9)]
+
+
+def _p6(d: dict[str, Any]) -> list[Row]:
+    rows: list[Row] = []
+    for r in d.get("results", []):
+        w = _get(r, "segment_writes_per_segment")
+        n = _get(r, "ledgers_per_segment", "mean")
+        if w is None:
+            continue
+        rows.append((f"P6 ZooKeeper writes per committed segment ({n} ledgers/segment)", "≤ 2",
+                     f"{w}", w <= 2))
+    return rows
+
+
+def _p7(d: dict[str, Any]) -> list[Row]:
+    r = d["peak_over_bound"]
+    return [("P7 peak RSS ÷ (buffer cap + 128 MiB), slow store", "≤ 1", f"{r}", r <= 1)]
+
+
+def _p8(d: dict[str, Any]) -> list[Row]:
+    e = max(d["worst_rate_error"], d.get("daemon_worst_rate_error", 0))
+    return [("P8 throttle achieved ÷ limit, 1–200 MB/s (worst)", "1 ± 0.02",
+             f"1 ± {e}", e <= 0.02)]
+
+
+def _p9(d: dict[str, Any]) -> list[Row]:
+    r = _get(d, "speedup") or _get(d, "ratio")
+    if r is None:
+        return []
+    return [("P9 Spark backfill local[2] ÷ local[1]", "≥ 1.6", f"{r}", r >= 1.6)]
+
+
+def _bk(d: dict[str, Any]) -> list[Row]:
+    return [(f"BookKeeper source read ÷ raw socket read, {r['entry_bytes']} B entries",
+             "(figure)", f"{r['mib_s_ratio']:.2f}× MiB/s, {r['cpu_ratio']:.2f}× CPU", None)
+            for r in d.get("results", [])]
+
+
+@dataclass(frozen=True)
+class Bench:
+    name: str
+    script: str
+    args: tuple[str, ...]
+    summarize: Callable[[dict[str, Any]], list[Row]]
+
+
+SUITE = [
+    Bench("P1P2", "offload_throughput.py", ("--mib", "512"), _p1p2),
+    Bench("P3", "write_isolation.py", ("--seconds", "12", "--history-mib", "512",
+                                       "--prefix", "nice -n 10"), _p3),
+    Bench("P4", "availability_lag.py", ("--seconds", "40",), _p4),
+    Bench("P5", "s3_read_parallel.py", (), _p5),
+    Bench("P2S3", "s3_upload.py", (), _p2s3),
+    Bench("P6", "zk_writes_per_segment.py", (), _p6),
+    Bench("P7", "memory_bound.py", ("--seconds", "25"), _p7),
+    Bench("P8", "throttle_accuracy.py", (), _p8),
+    Bench("P9", "backfill_scaling.py", (), _p9),
+    Bench("BK", "bookkeeper_read.py", (), _bk),
+]
+
+
+def run_one(b: Bench) -> tuple[dict[str, Any] | None, float, str]:
+    t0 = time.monotonic()
+    script = ROOT / "bench" / b.script
+    if not script.exists():
+        return None, 0.0, "script missing"
+    p = subprocess.run([sys.executable, str(script), *b.args], cwd=ROOT, capture_output=True,
+                       text=True, timeout=900)
+    took = time.monotonic() - t0
+    if p.returncode != 0:
+        return None, took, (p.stderr.strip().splitlines() or ["failed"])[-1][:200]
+    out = p.stdout
+    try:
+        return json.loads(out[out.index("{"):]), took, ""
+    except ValueError:
+        return None, took, "no JSON on stdout"
+
+
+def commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
+                              capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def render(rows: list[Row], meta: dict[str, str]) -> str:
+    lines = [BEGIN, "",
+             f"Last full run: {meta['date']} · {meta['machine']} · commit `{meta['commit']}` · "
+             f"{meta['seconds']} s for the whole suite (`.venv/bin/python bench/run_all.py`).",
+             "", "| benchmark | goal | figure | met |", "|---|---|---|---|"]
+    for what, goal, figure, met in rows:
+        mark = "—" if met is None else ("yes" if met else "**no**")
+        lines.append(f"| {what} | {goal} | {figure} | {mark} |")
+    lines += ["", END]
+    return "\n".join(lines)
+
+
+def write_summary(block: str) -> None:
+    text = DOC.read_text() if DOC.exists() else "# Benchmarks\n"
+    if BEGIN in text and END in text:
+        head, rest = text.split(BEGIN, 1)
+        _, tail = rest.split(END, 1)
+        text = head + block + tail
+    else:
+        first, _, rest = text.partition("\n")
+        text = f"{first}\n\n{block}\n{rest}"
+    DOC.write_text(text)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--only", action="append", help="run only these (e.g. P4); no doc rewrite")
+    a = ap.parse_args()
+    t0 = time.monotonic()
+    results: dict[str, Any] = {}
+    rows: list[Row] = []
+    for b in SUITE:
+        if a.only and b.name not in a.only:
+            continue
+        data, took, err = run_one(b)
+        results[b.name] = {"seconds": round(took, 1), "error": err or None, "result": data}
+        print(f"{b.name:5s} {b.script:28s} {took:6.1f}s {'ok' if data else 'FAILED: ' + err}",
+              file=sys.stderr)
+        if data is not None:
+            try:
+                rows += b.summarize(data)
+            except (KeyError, TypeError, ValueError) as exc:
+                rows.append((f"{b.name} ({b.script})", "", f"unreadable result: {exc}", None))
+        else:
+            rows.append((f"{b.name} ({b.script})", "", f"did not run: {err}", None))
+    meta = {
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python "
+                   f"{platform.python_version()}",
+        "commit": commit(),
+        "seconds": f"{time.monotonic() - t0:.0f}",
+    }
+    out = ROOT / "bench" / "results"
+    out.mkdir(exist_ok=True)
+    (out / "latest.json").write_text(json.dumps({"meta": meta, "results": results}, indent=2)
+                                     + "\n")
+    if not a.only:
+        write_summary(render(rows, meta))
+    print(json.dumps({"meta": meta, "rows": rows}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
