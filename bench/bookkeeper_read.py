@@ -5,10 +5,12 @@ For each entry size (1 KiB, 64 KiB): a fake bookie runs in its own process
 (``tests/fixtures/fake_bookie.py --generate``) holding ``--mib`` MiB of one closed CRC32C ledger.
 This process reads the whole ledger the way the offloader does — the source's pipelined read
 stream (``reads_in_flight`` entries in flight, read-ahead) in block-sized runs, each entry's
-digest checked, frames joined into an ``EntryRun`` — and reports wall time and its own CPU
-seconds (user + system, ``time.process_time``). Beside it, a plain blocking socket reads the very
-bytes the bookie sends for those reads (every response frame, pre-encoded by a server process) with
-``recv_into``: the floor for moving them through the kernel in Python. Prints one JSON document.
+digest checked, framed into a recycled buffer as an ``EntryRun`` — and reports wall time and
+its own CPU seconds (user + system, ``time.process_time``). Beside it, a plain blocking socket
+reads the very bytes the bookie sends for those reads (every response frame, pre-encoded by a
+server process) with ``recv_into``: the floor for moving them through the kernel in Python.
+The source reuses private pieces of ``offloadd.ledger.bookkeeper.source`` (the read stream and
+the framing) so that no ZooKeeper is needed. Prints one JSON document.
 
     .venv/bin/python bench/bookkeeper_read.py [--mib 128] [--block-mib 16] [--in-flight 256]
 """
@@ -67,7 +69,7 @@ class _Ledger:
         self.meta = meta
         self.digest = codec.digest_for(meta.digest_type, b"")
         self.known = (meta.last_entry_id, meta.length)
-        self.readable_last = meta.last_entry_id
+        self.readable_last = self.lac = meta.last_entry_id
 
     def learn(self, lac: int) -> None:
         pass
@@ -99,9 +101,10 @@ async def _read_all(addr: str, n: int, size: int, block: int, in_flight: int) ->
     await client.read_entries(led, 0, 0)  # connect before the clock starts
     cpu0, t0 = time.process_time(), time.perf_counter()
     pos = payload = frames = 0
+    into = bytearray(block)  # the offloader leases recycled buffers the same way
     while pos < n:
         entries = await stream.take(pos, n - 1, block)
-        run = _frame_run(LEDGER, pos, entries)
+        run = _frame_run(LEDGER, pos, entries, into)
         payload += run.payload_bytes
         frames += len(run.data)
         pos = run.last_entry_id + 1

@@ -209,7 +209,8 @@ class OffloadSettings(OffloadPolicy):
     burst_bytes: int | None = Field(None, ge=1, description="default: one second of permits")
     buffer_max_bytes: int = Field(256 * MiB, ge=MiB, description="offload buffer cap")
     blocks_in_flight: int = Field(4, ge=1, le=64)
-    read_prefetch_blocks: int = Field(4, ge=0, le=64)
+    read_prefetch_blocks: int = Field(8, ge=0, le=64, description="blocks fetched ahead of a "
+                                      "reader (memory: this × block size)")
     retry_base_s: float = Field(0.5, gt=0)
     retry_max_s: float = Field(30.0, gt=0)
 

@@ -8,6 +8,6 @@
 ``datasource.py`` ``spark.read.format("offloadd")``: committed segments as a DataFrame
 ``command.py``    ``offloadd backfill``
 
-Nothing outside this package imports it, and only ``spark.py``/``datasource.py`` import PySpark,
-so the daemon never loads Spark.
+Nothing outside this package imports it, and only ``spark.py``, ``datasource.py`` and ``job.py``
+import PySpark, so the daemon never loads Spark.
 """

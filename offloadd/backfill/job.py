@@ -2,10 +2,12 @@
 
 ::
 
-    take ownership ─▶ plan ─▶ assign new splits ─▶ one Spark task per segment ─▶ commit each
-    (epoch fence)     │       (one CAS, ASSIGNED)   (task.upload_segment)       as it succeeds
-                      ├─ OFFLOADED segments: skipped                            (OFFLOADED)
-                      ├─ ASSIGNED segments (a killed run): redone under a fresh uuid
+    take ownership ─▶ plan ─▶ assign new splits ─▶ one Spark job, one task per segment
+    (epoch fence)     │       (one CAS, ASSIGNED)        │ each task reports through an accumulator
+                      │                                  ▼ as it ends
+                      │                           driver: index exists? ─▶ commit OFFLOADED
+                      ├─ OFFLOADED segments: skipped
+                      ├─ ASSIGNED segments (a killed run): redone under fresh uuids
                       └─ closed ledgers after catalog.next_position(): split_history()
 
 Ownership: the driver takes the topic with :mod:`offloadd.offload.fencing` (ephemeral owner node
@@ -21,17 +23,20 @@ offset files (:meth:`LocalLedgerSource.cumulative_bytes`), the size of whole led
 ``LedgerInfo.size`` — O(log n) reads per boundary, no scan.
 
 Every new segment is recorded ASSIGNED before any upload starts (segments within a ledger must be
-recorded in log order; tasks finish in any order). A task's segment is committed OFFLOADED once
-its index object exists. A failed attempt is redone up to ``max_attempts`` times, each under a
-fresh uuid written over the same ASSIGNED records (the old attempt's objects are deleted first),
-so a zombie writer of an old attempt can never overwrite the pair that gets committed.
-Idempotent: a rerun skips OFFLOADED segments and redoes ASSIGNED ones.
+recorded in log order; tasks finish in any order). All segments go to Spark as one job with one
+partition each (a job per segment would cost ~0.1 s of scheduling apiece). A task never raises:
+it reports ``ok`` or ``error`` through an accumulator, which reaches the driver as each task
+ends, so one bad segment does not cancel the others, and the driver commits each segment as soon
+as its task succeeded (batched with whatever else arrived in the same tenth of a second), once
+its index object exists. Failed segments are redone in a further job, up to ``max_attempts``
+rounds, each under a fresh uuid written over the same ASSIGNED records (the old uuid's objects
+are deleted first), so a zombie writer of an old attempt can never overwrite the pair that gets
+committed. Idempotent: a rerun skips OFFLOADED segments and redoes ASSIGNED ones.
 """
 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import logging
 import os
 import socket
@@ -41,6 +46,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
+
+from pyspark.accumulators import AccumulatorParam
 
 from offloadd import catalog, wiring
 from offloadd._proto import mldataformats_pb2 as pb
@@ -254,15 +261,22 @@ class _Ctx:
     blobstore: BlobStore
     fence: EpochFence
     spark: Any
-    pool: concurrent.futures.ThreadPoolExecutor
     progress: Progress
     report: BackfillReport
     max_block_size: int
     min_block_size: int
     key_prefix: str
     ledger_ts: dict[int, int]
-    max_attempts: int
+    slots: int
     wall_ms: Callable[[], int] = lambda: int(time.time() * 1000)
+
+    def spec(self, w: Work) -> SegmentSpec:
+        return SegmentSpec(self.settings, str(self.topic), str(w.uid),
+                           tuple((r.ledger_id, r.first, r.last) for r in w.ranges),
+                           tuple((r.ledger_id, self.ledger_ts.get(r.ledger_id, 0))
+                                 for r in w.ranges),
+                           self.max_block_size, self.min_block_size,
+                           self.settings.offload.blocks_in_flight, self.key_prefix)
 
 
 def default_owner_id() -> str:
@@ -270,15 +284,14 @@ def default_owner_id() -> str:
 
 
 async def run_backfill(settings: Settings, topic: TopicName, *, spark: Callable[[], Any],
-                       max_attempts: int = 3, concurrency: int | None = None,
+                       max_attempts: int = 3,
                        owner_id: str | None = None, sinks: Sequence[Sink] = (),
                        metrics_bind: str | None = None) -> BackfillReport:
     """Backfill ``topic``'s closed history; ``BackfillFailed`` if any segment could not be
     offloaded after ``max_attempts`` (it stays ASSIGNED for a rerun).
 
     ``spark()`` returns the SparkSession; it is called only once the topic is owned and there
-    is something to upload (a refused or empty backfill starts no JVM). ``concurrency``: segment
-    jobs in flight (default twice Spark's ``defaultParallelism``).
+    is something to upload (a refused or empty backfill starts no JVM).
     """
     t0 = time.monotonic()
     settings = absolute_paths(settings)
@@ -306,7 +319,7 @@ async def run_backfill(settings: Settings, topic: TopicName, *, spark: Callable[
                 await _backfill(settings, topic, metadata, blobstore, fence, spark, target,
                                 policy.max_block_size_bytes,
                                 min(settings.min_block_size(policy), policy.max_block_size_bytes),
-                                max_attempts, concurrency, report, sinks, metrics_bind)
+                                max_attempts, report, sinks, metrics_bind)
             finally:
                 try:
                     await fencing.give_back(fence)
@@ -327,9 +340,8 @@ async def run_backfill(settings: Settings, topic: TopicName, *, spark: Callable[
 
 async def _backfill(settings: Settings, topic: TopicName, metadata: MetadataStore,
                     blobstore: BlobStore, fence: EpochFence, spark_factory: Callable[[], Any],
-                    target: int,
-                    max_block_size: int, min_block_size: int, max_attempts: int,
-                    concurrency: int | None, report: BackfillReport, sinks: Sequence[Sink],
+                    target: int, max_block_size: int, min_block_size: int, max_attempts: int,
+                    report: BackfillReport, sinks: Sequence[Sink],
                     metrics_bind: str | None) -> None:
     try:
         info, _ = await managed_ledger.load(metadata, topic.managed_ledger)
@@ -346,12 +358,11 @@ async def _backfill(settings: Settings, topic: TopicName, metadata: MetadataStor
     log.info("%s: %d segment(s) already offloaded, %d to redo, %d new from %s (%d size "
              "look-ups)", topic, plan.skipped, report.redone_segments, len(new), plan.start,
              plan.size_lookups)
-    if plan.work:
-        first = plan.work[0].ranges[0]
-        report.first = str(Position(first.ledger_id, first.first))
-        report.last = str(plan.work[-1].end)
     if not plan.work:
         return
+    first = plan.work[0].ranges[0]
+    report.first = str(Position(first.ledger_id, first.first))
+    report.last = str(plan.work[-1].end)
     spark = await asyncio.to_thread(spark_factory)
     if new:
         driver = catalog.driver_metadata(blobstore.name, dict(blobstore.driver_properties()))
@@ -362,51 +373,39 @@ async def _backfill(settings: Settings, topic: TopicName, metadata: MetadataStor
         metrics.serve(metrics_bind)
     progress = Progress([*sinks, metrics])
     progress.plan(len(plan.work), sum(w.nbytes for w in plan.work))
-    slots = int(spark.sparkContext.defaultParallelism)
-    # Twice as many one-task jobs in flight as task slots: when a task ends, the next one is
-    # already queued in Spark, so no slot waits for a commit and a job submission.
-    workers = max(1, concurrency or 2 * slots)
-    pool = concurrent.futures.ThreadPoolExecutor(workers + 1, thread_name_prefix="backfill-job")
-    ctx = _Ctx(settings, topic, metadata, blobstore, fence, spark, pool, progress, report,
+    ctx = _Ctx(settings, topic, metadata, blobstore, fence, spark, progress, report,
                max_block_size, min_block_size,
                settings.blobstore.prefix if settings.blobstore.driver == "aws-s3" else "",
-               {li.ledgerId: li.timestamp for li in info.ledgerInfo}, max_attempts)
-    # Start every executor's Python worker (and its imports) before the clock and the first
-    # segment: otherwise the first wave of tasks pays seconds of start-up each.
+               {li.ledgerId: li.timestamp for li in info.ledgerInfo},
+               int(spark.sparkContext.defaultParallelism))
     try:
-        await _in_pool(pool, _warm_up, spark, slots)
-    except Exception as exc:
-        pool.shutdown(wait=False)
-        metrics.stop()
-        raise Fatal(f"Spark executors could not run offloadd ({_short(exc)}): on a cluster, "
-                    "install the same offloadd on every executor") from exc
-    ticker = asyncio.create_task(_tick(progress))
-    sem = asyncio.Semaphore(workers)
-    t_up = time.monotonic()
-    tasks = [asyncio.create_task(_segment(ctx, w, sem)) for w in plan.work]
-    try:
-        results = await asyncio.gather(*tasks, return_exceptions=True)
-    except asyncio.CancelledError:
-        for t in tasks:
-            t.cancel()
-        spark.sparkContext.cancelAllJobs()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        raise
+        # Start every executor's Python worker (and its imports) before the clock: otherwise
+        # the first task in each slot pays seconds of start-up.
+        try:
+            await asyncio.to_thread(_warm_up, spark, ctx.slots)
+        except Exception as exc:
+            raise Fatal(f"Spark executors could not run offloadd ({_short(exc)}): on a "
+                        "cluster, install the same offloadd on every executor") from exc
+        ticker = asyncio.create_task(_tick(progress))
+        t_up = time.monotonic()
+        try:
+            pending = plan.work
+            for attempt in range(max_attempts):
+                if not pending:
+                    break
+                if attempt:
+                    log.warning("%s: redoing %d failed segment(s), attempt %d of %d", topic,
+                                len(pending), attempt + 1, max_attempts)
+                pending = await _round(ctx, pending, attempt)
+            report.failed_segments = len(pending)
+        finally:
+            report.upload_seconds = time.monotonic() - t_up
+            report.failed_attempts = progress.failed_attempts
+            ticker.cancel()
+            await asyncio.gather(ticker, return_exceptions=True)
+            progress.finish()
     finally:
-        report.upload_seconds = time.monotonic() - t_up
-        ticker.cancel()
-        await asyncio.gather(ticker, return_exceptions=True)
-        progress.finish()
         metrics.stop()
-        pool.shutdown(wait=False, cancel_futures=True)
-    report.failed_attempts = progress.failed_attempts
-    for r in results:
-        if isinstance(r, Fenced) or (isinstance(r, BaseException)
-                                     and not isinstance(r, Exception)):
-            raise r
-        if isinstance(r, Exception):  # a bug, not a failed attempt: still a failed segment
-            log.error("%s: segment task ended with %r", topic, r)
-            report.failed_segments += 1
 
 
 async def _tick(progress: Progress) -> None:
@@ -415,67 +414,172 @@ async def _tick(progress: Progress) -> None:
         progress.tick()
 
 
-async def _segment(ctx: _Ctx, w: Work, sem: asyncio.Semaphore) -> None:
-    """Upload and commit one segment, retrying under fresh uuids."""
-    loop = asyncio.get_running_loop()
-    ml = ctx.topic.managed_ledger
-    for attempt in range(ctx.max_attempts):
+async def _round(ctx: _Ctx, works: list[Work], attempt: int) -> list[Work]:
+    """One Spark job of one task per segment; commit each as its task reports success.
+    Returns the segments that failed (to redo under fresh uuids)."""
+    failed = await _fresh_uuids(ctx, [w for w in works if w.redo])
+    unusable = {id(w) for w in failed}
+    todo = [w for w in works if id(w) not in unusable]
+    if not todo:
+        return failed
+    results = ctx.spark.sparkContext.accumulator([], _Results())
+    group = f"offloadd-backfill-{uuid.uuid4().hex}"
+    job = asyncio.ensure_future(asyncio.to_thread(
+        _spark_round, ctx.spark, [ctx.spec(w) for w in todo], results, group,
+        f"offloadd backfill {ctx.topic}: {len(todo)} segment(s), attempt {attempt + 1}"))
+    settled: set[int] = set()
+    try:
+        while True:
+            finished = job.done()
+            # Task results reach the driver's accumulator as each task ends (before the job
+            # does): commit them now, in batches of whatever arrived since the last look.
+            fresh = [r for r in list(results.value) if r[0] not in settled]
+            settled.update(r[0] for r in fresh)
+            failed += await _settle(ctx, todo, fresh)
+            ctx.progress.set_running(min(ctx.slots, len(todo) - len(settled)))
+            if finished:
+                break
+            await asyncio.wait({job}, timeout=0.1)
+    except asyncio.CancelledError:
+        ctx.spark.sparkContext.cancelJobGroup(group)
+        await asyncio.gather(job, return_exceptions=True)
+        raise
+    if job.exception() is not None:
+        log.error("%s: Spark job ended early: %s", ctx.topic, _short(job.exception()))
+    lost = [w for i, w in enumerate(todo) if i not in settled]  # no report: the job died
+    for w in lost:
+        ctx.progress.attempt_failed()
+        w.redo = True
+    return failed + lost
+
+
+async def _fresh_uuids(ctx: _Ctx, works: list[Work]) -> list[Work]:
+    """Give each segment to redo a fresh uuid (one metadata write) and delete the objects of
+    the old one; the segments this fails for."""
+    if not works:
+        return []
+    moves = [(w.uid, uuid.uuid4()) for w in works]
+    try:
+        await commit.apply(ctx.metadata, ctx.topic.managed_ledger,
+                           partial(_reassign_all, moves=moves, ctx=ctx), ctx.fence)
+    except Fenced:
+        raise
+    except OffloaddError as exc:
+        log.error("%s: could not give %d segment(s) fresh uuids: %s", ctx.topic, len(works), exc)
+        for _ in works:
+            ctx.progress.attempt_failed()
+        return list(works)
+    for w, (_, new) in zip(works, moves, strict=True):
+        w.uid = new
+    sem = asyncio.Semaphore(16)
+
+    async def delete(uid: uuid.UUID) -> None:
         async with sem:
-            ctx.progress.segment_started()
-            try:
-                if w.redo or attempt:
-                    old, new = w.uid, uuid.uuid4()
-                    await commit.apply(ctx.metadata, ml,
-                                       partial(_reassign_now, old=old, new=new, ctx=ctx),
-                                       ctx.fence)
-                    w.uid = new
-                    await _delete_objects(ctx, old)
-                spec = SegmentSpec(ctx.settings, str(ctx.topic), str(w.uid),
-                                   tuple((r.ledger_id, r.first, r.last) for r in w.ranges),
-                                   tuple((r.ledger_id, ctx.ledger_ts.get(r.ledger_id, 0))
-                                         for r in w.ranges),
-                                   ctx.max_block_size, ctx.min_block_size,
-                                   ctx.settings.offload.blocks_in_flight, ctx.key_prefix)
-                result = await loop.run_in_executor(ctx.pool, _spark_upload, ctx.spark, spec)
-                await ctx.blobstore.head(streaming_index_key(w.uid, ctx.key_prefix))
-                await commit.apply(ctx.metadata, ml,
-                                   partial(_offloaded_now, uid=w.uid, ctx=ctx), ctx.fence)
-            except Fenced:
-                ctx.progress.attempt_failed()
-                raise
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                ctx.progress.attempt_failed()
-                log.error("%s: segment %s (%s..%s) attempt %d/%d failed: %s", ctx.topic, w.uid,
-                          w.ranges[0].ledger_id, w.end, attempt + 1, ctx.max_attempts,
-                          _short(exc))
-                w.redo = True
-                continue
-        ctx.progress.segment_offloaded(result.frame_bytes)
-        rep = ctx.report
+            await _delete_objects(ctx, uid)
+
+    await asyncio.gather(*(delete(old) for old, _ in moves))
+    return []
+
+
+async def _settle(ctx: _Ctx, todo: list[Work], fresh: list[tuple[int, str, Any]]) -> list[Work]:
+    """Commit the segments whose tasks succeeded (one metadata write); the failed ones."""
+    failed: list[Work] = []
+    done: list[tuple[Work, SegmentResult]] = []
+    for i, status, payload in fresh:
+        w = todo[i]
+        if status == "ok" and isinstance(payload, SegmentResult):
+            done.append((w, payload))
+        else:
+            log.error("%s: segment %s (%s..%s) failed: %s", ctx.topic, w.uid,
+                      Position(w.ranges[0].ledger_id, w.ranges[0].first), w.end, payload)
+            failed.append(w)
+
+    async def index_exists(w: Work) -> bool:
+        try:
+            await ctx.blobstore.head(streaming_index_key(w.uid, ctx.key_prefix))
+            return True
+        except OffloaddError as exc:
+            log.error("%s: segment %s reported done but its index is not readable: %s",
+                      ctx.topic, w.uid, exc)
+            return False
+
+    checked = await asyncio.gather(*(index_exists(w) for w, _ in done))
+    failed += [w for (w, _), ok in zip(done, checked, strict=True) if not ok]
+    done = [d for d, ok in zip(done, checked, strict=True) if ok]
+    if done:
+        try:
+            await commit.apply(ctx.metadata, ctx.topic.managed_ledger,
+                               partial(_offloaded_all, uids=[w.uid for w, _ in done], ctx=ctx),
+                               ctx.fence)
+        except Fenced:
+            raise
+        except OffloaddError as exc:
+            log.error("%s: committing %d segment(s) failed: %s", ctx.topic, len(done), exc)
+            failed += [w for w, _ in done]
+            done = []
+    rep = ctx.report
+    for w, res in done:
+        ctx.progress.segment_offloaded(res.frame_bytes)
         rep.offloaded_segments += 1
-        rep.entries += result.entries
-        rep.bytes += result.frame_bytes
-        rep.object_bytes += result.data_length
-        rep.task_seconds += result.seconds
+        rep.entries += res.entries
+        rep.bytes += res.frame_bytes
+        rep.object_bytes += res.data_length
+        rep.task_seconds += res.seconds
         rep.segments.append(str(w.uid))
-        return
-    ctx.report.failed_segments += 1
+    for w in failed:
+        ctx.progress.attempt_failed()
+        w.redo = True
+    return failed
 
 
-def _reassign_now(info: pb.ManagedLedgerInfo, *, old: uuid.UUID, new: uuid.UUID,
+def _reassign_all(info: pb.ManagedLedgerInfo, *, moves: list[tuple[uuid.UUID, uuid.UUID]],
                   ctx: _Ctx) -> bool:
-    return reassign(info, old, new, ctx.wall_ms())
+    now = ctx.wall_ms()
+    for old, new in moves:
+        reassign(info, old, new, now)
+    return True
 
 
-def _offloaded_now(info: pb.ManagedLedgerInfo, *, uid: uuid.UUID, ctx: _Ctx) -> bool:
-    return catalog.mark_offloaded(info, uid, ctx.wall_ms())
+def _offloaded_all(info: pb.ManagedLedgerInfo, *, uids: list[uuid.UUID], ctx: _Ctx) -> bool:
+    now = ctx.wall_ms()
+    for uid in uids:
+        catalog.mark_offloaded(info, uid, now)
+    return True
 
 
-async def _in_pool(pool: concurrent.futures.ThreadPoolExecutor, fn: Callable[..., Any],
-                   *args: Any) -> Any:
-    return await asyncio.get_running_loop().run_in_executor(pool, fn, *args)
+# ---- the Spark side ---------------------------------------------------------------------------
+
+class _Results(AccumulatorParam[list[Any]]):
+    """Task reports ``(index, "ok" | "error", SegmentResult | message)``, gathered on the driver
+    as each task ends."""
+
+    def zero(self, value: list[Any]) -> list[Any]:
+        return []
+
+    def addInPlace(self, a: list[Any], b: list[Any]) -> list[Any]:
+        a.extend(b)
+        return a
+
+
+def _spark_round(spark: Any, specs: list[SegmentSpec], results: Any, group: str,
+                 description: str) -> None:
+    """One job, one partition (task) per segment; runs in a worker thread (Spark pins it to a
+    JVM thread, so the job group is this job's own)."""
+    sc = spark.sparkContext
+    sc.setJobGroup(group, description, interruptOnCancel=True)
+    indexed = list(enumerate(specs))
+    sc.parallelize(indexed, len(indexed)).foreach(partial(_run_task, results))
+
+
+def _run_task(results: Any, item: tuple[int, SegmentSpec]) -> None:
+    """The task: upload, then report through the accumulator. A failure is reported, not
+    raised, so it fails this segment alone and not the job with the others."""
+    i, spec = item
+    try:
+        out: tuple[int, str, Any] = (i, "ok", upload_segment(spec))
+    except Exception as exc:
+        out = (i, "error", f"{type(exc).__name__}: {exc}"[:2000])
+    results.add([out])
 
 
 def _warm_up(spark: Any, n: int) -> None:
@@ -491,20 +595,6 @@ def _import_task(i: int) -> int:
     return i
 
 
-def _spark_upload(spark: Any, spec: SegmentSpec) -> SegmentResult:
-    """One Spark job of one task (runs in a pool thread; Spark pins it to a JVM thread)."""
-    sc = spark.sparkContext
-    sc.setJobDescription(f"offloadd backfill {spec.topic} segment {spec.uid}")
-    # The spec travels in the task's closure: no input data to write out for the job.
-    results: list[SegmentResult] = sc.range(0, 1, numSlices=1).map(
-        partial(_upload_one, spec)).collect()
-    return results[0]
-
-
-def _upload_one(spec: SegmentSpec, _: int) -> SegmentResult:
-    return upload_segment(spec)
-
-
 async def _delete_objects(ctx: _Ctx, uid: uuid.UUID) -> None:
     for key in (streaming_index_key(uid, ctx.key_prefix),
                 streaming_data_key(uid, ctx.key_prefix)):
@@ -515,8 +605,8 @@ async def _delete_objects(ctx: _Ctx, uid: uuid.UUID) -> None:
                         "removes it)", ctx.topic, key, exc)
 
 
-def _short(exc: BaseException) -> str:
-    """Spark wraps a task's Python traceback in a long Java one: keep the last Python line."""
+def _short(exc: BaseException | None) -> str:
+    """Spark wraps a task's Python traceback in a long Java one: keep the telling line."""
     text = str(exc)
     for line in reversed(text.splitlines()):
         line = line.strip()

@@ -74,18 +74,17 @@ class Progress:
         self._t0 = self._clock()
         self._push()
 
-    def segment_started(self) -> None:
-        self.running += 1
-        self._push()
+    def set_running(self, n: int) -> None:
+        if n != self.running:
+            self.running = n
+            self._push()
 
     def segment_offloaded(self, nbytes: int) -> None:
-        self.running -= 1
         self.offloaded += 1
         self.offloaded_bytes += nbytes
         self._push()
 
     def attempt_failed(self) -> None:
-        self.running -= 1
         self.failed_attempts += 1
         self._push()
 

@@ -26,7 +26,11 @@ Integrity
   completed object keeps a composite CRC32C. botocore's own ``ChecksumAlgorithm="CRC32C"`` path
   needs ``awscrt`` (not installed) and its default would add a CRC32 of its own; computing the
   header ourselves avoids both (``request_checksum_calculation="when_required"``). Content-MD5
-  would cost a second hash of every byte for no stronger check.
+  would cost a second hash of every byte for no stronger check. For the same reason bodies sent
+  over HTTPS (AWS, or an ``https://`` endpoint) are not SHA-256 signed (SigV4's
+  ``UNSIGNED-PAYLOAD``): TLS and the CRC32C header already protect them, and botocore, which
+  skips the hash only when it computed the checksum itself, would otherwise spend about a
+  second of CPU per GiB uploaded. Over plain HTTP botocore signs every body.
 
 Multipart
   Parts may be uploaded concurrently and in any order; ``complete()`` lists them sorted and
@@ -330,6 +334,11 @@ _BACKEND_ERRORS: tuple[type[BaseException], ...] = (
 )
 
 
+def _secure(endpoint: str | None) -> bool:
+    """HTTPS: AWS's own endpoints (none configured) or an ``https://`` one."""
+    return endpoint is None or endpoint.lower().startswith("https://")
+
+
 def _crc32c_b64(data: bytes) -> str:
     return base64.b64encode(crc32c.crc32c(data).to_bytes(4, "big")).decode("ascii")
 
@@ -378,7 +387,10 @@ class S3BlobStore:
         config = AioConfig(
             region_name=options.region,
             signature_version="s3v4",
-            s3={"addressing_style": "path" if options.endpoint else "auto"},
+            s3={
+                "addressing_style": "path" if options.endpoint else "auto",
+                **({"payload_signing_enabled": False} if _secure(options.endpoint) else {}),
+            },
             retries={"mode": "standard", "total_max_attempts": 1},
             max_pool_connections=options.max_pool_connections,
             connect_timeout=options.connect_timeout_s,

@@ -18,6 +18,8 @@ import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
+import crc32c
+
 from offloadd import catalog
 from offloadd.blobstore.base import BlobStore
 from offloadd.catalog import Segment, SegmentKind
@@ -184,10 +186,17 @@ class TierReader:
         raw = await self.blobstore.get_range(key, 0, info.size)
         self.probe.index_read(self._clock() - t0)
         try:
-            idx = decode_index(raw, key)
+            idx = decode_index(raw, key)  # structural damage: an error naming the byte
         except FormatError:
             self.probe.read_error()
             raise
+        want = info.metadata.get("offloadd-crc32c")
+        if want is not None and f"{crc32c.crc32c(raw):08x}" != want.lower():
+            # damage the structure cannot show (a part id, a timestamp)
+            self.probe.read_error()
+            raise FormatError(key, 0, f"index checksum mismatch: CRC32C "
+                              f"{crc32c.crc32c(raw):08x}, recorded {want} (the stored index is "
+                              "corrupt)")
         self._cache[key] = idx
         if len(self._cache) > self._cache_size:
             self._cache.popitem(last=False)

@@ -46,8 +46,7 @@ class TestTerminalBar:
         clock = Clock()
         p = Progress([TerminalBar("t", out, tty=False)], clock=clock)
         p.plan(2, 2 * MiB)
-        p.segment_started()
-        p.segment_started()
+        p.set_running(2)
         p.tick()
         clock.now += 1
         p.segment_offloaded(MiB)
@@ -63,7 +62,7 @@ class TestTerminalBar:
         p = Progress([TerminalBar("t", out, tty=True, min_interval=1.0, clock=clock)],
                      clock=clock)
         p.plan(4, 4 * MiB)
-        p.segment_started()  # within the interval: not drawn
+        p.set_running(2)  # within the interval: not drawn
         clock.now += 2
         p.segment_offloaded(MiB)
         p.finish()
@@ -80,11 +79,11 @@ class TestMetrics:
         clock = Clock()
         p = Progress([sink], clock=clock)
         p.plan(4, 4 * MiB)
-        p.segment_started()
+        p.set_running(2)
         p.attempt_failed()
-        p.segment_started()
         clock.now += 2
         p.segment_offloaded(MiB)
+        p.set_running(0)
         got = {(smp.name, smp.labels.get("state") or smp.labels.get("kind")): smp.value
                for fam in text_string_to_metric_families(generate_latest(sink.registry).decode())
                for smp in fam.samples

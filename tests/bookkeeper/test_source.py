@@ -125,6 +125,12 @@ class TestLedgersAndReads:
             assert rest.count == 1 and bytes(rest.data) == framed(13, items[13:14])
             again = await src.read(A, 1, 5, 7)  # backwards: the stream restarts
             assert bytes(again.data) == framed(5, items[5:8])
+            lease = bytearray(64 * 1024)  # a recycled buffer: the frames land in it
+            run = await src.read(A, 1, 8, 20, into=lease)
+            assert run.data.obj is lease and bytes(run.data) == framed(8, items[8:21])
+            small = bytearray(100)  # too small: a buffer of its own
+            run = await src.read(A, 1, 21, 22, into=small)
+            assert run.data.obj is not small and bytes(run.data) == framed(21, items[21:23])
             with pytest.raises(NotFound):
                 await src.read(A, 1, 40, 50)
             with pytest.raises(NotFound):

@@ -134,8 +134,6 @@ def test_a_corrupt_index_fails_read_and_verify_naming_the_index(offloaded: Offlo
         assert f"{key} at byte {len(raw) - 8}" in said, said
 
 
-@pytest.mark.xfail(strict=True, reason="neither the reader nor verify checks the index's "
-                   "CRC32C recorded in its offloadd-crc32c metadata yet")
 @pytest.mark.timeout(120)
 def test_verify_catches_index_corruption_the_decoder_cannot_see(offloaded: Offloaded) -> None:
     """A part id is not checked against anything, so only the index's own checksum can tell."""

@@ -35,6 +35,7 @@ from typing import Protocol, cast
 from offloadd.errors import FormatError, NotFound, Retriable
 from offloadd.ledger.bookkeeper.codec import (
     LAST_ADD_CONFIRMED,
+    MAX_FRAME,
     Digest,
     DigestError,
     Entry,
@@ -153,7 +154,7 @@ class _Connection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.pending: dict[int, tuple[_Sink, int]] = {}
         self.closed = False
-        self._chunks: list[bytes | memoryview] = []
+        self._chunks: list[memoryview] = []
         self._have = 0
         self._need = 4
 
@@ -161,34 +162,63 @@ class _Connection(asyncio.Protocol):
         self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
 
     def data_received(self, data: bytes) -> None:
-        buf: bytes | memoryview = data
-        if self._chunks:
-            self._chunks.append(data)
-            self._have += len(data)
-            if self._have < self._need:
-                return
-            buf = b"".join(self._chunks)
-            self._chunks = []
+        # Whole frames are handed on as views of ``data``. A frame split across reads is
+        # joined alone, at its exact size: joining whole reads would allocate (and page-fault
+        # in) buffers above malloc's mmap threshold for every large entry.
         try:
-            frames, used = split_frames(buf, f"bookie {self.addr}")
+            view = memoryview(data)
+            while self._chunks:
+                missing = self._need - self._have
+                if len(view) < missing:
+                    self._chunks.append(view)
+                    self._have += len(view)
+                    return
+                self._chunks.append(view[:missing])
+                view = view[missing:]
+                buf = memoryview(b"".join(self._chunks))
+                self._chunks = []
+                self._have = 0
+                if self._need == 4:  # only the length prefix was incomplete
+                    self._start(buf)
+                else:
+                    self._need = 4
+                    self._dispatch(buf[4:])
+            frames, used = split_frames(view, f"bookie {self.addr}")
             for f in frames:
                 self._dispatch(f)
+            if used < len(view):
+                self._start(view[used:])
         except FormatError as exc:
             log.error("bookie %s sent bytes that do not parse (%s); dropping the connection",
                       self.addr, exc)
             self._fail(BookieError(self.addr, "protocol", str(exc)))
             if self.transport is not None:
                 self.transport.abort()
-            return
-        rest = len(buf) - used
-        if rest:
-            tail = memoryview(buf)[used:]
-            self._chunks = [tail]
-            self._have = rest
-            self._need = 4 + _U32.unpack_from(tail)[0] if rest >= 4 else 4
-        else:
-            self._have = 0
+
+    def _start(self, part: memoryview) -> None:
+        """Keep the beginning of a frame until the rest arrives."""
+        self._chunks = [part]
+        self._have = len(part)
+        if len(part) < 4:
             self._need = 4
+            return
+        (n,) = _U32.unpack_from(part)
+        if n > MAX_FRAME:
+            raise FormatError(f"bookie {self.addr}", 0, f"frame of {n} bytes exceeds the "
+                              f"{MAX_FRAME} limit")
+        self._need = 4 + n
+        if self._have >= self._need:  # a whole frame after a completed length prefix
+            self._chunks = []
+            self._have = 0
+            rest = part[self._need:]
+            self._need = 4
+            self._dispatch(part[4:4 + n])
+            if rest:
+                frames, used = split_frames(rest, f"bookie {self.addr}")
+                for f in frames:
+                    self._dispatch(f)
+                if used < len(rest):
+                    self._start(rest[used:])
 
     def _dispatch(self, payload: memoryview) -> None:
         resp = decode_response(payload, f"response from bookie {self.addr}")

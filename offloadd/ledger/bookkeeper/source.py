@@ -198,11 +198,6 @@ class _Chunk:
     taken: int = 0  # entries already handed out
 
 
-def _retrieve(task: asyncio.Task[Any]) -> None:
-    if not task.cancelled():
-        task.exception()  # a read ahead nobody waits for any more: not an unhandled error
-
-
 class _ReadStream:
     """Pipelined, read-ahead reads of one ledger for one consumer reading forward."""
 
@@ -215,6 +210,20 @@ class _ReadStream:
         self.next = 0  # the next entry to hand out
         self._issued = 0  # the next entry to ask for
         self._chunks: deque[_Chunk] = deque()
+
+    def _arrived(self, task: asyncio.Task[tuple[list[Entry], int]]) -> None:
+        """A chunk came in: what its headers say about the tail is news even before anyone
+        takes it (this is how a reader following an open ledger learns its LAC and sizes)."""
+        if task.cancelled() or task.exception() is not None:
+            return  # whoever takes the chunk sees the error; nobody else needs it
+        entries, lac = task.result()
+        self._ledger.learn(lac)
+        if entries:
+            self._ledger.note(entries[-1])
+
+    def _limit(self) -> int:
+        """The last entry that may be read: confirmed, though maybe not yet advertised."""
+        return max(self._ledger.readable_last, self._ledger.lac)
 
     def reset(self, first: int) -> None:
         for c in self._chunks:
@@ -239,7 +248,7 @@ class _ReadStream:
             first = self._issued
             task = asyncio.ensure_future(
                 self._client.read_entries(self._ledger, first, first + n - 1))
-            task.add_done_callback(_retrieve)
+            task.add_done_callback(self._arrived)
             self._chunks.append(_Chunk(first, first + n - 1, task))
             self._issued += n
             pending += n
@@ -248,7 +257,7 @@ class _ReadStream:
         if first != self.next or (self._chunks and self._chunks[0].first
                                   + self._chunks[0].taken != first):
             self.reset(first)
-        limit = max(self._ledger.readable_last, last)
+        limit = max(self._limit(), last)
         cap = (1 << 62) if max_bytes is None else max_bytes
         out: list[Entry] = []
         got = 0
@@ -258,14 +267,13 @@ class _ReadStream:
                 self._issue(limit, max(cap - got, 1) + self._readahead)
                 chunk = self._chunks[0]
                 try:
-                    entries, lac = await chunk.task
+                    entries, _ = await chunk.task
                 except asyncio.CancelledError:
                     task = asyncio.current_task()
                     if chunk.task.cancelled() and task is not None and not task.cancelling():
                         raise Retriable(f"ledger {self._ledger.ledger_id}: read of entries "
                                         f"{chunk.first}..{chunk.last} was abandoned") from None
                     raise
-                self._ledger.learn(lac)
                 for e in entries[chunk.taken:]:
                     if e.entry_id > last:
                         break
@@ -280,11 +288,9 @@ class _ReadStream:
                 if chunk.first + chunk.taken > chunk.last:
                     self._chunks.popleft()
         except BaseException:
-            self.reset(first + len(out))
+            self.reset(first)  # the caller asks again from ``first``
             raise
-        if out:
-            self._ledger.note(out[-1])
-        self._issue(self._ledger.readable_last, self._readahead)
+        self._issue(self._limit(), self._readahead)
         return out
 
 
@@ -309,12 +315,25 @@ class _Topic:
         return [li.ledgerId for li in self.info.ledgerInfo] if self.info is not None else []
 
 
-def _frame_run(ledger_id: int, first: int, entries: Sequence[Entry]) -> EntryRun:
+def _frame_run(ledger_id: int, first: int, entries: Sequence[Entry],
+               into: bytearray | None = None) -> EntryRun:
+    """Frame entries as blocks do. Into ``into`` when it is large enough (a recycled buffer:
+    no fresh pages to fault in), else with one ``bytes.join``."""
     payloads = [e.payload for e in entries]
     sizes = list(map(len, payloads))
+    offsets = list(accumulate((s + FRAME_OVERHEAD for s in sizes), initial=0))
+    total = offsets[-1]
+    if into is not None and len(into) >= total:
+        view = memoryview(into)
+        pack = _HEADER.pack_into
+        entry_id = first
+        for pos, size, payload in zip(offsets, sizes, payloads, strict=False):  # n+1 offsets
+            pack(into, pos, size, entry_id)
+            view[pos + FRAME_OVERHEAD:pos + FRAME_OVERHEAD + size] = payload
+            entry_id += 1
+        return EntryRun(ledger_id, first, view[:total], offsets)
     heads = map(_HEADER.pack, sizes, range(first, first + len(entries)))
     data = b"".join(chain.from_iterable(zip(heads, payloads, strict=True)))
-    offsets = list(accumulate((s + FRAME_OVERHEAD for s in sizes), initial=0))
     return EntryRun(ledger_id, first, memoryview(data), offsets)
 
 
@@ -695,7 +714,8 @@ class BookKeeperLedgerSource:
     async def read(self, topic: TopicName, ledger_id: int, first_entry_id: int,
                    last_entry_id: int, max_bytes: int | None = None, *,
                    into: bytearray | None = None) -> EntryRun:
-        """``into`` is ignored: frames are joined from the response buffers in one pass."""
+        """Frames land in ``into`` when it holds them (the offloader recycles these buffers),
+        else in a new buffer."""
         if not 0 <= first_entry_id <= last_entry_id:
             raise ValueError(f"bad entry range {first_entry_id}..{last_entry_id}")
         await self._open()
@@ -713,7 +733,7 @@ class BookKeeperLedgerSource:
         t = self._topics.get(topic)
         if t is not None:
             t.read_pos = (ledger_id, entries[-1].entry_id)
-        return _frame_run(ledger_id, first_entry_id, entries)
+        return _frame_run(ledger_id, first_entry_id, entries, into)
 
     async def read_crcs(self, ledger_id: int, first_entry_id: int,
                         last_entry_id: int) -> list[int]:
