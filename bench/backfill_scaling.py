@@ -10,8 +10,8 @@ are reported apart (``seconds``). The tier goes to ``--tier-root`` (tmpfs by def
 shared virtual disk, fsync bandwidth — not the Spark job — would set the pace). Runs alternate
 between the masters ``--repeat`` times; the speed-up compares the best run of each. Before each
 round a control measures the parallelism the (shared) machine offers at that moment: two
-CPU-bound processes against one (``control_speedups``, 2.0 on two idle cores). Prints one JSON
-document.
+CPU-bound processes against one (``control_speedup`` per round, 2.0 on two idle cores); read a
+round's speed-up against its control. Prints one JSON document.
 
     .venv/bin/python bench/backfill_scaling.py [--mib 512] [--segment-mib 64] [--repeat 2]
 """
@@ -150,12 +150,18 @@ def main() -> None:
                 shutil.rmtree(tier)
                 print(json.dumps(runs[-1]), file=sys.stderr)
         best = {m: max(r["throughput_mib_s"] for r in runs if r["master"] == m) for m in masters}
+        rounds = []
+        for i, control in enumerate(controls):
+            mine = runs[i * len(masters):(i + 1) * len(masters)]
+            rounds.append({"control_speedup": control,
+                           **{r["master"]: r["throughput_mib_s"] for r in mine},
+                           "speedup": round(mine[-1]["throughput_mib_s"]
+                                            / mine[0]["throughput_mib_s"], 2)})
         result = {
             "mib": args.mib, "ledgers": ledgers, "segment_mib": args.segment_mib,
             "block_mib": args.block_mib, "cpus": os.cpu_count(),
             "tier_root": args.tier_root or str(work), "load_before": os.getloadavg()[0],
-            "control_speedups": controls,
-            "runs": runs,
+            "runs": runs, "rounds": rounds,
             "best_mib_s": best,
             "speedup": round(best[masters[-1]] / best[masters[0]], 2) if len(masters) > 1
             else None,

@@ -44,16 +44,10 @@ class LedgerRange:
         return self.last - self.first + 1
 
 
-@dataclass(frozen=True)
-class Segment:
-    uid: uuid.UUID
-    kind: SegmentKind
-    ranges: tuple[LedgerRange, ...]  # in log order, non-empty
-    complete: bool
-    assigned_ms: int = 0
-    offloaded_ms: int = 0
-    driver: str = ""
-    driver_properties: tuple[tuple[str, str], ...] = ()
+class Span:
+    """Begin, end and size of anything laid out as ``ranges`` in log order."""
+
+    ranges: tuple[LedgerRange, ...]
 
     @property
     def begin(self) -> Position:
@@ -66,6 +60,18 @@ class Segment:
     @property
     def entries(self) -> int:
         return sum(r.count for r in self.ranges)
+
+
+@dataclass(frozen=True)
+class Segment(Span):
+    uid: uuid.UUID
+    kind: SegmentKind
+    ranges: tuple[LedgerRange, ...]  # in log order, non-empty
+    complete: bool
+    assigned_ms: int = 0
+    offloaded_ms: int = 0
+    driver: str = ""
+    driver_properties: tuple[tuple[str, str], ...] = ()
 
     def ledger_ids(self) -> tuple[int, ...]:
         return tuple(r.ledger_id for r in self.ranges)

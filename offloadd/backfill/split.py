@@ -29,7 +29,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import pairwise
 
-from offloadd.catalog import LedgerRange
+from offloadd.catalog import LedgerRange, Span
 from offloadd.model import Position
 
 SizeAt = Callable[[Position], int]
@@ -46,23 +46,11 @@ class LedgerExtent:
 
 
 @dataclass(frozen=True)
-class Split:
+class Split(Span):
     """One planned segment: its ranges in log order and its frame bytes."""
 
     ranges: tuple[LedgerRange, ...]
     nbytes: int
-
-    @property
-    def begin(self) -> Position:
-        return Position(self.ranges[0].ledger_id, self.ranges[0].first)
-
-    @property
-    def end(self) -> Position:
-        return Position(self.ranges[-1].ledger_id, self.ranges[-1].last)
-
-    @property
-    def entries(self) -> int:
-        return sum(r.count for r in self.ranges)
 
 
 class _Space:

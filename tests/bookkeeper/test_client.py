@@ -330,3 +330,29 @@ class TestWaterFill:
         if n:  # the busiest bookie that got work is at most one above the least busy one
             used = [pend[b] + c for b, c in split if c]
             assert max(used) - min(final) <= 1
+
+
+class TestMetricsExport:
+    """The counters reach a Prometheus registry under offloadd_bookkeeper_*."""
+
+    def test_collector_renders_per_bookie_and_per_topic_series(self) -> None:
+        from prometheus_client import CollectorRegistry, generate_latest
+
+        from offloadd.ledger.bookkeeper.metrics import BookKeeperMetrics
+
+        m = BookKeeperMetrics()
+        m.entries_read("b1:3181", 10, 1000, 0.5)
+        m.failover("b2:3181", "digest")
+        m.retry()
+        m.set_lac_lag("persistent://t/ns/x", 7)
+        m.data_lost("persistent://t/ns/x", 1, 40)
+        reg = CollectorRegistry(auto_describe=True)
+        m.register(reg)
+        text = generate_latest(reg).decode()
+        assert 'offloadd_bookkeeper_entries_read_total{bookie="b1:3181"} 10.0' in text
+        assert 'offloadd_bookkeeper_read_latency_seconds_count{bookie="b1:3181"} 10.0' in text
+        assert 'offloadd_bookkeeper_digest_errors_total{bookie="b2:3181"} 1.0' in text
+        assert 'offloadd_bookkeeper_read_retries_total 1.0' in text
+        assert 'offloadd_bookkeeper_lac_lag_entries{topic="persistent://t/ns/x"} 7.0' in text
+        assert ('offloadd_bookkeeper_data_lost_entries_total{topic="persistent://t/ns/x"} 40.0'
+                in text)

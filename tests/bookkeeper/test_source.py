@@ -308,15 +308,22 @@ async def _ids_are(src: BookKeeperLedgerSource, topic: TopicName, ids: list[int]
 
 async def expire_session(hosts: str, src: BookKeeperLedgerSource) -> None:
     """End the source's Pulsar ZooKeeper session from another client (a real expiry)."""
+    await eventually(lambda: _connected(src), "the source's session")
     session = src.zk._store._zk.client_id  # the session id and password kazoo holds
 
     def close_it() -> None:
         other = KazooClient(hosts=hosts, client_id=session)
-        other.start(timeout=10)
-        other.stop()
-        other.close()
+        try:
+            other.start(timeout=20)
+        finally:
+            other.stop()
+            other.close()
 
     await asyncio.to_thread(close_it)
+
+
+async def _connected(src: BookKeeperLedgerSource) -> bool:
+    return src.zk.session_id is not None
 
 
 class TestReadOnly:

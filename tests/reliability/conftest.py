@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,7 @@ class Figures:
 
     def __init__(self) -> None:
         self.sections: dict[str, dict[str, Any]] = {}
+        self.started = time.monotonic()
 
     def section(self, name: str) -> dict[str, Any]:
         return self.sections.setdefault(name, {})
@@ -53,7 +55,9 @@ class Figures:
         return out
 
     def to_json(self) -> dict[str, Any]:
-        return {"totals": self.totals(), "sections": self.sections}
+        return {"totals": self.totals(), "sections": self.sections,
+                "seconds": round(time.monotonic() - self.started, 1),
+                "slow": os.environ.get("OFFLOADD_SLOW_TESTS") == "1"}
 
 
 def pytest_configure(config: pytest.Config) -> None:

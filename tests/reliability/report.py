@@ -40,10 +40,31 @@ def _get(sec: dict[str, Any] | None, key: str) -> str:
     return str(v)
 
 
+def _torture(ct: dict[str, Any], label: str) -> list[str]:
+    return [
+        f"### {label}",
+        "",
+        f"- kills: {_get(ct, 'kills')} ({_get(ct, 'random_kills')} random, "
+        f"{_get(ct, 'aimed_kills')} aimed), restarts {_get(ct, 'restarts')}, "
+        f"in {_get(ct, 'torture_seconds')} s",
+        f"- where they landed (the killed process's last log line): "
+        f"{_get(ct, 'kills_by_phase')}",
+        f"- entries written {_get(ct, 'entries_written')}, committed and read back "
+        f"{_get(ct, 'entries_checked')}, compared with the source's CRC32C "
+        f"{_get(ct, 'source_checked')}",
+        f"- lost {_get(ct, 'entries_lost')}, duplicated {_get(ct, 'entries_duplicated')}, "
+        f"checksum mismatches {_get(ct, 'checksum_mismatches')}",
+        f"- orphans: {_get(ct, 'orphans_before_gc')} found by verify before gc (besides "
+        f"{_get(ct, 'orphans_planted')} planted for the daemon's gc loop, which removed them), "
+        f"removed by the final `gc --grace 0` {_get(ct, 'orphans_removed_by_gc')}, stale "
+        f"uploads swept {_get(ct, 'uploads_swept_by_gc')}, left {_get(ct, 'orphans_left')}",
+        "",
+    ]
+
+
 def render(data: dict[str, Any], when: str, commit: str) -> str:
     t = data["totals"]
     s: dict[str, dict[str, Any]] = data["sections"]
-    ct = s.get("crash_torture") or s.get("crash_torture_long")
     lines = [
         "# Reliability",
         "",
@@ -51,9 +72,12 @@ def render(data: dict[str, Any], when: str, commit: str) -> str:
         "suite (`tests/reliability/`) recorded in its last run; do not edit by hand.",
         "",
         f"Last run: {when}, commit `{commit}`, Python {platform.python_version()} on "
-        f"{platform.system()} ({os.cpu_count()} cores). The CI portion runs by default; "
-        "`OFFLOADD_SLOW_TESTS=1` adds the long mode (300 kills, a 30 s ZooKeeper outage, 50 % "
-        "store errors over more data).",
+        f"{platform.system()} ({os.cpu_count()} cores), "
+        f"{'with' if data.get('slow') else 'without'} the long mode, "
+        f"{data.get('seconds', '?')} s in all. The CI portion runs by default and takes about "
+        "three minutes on the 2-core CI box; `OFFLOADD_SLOW_TESTS=1` adds the long mode (300 "
+        "kills, a 30 s ZooKeeper outage, 50 % store errors over more data, read back through "
+        "the faults).",
         "",
         "## Summary",
         "",
@@ -78,34 +102,33 @@ def render(data: dict[str, Any], when: str, commit: str) -> str:
         "its first log line) or right after a phase marker in its DEBUG log, restarted each "
         "time; then one undisturbed run drains, `verify`, `gc --grace 0`, `verify`.",
         "",
-        f"- kills: {_get(ct, 'kills')} ({_get(ct, 'random_kills')} random, "
-        f"{_get(ct, 'aimed_kills')} aimed), restarts {_get(ct, 'restarts')}, "
-        f"in {_get(ct, 'torture_seconds')} s",
-        f"- where they landed (the killed process's last log line): "
-        f"{_get(ct, 'kills_by_phase')}",
-        f"- entries written {_get(ct, 'entries_written')}, committed and read back "
-        f"{_get(ct, 'entries_checked')}, compared with the source's CRC32C "
-        f"{_get(ct, 'source_checked')}",
-        f"- lost {_get(ct, 'entries_lost')}, duplicated {_get(ct, 'entries_duplicated')}, "
-        f"checksum mismatches {_get(ct, 'checksum_mismatches')}",
-        f"- orphans: {_get(ct, 'orphans_before_gc')} before gc (planted for the gc loop: "
-        f"{_get(ct, 'orphans_planted')}), removed by the final gc "
-        f"{_get(ct, 'orphans_removed_by_gc')}, stale uploads swept "
-        f"{_get(ct, 'uploads_swept_by_gc')}, left {_get(ct, 'orphans_left')}",
-        "",
+    ]
+    for name, label in (("crash_torture", "CI portion"), ("crash_torture_long", "long mode")):
+        if name in s:
+            lines += _torture(s[name], label)
+    if not any(n in s for n in ("crash_torture", "crash_torture_long")):
+        lines += ["not run", ""]
+    lines += [
         "## Store faults (S3 through the fault-injecting proxy)",
         "",
         "`offloadd standalone` on moto through the proxy; 500, 503 SlowDown, resets before and "
         "after the server acted, responses stalled past the read timeout, truncated bodies; "
-        "`offloadd read` through the same faults; `verify` against the server.",
+        "`offloadd read` compared entry by entry with the source (through the same faults, or "
+        "straight from the server where the table says so); `verify` against the server.",
         "",
         "| error rate | requests | faults injected (by kind) | entries | read differences | "
         "lost | duplicated | orphans left |",
         "|---|---|---|---|---|---|---|---|",
     ]
-    for name in sorted(k for k in s if k.startswith("store_faults_")):
+    def rate_of(name: str) -> tuple[int, str]:
+        pct, _, mode = name.removeprefix("store_faults_").partition("pct")
+        return int(pct), mode
+
+    for name in sorted((k for k in s if k.startswith("store_faults_")), key=rate_of):
         f = s[name]
-        rate = name.removeprefix("store_faults_").replace("pct", " %")
+        pct, mode = rate_of(name)
+        how = "read through the faults" if f.get("read_through_faults") else "read direct"
+        rate = f"{pct} %{' (long mode)' if mode else ''}, {how}"
         lines.append(f"| {rate} | {_get(f, 'requests')} | {_get(f, 'faults_injected')} "
                      f"({_get(f, 'faults_by_kind')}) | {_get(f, 'entries_checked')} | "
                      f"{_get(f, 'read_differences')} | {_get(f, 'entries_lost')} | "
@@ -117,15 +140,21 @@ def render(data: dict[str, Any], when: str, commit: str) -> str:
         "## ZooKeeper faults",
         "",
         "Two `offloadd run` daemons on a 3-node ensemble offloading history through a throttled "
-        "tier: the busier daemon frozen past its session (the other takes its topics over), "
-        "the leader killed, then every server down at once.",
+        "tier: the busier daemon frozen past its session (the other takes its topics over at "
+        "higher epochs, then the frozen one resumes with its stale view and must commit none "
+        "of it), the leader killed, then every server down at once. What was buffered but not "
+        "committed when a fault hit is redone: every written entry ends up committed once.",
         "",
         f"- session expiry: {_get(zk, 'session_expiry_topics_taken_over')} topics taken over; "
         f"stale views refused (tasks stopped without committing): "
         f"{_get(zk, 'stale_views_refused')}; assigned segments redone: "
         f"{_get(zk, 'assigned_segments_redone')}",
         f"- leader killed: {_get(zk, 'leader_killed')}; full outage: "
-        f"{_get(zk, 'full_outage_seconds')} s (long mode: {_get(zkl, 'full_outage_seconds')} s)",
+        f"{_get(zk, 'full_outage_seconds')} s; long mode: "
+        + (f"{_get(zkl, 'full_outage_seconds')} s outage, entries "
+           f"{_get(zkl, 'entries_checked')} of {_get(zkl, 'entries_written')}, lost "
+           f"{_get(zkl, 'entries_lost')}, duplicated {_get(zkl, 'entries_duplicated')}"
+           if zkl else "not run"),
         f"- entries {_get(zk, 'entries_checked')} of {_get(zk, 'entries_written')} written; "
         f"lost {_get(zk, 'entries_lost')}, duplicated {_get(zk, 'entries_duplicated')}, "
         f"orphans left {_get(zk, 'orphans_left')}",

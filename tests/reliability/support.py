@@ -1,5 +1,5 @@
-"""Shared pieces of the reliability suite: configs, ``offloadd`` subprocesses, what the metadata
-says was written and committed, and the figures every test reports.
+"""Shared pieces of the reliability suite: configs, ``offloadd`` subprocesses, and what the
+metadata says was written and committed (the figures live in conftest.py).
 
 Every ``offloadd`` here is a real process (``[sys.executable, "-m", "offloadd.cli", ...]``) whose
 stdout, stderr and log files stay on disk, so the security test can search all of them. What the

@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import crc32c
 import pytest
 
 from offloadd import catalog, cli
@@ -189,9 +190,21 @@ def index_magic(t: Tier) -> None:
     patch(t.index, 0, b"\x00\x00\x00\x01")
 
 
+def restamp(t: Tier) -> None:
+    """Record the damaged index's own CRC32C, as a writer with a bug would have: only the
+    structural checks can catch what follows."""
+    crc = f"{crc32c.crc32c(t.index.read_bytes()):08x}"
+    set_meta(t, f"{t.uid}-index", **{"offloadd-crc32c": crc})
+
+
+def index_bit_rot(t: Tier) -> None:
+    flip(t.index, len(t.index.read_bytes()) - 9)  # a part id: nothing else would notice
+
+
 def index_past_object(t: Tier) -> None:
     size = t.data.stat().st_size
     patch(t.index, 8, struct.pack(">q", size + 65536))  # the data object's length
+    restamp(t)
 
 
 def index_offset_past_object(t: Tier) -> None:
@@ -203,6 +216,7 @@ def index_offset_mid_block(t: Tier) -> None:
     raw = t.index.read_bytes()
     (off,) = struct.unpack(">q", raw[-8:])
     patch(t.index, len(raw) - 8, struct.pack(">q", off + 64))
+    restamp(t)
 
 
 def unknown_version(t: Tier) -> None:
@@ -222,6 +236,7 @@ DAMAGE = [
     ("index-object-missing", index_missing, r"[0-9a-f-]{36}-index .*no such object"),
     ("index-truncated", index_truncated, r"-index at byte 4: truncated index"),
     ("index-wrong-magic", index_magic, r"-index at byte 0: unknown index magic 0x00000001"),
+    ("index-bit-rot", index_bit_rot, r"-index at byte 0: index checksum mismatch"),
     ("index-length-past-object", index_past_object, r"block \d+ is truncated"),
     ("index-offset-past-object", index_offset_past_object, r"is outside the data object"),
     ("index-offset-mid-block", index_offset_mid_block, r"disagrees with the index"),

@@ -134,7 +134,7 @@ def wait_logged(d: Proc, marker: str, timeout: float) -> None:
 
 
 def torture(tmp_path: Path, figures: Figures, *, kills: int, history_bytes: int,
-            rate: int, seed: int) -> None:
+            rate: int, seed: int, section: str = "crash_torture") -> None:
     rng = random.Random(seed)
     cfg = write_config(tmp_path / "offloadd.toml", local_sections(tmp_path))
     outputs = Outputs(tmp_path / "outputs")
@@ -190,7 +190,7 @@ def torture(tmp_path: Path, figures: Figures, *, kills: int, history_bytes: int,
     last = integrity(after, written)
     leftover_uploads = list((tier / ".uploads").iterdir()) if (tier / ".uploads").exists() else []
 
-    figures.set("crash_torture", kills=kills, aimed_kills=aimed, random_kills=kills - aimed,
+    figures.set(section, kills=kills, aimed_kills=aimed, random_kills=kills - aimed,
                 restarts=kills + 1, kills_by_phase=dict(sorted(phases.items())),
                 torture_seconds=round(torture_s, 1), orphans_planted=planted,
                 entries_written=last.written, entries_checked=last.entries,
@@ -225,4 +225,5 @@ def test_fifty_kill9_at_random_and_aimed_moments_lose_and_duplicate_nothing(
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
 def test_long_torture_of_three_hundred_kill9(tmp_path: Path, figures: Figures) -> None:
-    torture(tmp_path, figures, kills=300, history_bytes=20_000_000, rate=300_000, seed=2)
+    torture(tmp_path, figures, kills=300, history_bytes=20_000_000, rate=300_000, seed=2,
+            section="crash_torture_long")

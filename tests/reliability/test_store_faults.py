@@ -61,7 +61,8 @@ def proxy(moto_server: str) -> Iterator[FaultProxy]:
 
 
 def survive(tmp_path: Path, bucket: MotoBucket, proxy: FaultProxy, figures: Figures, *,
-            rate: float, seconds: float, bytes_per_s: int, read_through: bool = True) -> None:
+            rate: float, seconds: float, bytes_per_s: int, read_through: bool = True,
+            section: str | None = None) -> None:
     cfg = s3_config(tmp_path, proxy.url, bucket.name, POLICY, blobstore=BLOBSTORE)
     direct = s3_config(tmp_path, bucket.endpoint, bucket.name, POLICY, name="direct.toml")
     proxy.plan = faults(rate)
@@ -91,7 +92,7 @@ def survive(tmp_path: Path, bucket: MotoBucket, proxy: FaultProxy, figures: Figu
         after = verify_json(tmp_path, direct)
     injected = sum(proxy.injected.values())
     (vt,) = after["topics"]
-    figures.set(f"store_faults_{round(rate * 100)}pct", requests=len(proxy.log),
+    figures.set(section or f"store_faults_{round(rate * 100)}pct", requests=len(proxy.log),
                 faults_injected=injected, faults_survived=injected if after["ok"] else 0,
                 faults_by_kind=dict(sorted(proxy.injected.items())),
                 requests_while_writing=seen, faults_while_writing=sum(writing.values()),
@@ -132,4 +133,5 @@ def test_reads_back_identical_data_through_failing_store_requests(
 @pytest.mark.timeout(900)
 def test_half_of_all_requests_failing_over_more_data_loses_nothing(
         tmp_path: Path, s3_bucket: MotoBucket, proxy: FaultProxy, figures: Figures) -> None:
-    survive(tmp_path, s3_bucket, proxy, figures, rate=0.5, seconds=20, bytes_per_s=500_000)
+    survive(tmp_path, s3_bucket, proxy, figures, rate=0.5, seconds=20, bytes_per_s=500_000,
+            section="store_faults_50pct_long")
