@@ -62,6 +62,9 @@ class Runtime:
             source = wiring.open_source(settings, metadata)
         if owner_id is not None:
             ownership = ClusterOwnership(metadata, owner_id)
+        source_metrics = getattr(source, "metrics", None)  # e.g. the BookKeeper source's
+        if source_metrics is not None and hasattr(source_metrics, "register"):
+            source_metrics.register(metrics.registry)
         daemon = Daemon(settings, source=source, metadata=metadata, blobstore=blobstore,
                         ownership=ownership,
                         probe_factory=lambda t: metrics.topic(t.ns, str(t)),

@@ -13,6 +13,7 @@ from typing import Any
 from offloadd import catalog, cluster, wiring
 from offloadd.config import Settings
 from offloadd.errors import OffloaddError
+from offloadd.ledger.bookkeeper.layout import lost_ledgers
 from offloadd.metadata import managed_ledger, ownership
 from offloadd.metadata.base import MetadataStore
 from offloadd.model import Position, TopicName
@@ -47,6 +48,10 @@ async def topic_status(md: MetadataStore, source: Any, topic: TopicName) -> dict
     last = done[-1].end if done else None
     out["last_offloaded"] = str(last) if last else None
     out["entries_offloaded"] = sum(s.entries for s in done)
+    lost = lost_ledgers(info)
+    if lost:  # sidecar mode: entries Pulsar's retention deleted before offloadd took them
+        out["data_lost"] = [{"ledger": x.ledger_id, "first": x.first, "last": x.last,
+                             "entries": x.entries} for x in lost]
     lag_entries = 0
     lag_bytes = 0
     try:
@@ -116,6 +121,9 @@ def render_text(st: dict[str, Any]) -> str:
             continue
         seg = t["segments"]
         lag = t.get("lag", {})
+        if t.get("data_lost"):
+            lines.append(f"{t['topic']}: DATA LOST TO RETENTION: " + ", ".join(
+                f"{x['ledger']}:{x['first']}..{x['last']}" for x in t["data_lost"]))
         lines.append(
             f"{t['topic']}: offloaded {seg['offloaded']} assigned {seg['assigned']} "
             f"last {t['last_offloaded']} lag {lag.get('entries', '?')} entries{owner}")
