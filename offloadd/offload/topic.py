@@ -29,9 +29,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequenc
 from dataclasses import dataclass, field
 from typing import Protocol
 
-import crc32c
-
-from offloadd import __version__, catalog
+from offloadd import catalog
 from offloadd.blobstore.base import BlobStore
 from offloadd.catalog import LedgerRange, Segment, SegmentKind
 from offloadd.errors import Fenced, NotFound, OffloaddError
@@ -46,6 +44,7 @@ from offloadd.model import LedgerDesc, LedgerState, Position, TopicName
 from offloadd.offload import commit, roller
 from offloadd.offload.buffer import OffloadBuffer
 from offloadd.offload.commit import Fence
+from offloadd.offload.objects import index_metadata, object_metadata
 from offloadd.offload.roller import RollPolicy, RollReason
 from offloadd.offload.state import SegmentState
 from offloadd.offload.upload import SegmentUpload
@@ -58,7 +57,6 @@ from offloadd.paths import (
 
 log = logging.getLogger(__name__)
 
-FORMAT_VERSION_KEY = "s3managedledgeroffloaderformatversion"
 
 
 class TopicProbe(Protocol):
@@ -429,23 +427,11 @@ class TopicOffloader:
             await asyncio.gather(*waits, return_exceptions=True)
 
     # ---- segments ------------------------------------------------------------------------
-    def _object_metadata(self, role: str) -> dict[str, str]:
-        return {
-            FORMAT_VERSION_KEY: "1",
-            "role": role,
-            "managedledgername": self.topic.managed_ledger,
-            "offloadd-format-version": "1",
-            "offloadd-version": __version__,
-        }
-
     async def _open(self, redo_of: uuid.UUID | None = None) -> _Attempt:
         env = self.env
         pol = self._policy().roll
         uid = uuid.uuid4()
-        upload = SegmentUpload(
-            env.blobstore, streaming_data_key(uid, env.key_prefix), self._object_metadata("data"),
-            in_flight=env.blocks_in_flight, acquire=self._acquire_fn(),
-            on_part_done=self._part_done)
+        upload = self._new_upload(streaming_data_key(uid, env.key_prefix))
         await upload.start()
         log.debug("segment %s: multipart upload started", uid)
         builder = StreamingObjectBuilder(max_block_size=pol.max_block_size,
@@ -454,6 +440,13 @@ class TopicOffloader:
         self._pending_since = None
         self._attempt = _Attempt(uid, upload, builder, opened, redo_of=redo_of)
         return self._attempt
+
+    def _new_upload(self, key: str) -> SegmentUpload:
+        """A data object's upload: parts in flight, throttled, metered."""
+        return SegmentUpload(self.env.blobstore, key,
+                             object_metadata(self.topic.managed_ledger, "data"),
+                             in_flight=self.env.blocks_in_flight, acquire=self._acquire_fn(),
+                             on_part_done=self._part_done)
 
     def _acquire_fn(self) -> Callable[[int], Awaitable[object]] | None:
         acquire = self.env.acquire
@@ -493,9 +486,8 @@ class TopicOffloader:
         await att.upload.complete()
         log.debug("segment %s: data object complete; writing index", att.uid)
         index = att.builder.finish(att.ledger_ts)
-        meta = self._object_metadata("index")
-        meta["offloadd-data-length"] = str(att.upload.length)
-        meta["offloadd-crc32c"] = f"{crc32c.crc32c(index):08x}"
+        meta = index_metadata(self.topic.managed_ledger, data_length=att.upload.length,
+                              index=index)
         await env.blobstore.put(streaming_index_key(att.uid, env.key_prefix), [index], meta)
         log.debug("segment %s: index written; committing", att.uid)
         await commit.apply(env.metadata, self.topic.managed_ledger,
@@ -612,9 +604,7 @@ class TopicOffloader:
                                                               env.wall_ms(), driver),
                            self.fence, on_write=self.probe.metadata_write)
         self.segment_state = SegmentState.ASSIGNED
-        upload = SegmentUpload(env.blobstore, ledger_data_key(uid, ledger_id, env.key_prefix),
-                               self._object_metadata("data"), in_flight=env.blocks_in_flight,
-                               acquire=self._acquire_fn(), on_part_done=self._part_done)
+        upload = self._new_upload(ledger_data_key(uid, ledger_id, env.key_prefix))
         await upload.start()
         try:
             builder = LedgerObjectBuilder(ledger_id=ledger_id, max_block_size=pol.max_block_size)
@@ -636,9 +626,8 @@ class TopicOffloader:
             custom_metadata={"application": b"pulsar", "component": b"managed-ledger",
                              "pulsar/managed-ledger": self.topic.managed_ledger.encode()})
         index = builder.finish(meta)
-        imeta = self._object_metadata("index")
-        imeta["offloadd-data-length"] = str(upload.length)
-        imeta["offloadd-crc32c"] = f"{crc32c.crc32c(index):08x}"
+        imeta = index_metadata(self.topic.managed_ledger, data_length=upload.length,
+                               index=index)
         await env.blobstore.put(ledger_index_key(uid, ledger_id, env.key_prefix), [index], imeta)
         await commit.apply(env.metadata, self.topic.managed_ledger,
                            lambda info: catalog.complete_ledger(info, ledger_id, uid,
