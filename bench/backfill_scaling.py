@@ -13,7 +13,7 @@ round a control measures the parallelism the (shared) machine offers at that mom
 CPU-bound processes against one (``control_speedup`` per round, 2.0 on two idle cores); read a
 round's speed-up against its control. Prints one JSON document.
 
-    .venv/bin/python bench/backfill_scaling.py [--mib 512] [--segment-mib 64] [--repeat 2]
+    .venv/bin/python bench/backfill_scaling.py [--mib 2048] [--segment-mib 64] [--repeat 4]
 """
 
 from __future__ import annotations
@@ -100,10 +100,10 @@ def write_config(path: Path, **fields: Any) -> Path:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--mib", type=int, default=512)
+    ap.add_argument("--mib", type=int, default=2048)
     ap.add_argument("--segment-mib", type=int, default=64)
     ap.add_argument("--block-mib", type=int, default=16)
-    ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--repeat", type=int, default=4)
     ap.add_argument("--masters", default="local[1],local[2]")
     ap.add_argument("--tier-root", default="/dev/shm" if Path("/dev/shm").is_dir() else None,
                     help="where each run's filesystem tier goes (default: /dev/shm, so the "

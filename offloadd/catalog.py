@@ -195,6 +195,23 @@ def remove_segment(info: pb.ManagedLedgerInfo, uid: uuid.UUID) -> bool:
     return changed
 
 
+def reassign(info: pb.ManagedLedgerInfo, old: uuid.UUID, new: uuid.UUID, now_ms: int) -> bool:
+    """Give the ASSIGNED records of ``old`` the uuid ``new``, in place: the redo of any segment,
+    not only the newest (the records keep their place, and so their begins, in every ledger).
+    ``ValueError`` if ``old`` is already offloaded, ``KeyError`` if it is not recorded."""
+    n_msb, n_lsb = uuid_to_msb_lsb(new)
+    found = False
+    for seg in _records(info, old):
+        if seg.complete:
+            raise ValueError(f"segment {old} is already offloaded; not redoing it")
+        seg.uidMsb, seg.uidLsb = n_msb, n_lsb
+        seg.assignedTimestamp = now_ms
+        found = True
+    if not found:
+        raise KeyError(f"segment {old} is no longer recorded")
+    return True
+
+
 def _records(info: pb.ManagedLedgerInfo, uid: uuid.UUID) -> Iterable[pb.OffloadSegment]:
     msb, lsb = uuid_to_msb_lsb(uid)
     for li in info.ledgerInfo:

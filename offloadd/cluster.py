@@ -49,16 +49,17 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from offloadd.daemon import Ownership, Revoke
 from offloadd.errors import ConfigError, Conflict, FormatError, NotFound, OffloaddError, Retriable
 from offloadd.metadata import ownership
-from offloadd.metadata.base import MetadataStore, Op
+from offloadd.metadata.base import MetadataStore
 from offloadd.model import TopicName
 from offloadd.offload.commit import Fence
+from offloadd.offload.fencing import EpochFence
 from offloadd.paths import OFFLOADD_ROOT
 
 log = logging.getLogger(__name__)
@@ -135,21 +136,6 @@ async def read_members(store: MetadataStore) -> list[Member]:
                           pid if isinstance(pid, int) else None,
                           since if isinstance(since, int) else None))
     return out
-
-
-@dataclass(frozen=True)
-class EpochFence:
-    """The :class:`~offloadd.offload.commit.Fence` of one acquisition of one topic."""
-
-    store: MetadataStore
-    ml_name: str
-    epoch: int
-
-    def guard_ops(self) -> Sequence[Op]:
-        return (ownership.fence_op(self.ml_name, self.epoch),)
-
-    async def verify(self) -> None:
-        await ownership.check_epoch(self.store, self.ml_name, self.epoch)
 
 
 @runtime_checkable

@@ -65,7 +65,7 @@ from offloadd.metadata.base import MetadataStore
 from offloadd.model import Position, TopicName
 from offloadd.offload import commit, fencing
 from offloadd.offload.fencing import EpochFence
-from offloadd.paths import streaming_data_key, streaming_index_key, uuid_to_msb_lsb
+from offloadd.paths import streaming_data_key, streaming_index_key
 
 log = logging.getLogger(__name__)
 MiB = 1024 * 1024
@@ -225,30 +225,6 @@ def _assign_all(work: Sequence[Work], now_ms: int,
         return bool(work)
 
     return edit
-
-
-def reassign(info: pb.ManagedLedgerInfo, old: uuid.UUID, new: uuid.UUID, now_ms: int) -> bool:
-    """Give the ASSIGNED records of ``old`` the uuid ``new``, in place (pure).
-
-    Unlike remove + add, this works for any segment, not only the newest: the records keep
-    their place (and so their begin) in every ledger.
-    """
-    o_msb, o_lsb = uuid_to_msb_lsb(old)
-    n_msb, n_lsb = uuid_to_msb_lsb(new)
-    found = False
-    for li in info.ledgerInfo:
-        if not li.HasField("offloadContext"):
-            continue
-        for seg in li.offloadContext.offloadSegment:
-            if seg.uidMsb == o_msb and seg.uidLsb == o_lsb:
-                if seg.complete:
-                    raise Conflict(f"segment {old} is already offloaded; not redoing it")
-                seg.uidMsb, seg.uidLsb = n_msb, n_lsb
-                seg.assignedTimestamp = now_ms
-                found = True
-    if not found:
-        raise Conflict(f"segment {old} is no longer recorded; rerun the backfill")
-    return True
 
 
 # ---- running ----------------------------------------------------------------------------------
@@ -536,7 +512,7 @@ def _reassign_all(info: pb.ManagedLedgerInfo, *, moves: list[tuple[uuid.UUID, uu
                   ctx: _Ctx) -> bool:
     now = ctx.wall_ms()
     for old, new in moves:
-        reassign(info, old, new, now)
+        catalog.reassign(info, old, new, now)
     return True
 
 

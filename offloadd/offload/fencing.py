@@ -15,17 +15,20 @@ backfill — should hold it this way, so that at most one of them assigns at a t
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from offloadd.metadata import ownership
 from offloadd.metadata.base import MetadataStore, Op
 
 
+@dataclass(frozen=True)
 class EpochFence:
-    def __init__(self, store: MetadataStore, ml_name: str, epoch: int, owner_id: str) -> None:
-        self.store = store
-        self.ml_name = ml_name
-        self.epoch = epoch
-        self.owner_id = owner_id
+    """The fence of one acquisition (epoch) of one topic by ``owner_id``."""
+
+    store: MetadataStore
+    ml_name: str
+    epoch: int
+    owner_id: str = ""
 
     def guard_ops(self) -> Sequence[Op]:
         return (ownership.fence_op(self.ml_name, self.epoch),)

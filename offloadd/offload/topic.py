@@ -473,8 +473,8 @@ class TopicOffloader:
         now_ms = env.wall_ms()
 
         def assign(info: ManagedLedgerInfo) -> bool:
-            if att.redo_of is not None:
-                catalog.remove_segment(info, att.redo_of)
+            if att.redo_of is not None:  # a redo covers exactly the recorded positions
+                return catalog.reassign(info, att.redo_of, att.uid, now_ms)
             return catalog.add_assigned(info, att.uid, ranges, now_ms, driver)
 
         log.debug("segment %s: assigning %s..%s", att.uid, ranges[0].ledger_id, att.end)
