@@ -374,6 +374,8 @@ class TopicOffloader:
                                  avail: int) -> None:
         env = self.env
         att = self._attempt
+        if att is not None:
+            await att.upload.wait_for_room()
         budget = roller.read_budget(pol, att.frame_bytes if att else 0)
         await env.buffer.reserve(budget)
         reserved = budget
@@ -518,13 +520,14 @@ class TopicOffloader:
         await self._upload_ranges(seg.ranges, redo_of=seg.uid)
         self.position = Position(seg.end.ledger_id, seg.end.entry_id + 1)
 
-    async def _read_range(self, r: LedgerRange
+    async def _read_range(self, r: LedgerRange, upload: SegmentUpload
                           ) -> AsyncIterator[tuple[EntryRun, Callable[[], None]]]:
         """``r`` as runs of at most a block's worth, each with its buffer bytes reserved and
         the callback that frees them (to run once the run's parts have landed)."""
         pol = self._policy().roll
         nxt = r.first
         while nxt <= r.last:
+            await upload.wait_for_room()
             budget = pol.block_budget
             await self.env.buffer.reserve(budget)
             lease = self.env.buffer.lease(budget)
@@ -552,7 +555,7 @@ class TopicOffloader:
             if r.ledger_id not in stamps:
                 raise NotFound(f"topic {self.topic}: ledger {r.ledger_id} is gone from the "
                                f"source; cannot offload {r.ledger_id}:{r.first}..{r.last}")
-            async for run, done in self._read_range(r):
+            async for run, done in self._read_range(r, att.upload):
                 try:
                     parts = stamp_parts(att.builder.add_run(run))
                 except BaseException:
@@ -608,8 +611,8 @@ class TopicOffloader:
         await upload.start()
         try:
             builder = LedgerObjectBuilder(ledger_id=ledger_id, max_block_size=pol.max_block_size)
-            async for run, done in self._read_range(LedgerRange(ledger_id, 0,
-                                                                desc.last_entry_id)):
+            async for run, done in self._read_range(
+                    LedgerRange(ledger_id, 0, desc.last_entry_id), upload):
                 last = run.last_entry_id == desc.last_entry_id
                 try:
                     parts = stamp_parts(builder.add_run(run, last=last))

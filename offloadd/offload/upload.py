@@ -27,6 +27,7 @@ class SegmentUpload:
         self.key = key
         self.metadata = dict(metadata)
         self._sem = asyncio.Semaphore(in_flight)
+        self._in_flight = in_flight
         self._acquire = acquire
         self._on_part_done = on_part_done
         self._upload: MultipartUpload | None = None
@@ -42,6 +43,12 @@ class SegmentUpload:
     @property
     def failed(self) -> BaseException | None:
         return self._error
+
+    async def wait_for_room(self) -> None:
+        """Wait until fewer parts are pending than may be in flight: reading further ahead
+        than the uploads can take only holds memory (and fresh buffers) for nothing."""
+        while len(self._tasks) >= self._in_flight and self._error is None:
+            await asyncio.wait(list(self._tasks), return_when=asyncio.FIRST_COMPLETED)
 
     def submit(self, parts: Sequence[Part], release: Callable[[], None]) -> None:
         """Schedule ``parts``; ``release`` runs once when all of them are done (or failed)."""

@@ -199,6 +199,29 @@ def render(data: dict[str, Any], when: str, commit: str) -> str:
         f"listened on: {_get(sec, 'metrics_listening_on')}",
         f"- S3 TLS verification on by default: {_get(sec, 's3_verify_tls_default')}",
         "",
+        "## What the suite found",
+        "",
+        "Fixed when the suite was written: `offloadd produce` at a rate below 256 KB/s waited a "
+        "whole batch's worth of time before its first entry (batches are now at most 50 ms of "
+        "the rate); a SIGHUP or SIGUSR1 during the second of imports at start-up killed "
+        "`offloadd run` (it now ignores them as soon as the `run` command starts, until its "
+        "handlers are in place); a full volume under the embedded store surfaced as "
+        "SQLite's \"disk I/O error\" (now \"disk full ... free space on the volume of "
+        "<dir>\", retriable); the "
+        "reader accepted an object of an unknown format version (now refused, naming the "
+        "version).",
+        "",
+        "## Reproduce",
+        "",
+        "```",
+        ".venv/bin/pytest tests/reliability -q                          # CI portion",
+        "OFFLOADD_SLOW_TESTS=1 .venv/bin/pytest tests/reliability -q    # with the long mode",
+        ".venv/bin/python -m tests.reliability.report                   # rewrite this page",
+        "```",
+        "",
+        "The figures are printed at the end of every run (\"offloadd reliability figures\"), "
+        "kept in the pytest cache, and written to `$OFFLOADD_RELIABILITY_JSON` when set.",
+        "",
     ]
     return "\n".join(lines)
 
