@@ -54,10 +54,11 @@ def _torture(ct: dict[str, Any], label: str) -> list[str]:
         f"{_get(ct, 'source_checked')}",
         f"- lost {_get(ct, 'entries_lost')}, duplicated {_get(ct, 'entries_duplicated')}, "
         f"checksum mismatches {_get(ct, 'checksum_mismatches')}",
-        f"- orphans: {_get(ct, 'orphans_before_gc')} found by verify before gc (besides "
-        f"{_get(ct, 'orphans_planted')} planted for the daemon's gc loop, which removed them), "
-        f"removed by the final `gc --grace 0` {_get(ct, 'orphans_removed_by_gc')}, stale "
-        f"uploads swept {_get(ct, 'uploads_swept_by_gc')}, left {_get(ct, 'orphans_left')}",
+        f"- orphans: the kills left {_get(ct, 'orphans_before_gc')} for the final gc (found by "
+        f"verify before it); of {_get(ct, 'orphans_planted')} planted, the daemon's own gc "
+        f"loop removed {_get(ct, 'planted_removed_by_daemon_gc')} while it was being killed; "
+        f"the final `gc --grace 0` removed {_get(ct, 'orphans_removed_by_gc')} objects and "
+        f"{_get(ct, 'uploads_swept_by_gc')} stale uploads; left: {_get(ct, 'orphans_left')}",
         "",
     ]
 

@@ -105,12 +105,12 @@ def phase_of(lines: list[str]) -> str:
     return "start-up / idle"
 
 
-def plant_orphans(tier: Path, n: int, age_s: float) -> int:
+def plant_orphans(tier: Path, n: int, age_s: float) -> list[str]:
     """Copy committed data objects under fresh uuids (with their metadata sidecars), dated
     ``age_s`` seconds back: objects nothing references, as a crashed writer would leave."""
     objs = [p for p in tier.iterdir() if p.is_file() and len(p.name) == 36]
     then = time.time() - age_s
-    planted = 0
+    planted = []
     for src in objs[:n]:
         uid = str(uuid.uuid4())
         shutil.copyfile(src, tier / uid)
@@ -118,7 +118,7 @@ def plant_orphans(tier: Path, n: int, age_s: float) -> int:
         if meta.exists():
             shutil.copyfile(meta, tier / ".meta" / f"{uid}.json")
         os.utime(tier / uid, (then, then))
-        planted += 1
+        planted.append(uid)
     return planted
 
 
@@ -144,14 +144,15 @@ def torture(tmp_path: Path, figures: Figures, *, kills: int, history_bytes: int,
     writer = Proc(["produce", "--config", str(cfg), "--topics", "2", "--duration", "3600",
                    "--rate", str(rate), "--entry-size", "512"], tmp_path, outputs.new("writer.log"))
     phases: collections.Counter[str] = collections.Counter()
-    aimed = planted = 0
+    aimed = 0
+    planted: set[str] = set()
     run_args = ["run", "--config", str(cfg)]
     nxt = Proc(run_args, tmp_path, outputs.new("run-000.log"), preload=True)
     t0 = time.monotonic()
     try:
         for i, target in enumerate(plan(kills)):
             if target == GC and tier.exists():
-                planted += plant_orphans(tier, 20, age_s=60)
+                planted.update(plant_orphans(tier, 20, age_s=60))
             d, nxt = nxt, None
             d.go()
             # the next daemon imports while this one works
@@ -192,12 +193,14 @@ def torture(tmp_path: Path, figures: Figures, *, kills: int, history_bytes: int,
 
     figures.set(section, kills=kills, aimed_kills=aimed, random_kills=kills - aimed,
                 restarts=kills + 1, kills_by_phase=dict(sorted(phases.items())),
-                torture_seconds=round(torture_s, 1), orphans_planted=planted,
+                torture_seconds=round(torture_s, 1), orphans_planted=len(planted),
+                planted_removed_by_daemon_gc=len(planted - set(before["orphans"])),
                 entries_written=last.written, entries_checked=last.entries,
                 source_checked=last.source_checked, entries_lost=last.lost,
                 entries_duplicated=last.duplicated,
                 checksum_mismatches=last.checksum_mismatches,
-                orphans_before_gc=first.orphans,
+                # what the kills left (planted ones aside) for the final gc pass
+                orphans_before_gc=len(set(before["orphans"]) - planted),
                 orphans_removed_by_gc=len(sweep["orphans_removed"]),
                 uploads_swept_by_gc=sweep["uploads_swept"],
                 orphans_left=last.orphans + len(leftover_uploads),

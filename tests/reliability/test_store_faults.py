@@ -77,11 +77,12 @@ def proxy(moto_server: str) -> Iterator[FaultProxy]:
 def survive(tmp_path: Path, bucket: MotoBucket, proxy: FaultProxy, figures: Figures, *,
             rate: float, seconds: float, bytes_per_s: int, read_through: bool = True,
             section: str | None = None, history: int | None = None,
-            drain_s: float = 600) -> None:
+            drain_s: float = 600, blobstore: str = "") -> None:
     """``standalone`` writes ``seconds`` at ``bytes_per_s`` through the faults; or, given
     ``history`` bytes, ``produce`` writes them first and ``run`` offloads them (its drain is
     not bounded by standalone's two minutes: at 50 % the store circuit keeps pausing uploads)."""
-    cfg = s3_config(tmp_path, proxy.url, bucket.name, policy(tmp_path), blobstore=BLOBSTORE)
+    cfg = s3_config(tmp_path, proxy.url, bucket.name, policy(tmp_path),
+                    blobstore=BLOBSTORE + "\n" + blobstore)
     direct = s3_config(tmp_path, bucket.endpoint, bucket.name, policy(tmp_path),
                        name="direct.toml")
     proxy.plan = faults(rate)
@@ -161,5 +162,7 @@ def test_reads_back_identical_data_through_failing_store_requests(
 @pytest.mark.timeout(900)
 def test_half_of_all_requests_failing_over_more_data_loses_nothing(
         tmp_path: Path, s3_bucket: MotoBucket, proxy: FaultProxy, figures: Figures) -> None:
+    # 8 attempts (the default) all fail one request in 256 at this rate: a store this bad is
+    # what max_attempts is for
     survive(tmp_path, s3_bucket, proxy, figures, rate=0.5, seconds=0, bytes_per_s=0,
-            history=1_500_000, section="store_faults_50pct_long")
+            history=1_500_000, section="store_faults_50pct_long", blobstore="max_attempts = 24")
