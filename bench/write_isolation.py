@@ -59,8 +59,8 @@ def pct(xs: list[float], p: float) -> float:
 
 
 def writer(cwd: Path, seconds: float, rate: float, batch: int, topic: str) -> list[float]:
-    p = subprocess.run([sys.executable, "-c", WRITER, str(seconds), str(rate), str(batch), topic],
-                       cwd=cwd, capture_output=True, text=True, timeout=seconds + 120)
+    p = subprocess.run([sys.executable, "-c", WRITER, str(seconds), str(rate), str(batch),
+                        topic], cwd=cwd, capture_output=True, text=True, timeout=seconds + 120)
     if p.returncode != 0:
         raise SystemExit(p.stderr[-3000:])
     out: list[float] = json.loads(p.stdout.strip().splitlines()[-1])
@@ -73,7 +73,8 @@ def main() -> None:
     ap.add_argument("--rate", type=float, default=5_000_000)
     ap.add_argument("--batch", type=int, default=50)
     ap.add_argument("--history-mib", type=int, default=768)
-    ap.add_argument("--prefix", default="", help="command prefix for the daemon, e.g. \"nice -n 10\"")
+    ap.add_argument("--prefix", default="",
+                    help='command prefix for the daemon, e.g. "nice -n 10"')
     a = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="offloadd-iso-") as d:
         cwd = Path(d)
@@ -92,7 +93,8 @@ log_level = "WARNING"
                         "--topics", "2", "--bytes", str(a.history_mib * 1024 * 1024)],
                        cwd=cwd, check=True, capture_output=True, timeout=900)
         alone = writer(cwd, a.seconds, a.rate, a.batch, "persistent://public/default/live-a")
-        daemon = subprocess.Popen([*a.prefix.split(), sys.executable, "-m", "offloadd.cli", "run", "--config",
+        daemon = subprocess.Popen([*a.prefix.split(), sys.executable, "-m", "offloadd.cli",
+                                   "run", "--config",
                                    "bench.toml"], cwd=cwd, stdout=subprocess.DEVNULL,
                                   stderr=subprocess.DEVNULL)
         try:
@@ -106,7 +108,8 @@ log_level = "WARNING"
         "rate_bytes_per_s": a.rate,
         "batch_entries": a.batch,
         "appends": [len(alone), len(busy)],
-        "alone_ms": {"p50": round(pct(alone, 0.5) * 1e3, 3), "p99": round(pct(alone, 0.99) * 1e3, 3)},
+        "alone_ms": {"p50": round(pct(alone, 0.5) * 1e3, 3),
+                     "p99": round(pct(alone, 0.99) * 1e3, 3)},
         "with_offload_ms": {"p50": round(pct(busy, 0.5) * 1e3, 3),
                             "p99": round(pct(busy, 0.99) * 1e3, 3)},
     }
