@@ -56,7 +56,7 @@ def _torture(ct: dict[str, Any], label: str) -> list[str]:
         f"checksum mismatches {_get(ct, 'checksum_mismatches')}",
         f"- orphans: the kills left {_get(ct, 'orphans_before_gc')} for the final gc (found by "
         f"verify before it); of {_get(ct, 'orphans_planted')} planted, the daemon's own gc "
-        f"loop removed {_get(ct, 'planted_removed_by_daemon_gc')} while it was being killed; "
+        f"loop removed {_get(ct, 'planted_removed_by_daemon_gc')} (killed or not); "
         f"the final `gc --grace 0` removed {_get(ct, 'orphans_removed_by_gc')} objects and "
         f"{_get(ct, 'uploads_swept_by_gc')} stale uploads; left: {_get(ct, 'orphans_left')}",
         "",
