@@ -183,7 +183,7 @@ def _cmd_standalone(args: argparse.Namespace) -> int:
                                        entry_size=args.entry_size, topics=args.topics,
                                        config_path=args.config))
     print(json.dumps(summary))
-    return 0
+    return 1 if summary.get("drained") is False else 0
 
 
 def _run_dict(coro: Coroutine[Any, Any, dict[str, Any]]) -> dict[str, Any]:

@@ -255,9 +255,11 @@ class Daemon:
 
         while True:
             await asyncio.sleep(self.settings.retention.interval_s)
+            log.debug("gc pass starting")
             try:
                 report = await gc_pass(self.metadata, self.blobstore, self.source,
                                        self.settings, now=time.time(), probe=self.metrics)
+                log.debug("gc pass done")
                 if not report.ok:
                     log.warning("gc pass left work pending: %s", report.to_json())
             except OffloaddError as exc:

@@ -77,12 +77,14 @@ async def run_standalone(settings: Settings, *, duration: float | None, rate: fl
         stop.set()
         await writer_task
         await writer.close()  # closes open ledgers: their ends are final
-        if not daemon_task.done():
-            await _drain(daemon, rt, drain_timeout_s)
+        drained: bool | None = None  # None: stopped by a signal, no drain asked for
+        if not daemon_task.done() and daemon.state.value == "running":
+            drained = await _drain(daemon, rt, drain_timeout_s)
             daemon.request_stop()
         await daemon_task
         progress.cancel()
         summary = await _summary(rt, names, stats, time.monotonic() - t0)
+        summary["drained"] = drained
         log.info("standalone finished: %s", json.dumps(summary))
         return summary
     finally:
@@ -91,8 +93,9 @@ async def run_standalone(settings: Settings, *, duration: float | None, rate: fl
         await rt.close()
 
 
-async def _drain(daemon: Daemon, rt: Runtime, timeout: float) -> None:
-    """Close every open segment and wait until all written entries are committed."""
+async def _drain(daemon: Daemon, rt: Runtime, timeout: float) -> bool:
+    """Close every open segment and wait until all written entries are committed; False if
+    that did not happen within ``timeout`` (e.g. the store keeps failing)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         await asyncio.sleep(0.2)
@@ -109,8 +112,11 @@ async def _drain(daemon: Daemon, rt: Runtime, timeout: float) -> None:
                                                                    last.last_entry_id):
                 behind += 1
         if behind == 0:
-            return
-    log.warning("standalone: gave up waiting for the final segments after %.0fs", timeout)
+            return True
+    log.error("standalone: not everything written was offloaded within %.0fs of the end "
+              "(see the errors above); what is committed is intact, the rest is still in "
+              "./data/ledgers and a restart offloads it", timeout)
+    return False
 
 
 async def _progress(daemon: Daemon, stats: Any, t0: float) -> None:

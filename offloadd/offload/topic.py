@@ -113,6 +113,10 @@ class OffloadEnv:
     idle_poll_s: float = 1.0
 
 
+class _StoppedDuringRecovery(Exception):
+    """A stop request arrived while recovery was backing off between retries."""
+
+
 class TaskState(enum.Enum):
     NEW = "new"
     RUNNING = "running"
@@ -204,6 +208,10 @@ class TopicOffloader:
                     continue
                 if done:
                     break
+        except _StoppedDuringRecovery:
+            log.info("topic %s: stopped while recovery was still retrying; nothing was "
+                     "committed, the next start recovers again", self.topic)
+            await self._abandon()
         except Fenced as exc:
             log.warning("topic %s: lost ownership (%s); stopping without committing",
                         self.topic, exc)
@@ -227,7 +235,7 @@ class TopicOffloader:
                 log.error("topic %s: recovery failed: %s (retrying in %.1fs)",
                           self.topic, exc, delay)
                 if await self._sleep_or_stop(delay):
-                    raise Fenced("stopped during recovery") from exc
+                    raise _StoppedDuringRecovery from exc
                 delay = min(delay * 2, self.env.retry_max_s)
 
     async def _recover(self) -> None:
