@@ -43,8 +43,9 @@ def _conformance_dir() -> Path:
 
 
 SMALL = _conformance_dir()
+# shared/ sits beside the checkout; CI always has it, so there a missing folder fails the tests
 pytestmark = pytest.mark.skipif(
-    not SMALL.is_dir(),
+    not SMALL.is_dir() and os.environ.get("CI") != "true",
     reason=f"conformance vectors not found at {SMALL} (set OFFLOADD_SHARED to the shared/ dir)",
 )
 
