@@ -13,6 +13,7 @@ import asyncio
 import json
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from offloadd import config as config_mod
@@ -56,18 +57,20 @@ async def run_standalone(settings: Settings, *, duration: float | None, rate: fl
 
     daemon_task = asyncio.create_task(daemon.run(
         reload=reload, trigger_file=settings.daemon.pid_file.with_suffix(".trigger")))
-    loop = asyncio.get_running_loop()
     # the daemon owns SIGTERM/SIGINT handling; stopping it also stops the writer
     try:
         await rt.start_metrics()
         writer = rt.local.writer
         progress = asyncio.create_task(_progress(daemon, lambda: stats, t0))
 
+        def seen(s: ProduceStats) -> None:
+            nonlocal stats
+            stats = s  # the writer's running totals, for the progress line
+
         async def write() -> None:
             nonlocal stats
             stats = await produce(writer, names, entry_size=entry_size, rate=rate,
-                                  duration=duration, stop=stop,
-                                  on_batch=lambda s: None)
+                                  duration=duration, stop=stop, on_batch=seen)
 
         writer_task = asyncio.create_task(write())
         while not writer_task.done() and not daemon_task.done() and daemon.state.value in (
@@ -88,7 +91,6 @@ async def run_standalone(settings: Settings, *, duration: float | None, rate: fl
         log.info("standalone finished: %s", json.dumps(summary))
         return summary
     finally:
-        del loop
         remove_pid_file(settings.daemon.pid_file)
         await rt.close()
 
@@ -119,13 +121,15 @@ async def _drain(daemon: Daemon, rt: Runtime, timeout: float) -> bool:
     return False
 
 
-async def _progress(daemon: Daemon, stats: Any, t0: float) -> None:
+async def _progress(daemon: Daemon, stats: Callable[[], ProduceStats], t0: float) -> None:
+    """A line every 5 s: what was written, what is committed, the buffer."""
     while True:
         await asyncio.sleep(5)
         st = daemon.status()
-        committed = sum(1 for _ in st["topics"])
-        log.info("t=%.0fs topics=%d buffer=%.1f MiB", time.monotonic() - t0, committed,
-                 st["buffer"]["used"] / 2**20)
+        last = {t: v["last_committed"] for t, v in st["topics"].items()}
+        log.info("t=%.0fs written %.1f MB, buffer %.1f MiB, last committed %s",
+                 time.monotonic() - t0, stats().bytes / 1e6, st["buffer"]["used"] / 2**20,
+                 ", ".join(f"{t.rsplit('/', 1)[-1]}={p}" for t, p in sorted(last.items())))
 
 
 async def _summary(rt: Runtime, names: list[Any], stats: ProduceStats,
