@@ -264,8 +264,7 @@ class OffloaddReader(DataSourceReader):
 
     @property
     def key_prefix(self) -> str:
-        bs = self.settings.blobstore
-        return bs.prefix if bs.driver == "aws-s3" else ""
+        return ""  # the blob-store driver applies [blobstore] prefix itself
 
     def partitions(self) -> list[InputPartition]:
         return list(_run(self._plan()))

@@ -351,7 +351,7 @@ async def _backfill(settings: Settings, topic: TopicName, metadata: MetadataStor
     progress.plan(len(plan.work), sum(w.nbytes for w in plan.work))
     ctx = _Ctx(settings, topic, metadata, blobstore, fence, spark, progress, report,
                max_block_size, min_block_size,
-               settings.blobstore.prefix if settings.blobstore.driver == "aws-s3" else "",
+               "",  # the blob-store driver applies [blobstore] prefix itself
                {li.ledgerId: li.timestamp for li in info.ledgerInfo},
                int(spark.sparkContext.defaultParallelism))
     try:

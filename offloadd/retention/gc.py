@@ -159,8 +159,9 @@ async def gc_pass(metadata: MetadataStore, blobstore: BlobStore, source: LedgerS
 
 
 def key_prefix(settings: Settings) -> str:
-    """The object-key prefix in force (the filesystem driver has none)."""
-    return settings.blobstore.prefix if settings.blobstore.driver == "aws-s3" else ""
+    """The prefix to put on object keys here: none — a driver applies its own configured key
+    prefix (``[blobstore] prefix`` on aws-s3) to every key and strips it from listings."""
+    return ""
 
 
 def referenced_uids(info: pb.ManagedLedgerInfo,
