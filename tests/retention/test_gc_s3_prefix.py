@@ -11,7 +11,7 @@ from offloadd import config
 from offloadd.blobstore.s3 import S3BlobStore
 from offloadd.metadata.memory import MemoryMetadataStore
 from offloadd.retention.gc import gc_pass
-from tests.fixtures.s3 import MotoBucket, moto_server, s3_bucket  # noqa: F401  (fixtures)
+from tests.fixtures.s3 import MotoBucket
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
