@@ -86,6 +86,8 @@ async def run_standalone(settings: Settings, *, duration: float | None, rate: fl
         await writer.close()  # closes open ledgers: their ends are final
         drained: bool | None = None  # None: stopped by a signal, no drain asked for
         if not daemon_task.done() and daemon.state.value == "running":
+            log.info("standalone: writer stopped; offloading what it wrote (up to %.0fs; "
+                     "SIGTERM stops now)", drain_timeout_s)
             drained = await _drain(daemon, rt, drain_timeout_s)
             daemon.request_stop()
         await daemon_task
