@@ -687,7 +687,7 @@ def read_pid_file(path: Path) -> int:
             pass  # held: a daemon is running
         else:
             raise OffloaddError(f"pid file {path} names process {pid}, which is not running "
-                                "(stale pid file: no offloadd holds its lock)")
+                                "(stale pid file): no offloadd holds its lock")
     finally:
         os.close(fd)
     holders = _lock_holders(path)

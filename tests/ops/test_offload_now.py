@@ -72,7 +72,7 @@ class TestPidFile:
             (tmp_path / "data" / "offloadd.pid").write_text(f"{victim.pid}\n")
             res = offloadd(["offload-now"], tmp_path, check=False)
             assert res.returncode == 1, res
-            assert "not running (stale pid file: no offloadd holds its lock)" in res.stderr
+            assert "not running (stale pid file): no offloadd holds its lock" in res.stderr
             time.sleep(0.2)
             assert victim.poll() is None, "offload-now killed an unrelated process"
         finally:
