@@ -14,6 +14,7 @@ import logging
 import os
 import signal
 import sys
+import textwrap
 from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any
@@ -75,8 +76,9 @@ def build_parser() -> argparse.ArgumentParser:
     def cmd(name: str, help_: str, examples: str = "", *, config_required: bool = False,
             description: str = "") -> argparse.ArgumentParser:
         epilog = "examples:\n" + examples.rstrip() if examples else None
-        sp = sub.add_parser(name, help=help_, description=description or help_, epilog=epilog,
-                            formatter_class=argparse.RawDescriptionHelpFormatter)
+        # the raw formatter keeps the examples' lines; the description is wrapped here
+        sp = sub.add_parser(name, help=help_, description=textwrap.fill(description or help_, 79),
+                            epilog=epilog, formatter_class=argparse.RawDescriptionHelpFormatter)
         sp.add_argument("--config", "-c", required=config_required, metavar="FILE",
                         help="TOML configuration file" + (
                             "" if config_required else " (default: the embedded standalone "

@@ -63,7 +63,7 @@ class TestDockerfile:
         daemon = " ".join(a for i, a in st["daemon"])
         assert "--extra spark" not in shared + daemon and "jre" not in shared + daemon
         assert "--all-extras" not in shared + daemon
-        assert ("FROM", "base AS daemon") == st["daemon"][0]
+        assert st["daemon"][0] == ("FROM", "base AS daemon")
         backfill = dict(st["backfill"])
         runs = " ".join(a for i, a in st["backfill"] if i == "RUN")
         assert "uv sync --frozen --no-dev --extra spark" in runs
