@@ -1,4 +1,8 @@
-"""The ``offloadd`` command line (DESIGN §9). Exit codes: 0 ok, 1 failure, 2 bad usage/config."""
+"""offloadd: stream Pulsar managed ledgers into object storage, read them back, check them.
+
+Every command takes --config FILE (a TOML file; without it, the embedded standalone set-up
+under ./data) and --log-level. Exit codes: 0 ok, 1 failure, 2 bad usage or configuration.
+Run `offloadd COMMAND --help` for a command's options and examples."""
 
 from __future__ import annotations
 
@@ -10,6 +14,7 @@ import logging
 import os
 import signal
 import sys
+import textwrap
 from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any
@@ -17,6 +22,7 @@ from typing import Any
 from offloadd import __version__
 from offloadd.errors import ConfigError, OffloaddError
 from offloadd.model import Position, TopicName
+from offloadd.ttyline import StatusLine
 
 log = logging.getLogger("offloadd")
 
@@ -46,79 +52,173 @@ def _position(text: str) -> Position:
     try:
         return Position.parse(text)
     except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+        raise argparse.ArgumentTypeError(f"{exc} (a position is LEDGER:ENTRY, e.g. 42:0)"
+                                         ) from None
+
+
+def _non_negative_float(text: str) -> float:
+    v = float(text)
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"{text} must not be negative")
+    return v
+
+
+TOPIC_HELP = "a full topic name, e.g. persistent://public/default/orders"
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="offloadd", description=__doc__)
+    p = argparse.ArgumentParser(prog="offloadd", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--version", action="version", version=f"offloadd {__version__}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    def cmd(name: str, help_: str, *, config_required: bool = False) -> argparse.ArgumentParser:
-        sp = sub.add_parser(name, help=help_, description=help_)
-        sp.add_argument("--config", "-c", required=config_required,
-                        help="TOML config file (default: the embedded standalone set-up)")
+    def cmd(name: str, help_: str, examples: str = "", *, config_required: bool = False,
+            description: str = "") -> argparse.ArgumentParser:
+        epilog = "examples:\n" + examples.rstrip() if examples else None
+        # the raw formatter keeps the examples' lines; the description is wrapped here
+        sp = sub.add_parser(name, help=help_, description=textwrap.fill(description or help_, 79),
+                            epilog=epilog, formatter_class=argparse.RawDescriptionHelpFormatter)
+        sp.add_argument("--config", "-c", required=config_required, metavar="FILE",
+                        help="TOML configuration file" + (
+                            "" if config_required else " (default: the embedded standalone "
+                            "set-up under ./data)"))
+        sp.add_argument("--log-level", choices=LOG_LEVELS, type=str.upper,
+                        help="log verbosity on stderr (default: [daemon] log_level, INFO)")
         return sp
 
-    cmd("run", "run the daemon in the foreground (systemd Type=notify)", config_required=True)
+    cmd("run", "run the daemon in the foreground (systemd Type=notify)",
+        "  offloadd run --config /etc/offloadd/offloadd.toml\n",
+        config_required=True)
 
-    sp = cmd("standalone", "embedded writer + daemon + metrics, no external service")
-    sp.add_argument("--duration", type=_positive_float, help="seconds to write (default: "
-                    "until SIGTERM/SIGINT)")
-    sp.add_argument("--rate", type=_positive_float, default=1_000_000,
+    sp = cmd("standalone", "embedded writer + daemon + metrics, no external service",
+             "  offloadd standalone --duration 30 --rate 2000000 --topics 3\n"
+             "  offloadd standalone --config my.toml          # until SIGTERM or Ctrl-C\n")
+    sp.add_argument("--duration", type=_positive_float, metavar="SECONDS",
+                    help="seconds to write (default: until SIGTERM/SIGINT)")
+    sp.add_argument("--rate", type=_positive_float, default=1_000_000, metavar="BYTES_PER_S",
                     help="total bytes/s written across all topics (default 1000000)")
-    sp.add_argument("--entry-size", type=_positive_int, default=1024)
-    sp.add_argument("--topics", type=_positive_int, default=3)
+    sp.add_argument("--entry-size", type=_positive_int, default=1024, metavar="BYTES",
+                    help="payload bytes per entry (default 1024)")
+    sp.add_argument("--topics", type=_positive_int, default=3, metavar="K",
+                    help="write K topics, persistent://public/default/topic-0 .. topic-(K-1) "
+                    "(default 3)")
 
-    sp = cmd("produce", "the embedded writer alone (history, live load)")
+    sp = cmd("produce", "the embedded writer alone (history, live load)",
+             "  offloadd produce --topic persistent://public/default/orders --bytes 104857600\n"
+             "  offloadd produce --topics 4 --duration 60 --rate 4000000\n")
     g = sp.add_mutually_exclusive_group(required=True)
-    g.add_argument("--topic", type=_topic)
-    g.add_argument("--topics", type=_positive_int)
-    sp.add_argument("--bytes", type=_positive_int, help="stop after this many bytes")
-    sp.add_argument("--duration", type=_positive_float)
-    sp.add_argument("--rate", type=_positive_float, help="total bytes/s")
-    sp.add_argument("--entry-size", type=_positive_int, default=1024)
+    g.add_argument("--topic", type=_topic, help="the one topic to write: " + TOPIC_HELP)
+    g.add_argument("--topics", type=_positive_int, metavar="K",
+                   help="write K topics, persistent://public/default/topic-0 .. topic-(K-1)")
+    sp.add_argument("--bytes", type=_positive_int, metavar="N", help="stop after N bytes")
+    sp.add_argument("--duration", type=_positive_float, metavar="SECONDS",
+                    help="stop after this many seconds")
+    sp.add_argument("--rate", type=_positive_float, metavar="BYTES_PER_S",
+                    help="total bytes/s across topics (default: as fast as possible)")
+    sp.add_argument("--entry-size", type=_positive_int, default=1024, metavar="BYTES",
+                    help="payload bytes per entry (default 1024)")
 
-    sp = cmd("status", "per topic: segments by state, lag, last offloaded position")
-    sp.add_argument("--json", action="store_true")
+    sp = cmd("status", "per topic: segments by state, lag, last offloaded position",
+             "  offloadd status --config /etc/offloadd/offloadd.toml\n"
+             "  offloadd status --json | jq '.topics[] | {topic, lag}'\n",
+             description="Per topic: segments by state, lag, last offloaded position, owner. "
+             "Reads the metadata store (read-only; it must exist) and the running daemon's "
+             "/status when it answers.")
+    sp.add_argument("--json", action="store_true",
+                    help="one JSON document on stdout instead of text (for scripts)")
 
-    sp = cmd("read", "print offloaded entries: ledger:entry<TAB>base64 per line")
-    sp.add_argument("--topic", type=_topic, required=True)
-    sp.add_argument("--from", dest="start", type=_position)
-    sp.add_argument("--count", type=_positive_int)
-    sp.add_argument("--raw", action="store_true", help="write raw payload bytes instead")
+    sp = cmd("read", "print offloaded entries: LEDGER:ENTRY<TAB>base64 per line",
+             "  offloadd read --topic persistent://public/default/orders --count 5\n"
+             "  offloadd read --topic persistent://public/default/orders --from 42:1000 "
+             "--count 10\n"
+             "  offloadd read --topic persistent://public/default/orders --raw > payloads.bin\n",
+             description="Print offloaded entries in log order, one per line as "
+             "LEDGER:ENTRY<TAB>base64(payload). Exits 1 when --from names an entry the tier "
+             "does not hold (past the end, or deleted by retention).")
+    sp.add_argument("--topic", type=_topic, required=True, help=TOPIC_HELP)
+    sp.add_argument("--from", dest="start", type=_position, metavar="L:E",
+                    help="start at ledger L, entry E, e.g. 42:0 (default: the first offloaded "
+                    "entry)")
+    sp.add_argument("--count", type=_positive_int, metavar="N",
+                    help="print at most N entries (default: all)")
+    sp.add_argument("--raw", action="store_true",
+                    help="write the raw payload bytes, concatenated, instead of lines")
 
-    sp = cmd("verify", "check every committed segment; exit 0 only if all is well")
-    sp.add_argument("--topic", type=_topic, action="append")
-    sp.add_argument("--json", action="store_true")
-    sp.add_argument("--orphan-grace", type=float, default=300.0,
-                    help="ignore unreferenced objects younger than this (s)")
+    sp = cmd("verify", "check every committed segment; exit 0 only if all is well",
+             "  offloadd verify --config /etc/offloadd/offloadd.toml\n"
+             "  offloadd verify --topic persistent://public/default/orders --json\n",
+             description="Read every committed segment back and check it: contiguous, every "
+             "block and checksum right, entries equal to the source's where it still has "
+             "them, no orphan objects. Read-only. Exit 0 only if all is well.")
+    sp.add_argument("--topic", type=_topic, action="append",
+                    help=TOPIC_HELP + " (repeatable; default: every topic)")
+    sp.add_argument("--json", action="store_true",
+                    help="one JSON report on stdout instead of text (for scripts)")
+    sp.add_argument("--orphan-grace", type=_non_negative_float, default=300.0,
+                    metavar="SECONDS",
+                    help="ignore unreferenced objects younger than this (default 300)")
 
-    sp = cmd("offload-now", "close and upload the current segment now (SIGUSR1)")
-    sp.add_argument("--topic", type=_topic, action="append")
+    sp = cmd("offload-now", "close and upload the open segment(s) now",
+             "  offloadd offload-now --config /etc/offloadd/offloadd.toml\n"
+             "  offloadd offload-now --topic persistent://public/default/orders --wait\n"
+             "  offloadd offload-now --url http://broker-1:9105 --wait   # token: "
+             "[metrics] control_token\n",
+             description="Close the open segment(s) now and upload them. Without --wait or "
+             "--url: SIGUSR1 to the daemon named by the locked [daemon] pid_file. With --wait "
+             "or --url: POST /offload-now on the daemon's metrics endpoint, then (with --wait) "
+             "block until the segment is committed or an attempt at it fails, and print the "
+             "result. Exit 1 if a topic failed, timed out or is not served there.")
+    sp.add_argument("--topic", type=_topic, action="append",
+                    help=TOPIC_HELP + " (repeatable; default: [daemon] offload_now_topics, "
+                    "or every topic)")
+    sp.add_argument("--wait", action="store_true",
+                    help="wait until the closed segment is committed or fails")
+    sp.add_argument("--timeout", type=_positive_float, default=300.0, metavar="SECONDS",
+                    help="with --wait: give up after this long (default 300)")
+    sp.add_argument("--url", metavar="URL",
+                    help="the daemon's metrics endpoint, e.g. http://127.0.0.1:9105 (default "
+                    "with --wait: [metrics] bind)")
+    sp.add_argument("--json", action="store_true", help="print the results as JSON")
 
-    sp = cmd("gc", "apply retention and deletions, retry failed ones, sweep orphans")
-    sp.add_argument("--grace", type=float, help="remove unreferenced objects older than this "
-                    "(s; default [retention] orphan_grace_s)")
-    sp.add_argument("--json", action="store_true")
+    sp = cmd("gc", "apply retention and deletions, retry failed ones, sweep orphans",
+             "  offloadd gc --config /etc/offloadd/offloadd.toml --dry-run\n"
+             "  offloadd gc --config /etc/offloadd/offloadd.toml --grace 3600 --json\n")
+    sp.add_argument("--grace", type=float, metavar="SECONDS",
+                    help="remove unreferenced objects older than this "
+                    "(default [retention] orphan_grace_s)")
+    sp.add_argument("--json", action="store_true",
+                    help="one JSON report on stdout instead of text (for scripts)")
     sp.add_argument("--dry-run", action="store_true", help="report, change nothing")
 
     sp = cmd("backfill", "upload a topic's closed history on Spark, then let streaming resume",
-             config_required=True)
-    sp.add_argument("--topic", type=_topic, required=True)
-    sp.add_argument("--master", help="Spark master URL (default local[*])")
-    sp.add_argument("--max-attempts", type=_positive_int, default=3,
+             "  offloadd backfill --config offloadd.toml --topic "
+             "persistent://public/default/orders\n"
+             "  offloadd backfill --config offloadd.toml --topic "
+             "persistent://public/default/orders --master spark://spark-master:7077\n",
+             config_required=True,
+             description="Upload a topic's closed history on Spark, then let streaming "
+             "resume. Needs the spark extra (pip install 'offloadd[spark]') and Java 17.")
+    sp.add_argument("--topic", type=_topic, required=True, help=TOPIC_HELP)
+    sp.add_argument("--master", metavar="URL", help="Spark master URL (default local[*])")
+    sp.add_argument("--max-attempts", type=_positive_int, default=3, metavar="N",
                     help="attempts per segment before the run fails (default 3)")
     sp.add_argument("--spark-conf", action="append", default=[], metavar="KEY=VALUE",
                     help="extra Spark configuration (repeatable)")
     sp.add_argument("--metrics-bind", metavar="HOST:PORT",
-                    help="serve progress gauges here (default: [metrics] bind, if enabled)")
+                    help="serve progress gauges here (default: [metrics] bind if free, else "
+                    "the next port)")
 
-    sp = sub.add_parser("config", help="configuration tools")
-    csub = sp.add_subparsers(dest="config_command", required=True)
-    cc = csub.add_parser("check", help="validate a config file (exit 2 if invalid)")
-    cc.add_argument("--config", "-c", required=False)
-    csub.add_parser("reference", help="print the configuration reference (Markdown)")
+    sp = sub.add_parser("config", help="configuration tools", description="configuration tools")
+    csub = sp.add_subparsers(dest="config_command", required=True, metavar="SUBCOMMAND")
+    cc = csub.add_parser("check", help="validate a config file (exit 2 if invalid)",
+                         description="Validate a config file and the OFFLOADD_* environment; "
+                         "exit 2 with one line naming the problem if invalid.")
+    cc.add_argument("--config", "-c", required=False, metavar="FILE",
+                    help="TOML configuration file (default: check the defaults and the "
+                    "environment)")
+    csub.add_parser("reference", help="print the configuration reference (Markdown)",
+                    description="Print every configuration key (Markdown).")
     return p
 
 
@@ -165,12 +265,12 @@ def _dispatch(args: argparse.Namespace) -> int:
     return handlers[args.command](args)
 
 
-def _setup_logs(settings: Any) -> None:
+def _setup_logs(settings: Any, args: argparse.Namespace | None = None) -> None:
     from offloadd import logs
     from offloadd.config import secret_values
 
-    logs.configure(settings.daemon.log_format, settings.daemon.log_level,
-                   secret_values(settings))
+    level = getattr(args, "log_level", None) or settings.daemon.log_level
+    logs.configure(settings.daemon.log_format, level, secret_values(settings))
 
 
 # ---- commands ------------------------------------------------------------------------------
@@ -178,7 +278,7 @@ def _cmd_standalone(args: argparse.Namespace) -> int:
     from offloadd.standalone import run_standalone
 
     settings = _settings(args)
-    _setup_logs(settings)
+    _setup_logs(settings, args)
     summary = _run_dict(run_standalone(settings, duration=args.duration, rate=args.rate,
                                        entry_size=args.entry_size, topics=args.topics,
                                        config_path=args.config))
@@ -205,7 +305,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from offloadd.service import run_service
 
     settings = _settings(args)
-    _setup_logs(settings)
+    _setup_logs(settings, args)
     return _run(run_service(settings, args.config))
 
 
@@ -218,7 +318,7 @@ def _cmd_produce(args: argparse.Namespace) -> int:
         print("offloadd: produce needs --bytes N or --duration S", file=sys.stderr)
         return 2
     settings = _settings(args)
-    _setup_logs(settings)
+    _setup_logs(settings, args)
     topics = [args.topic] if args.topic else topic_names(args.topics)
 
     async def go() -> int:
@@ -250,7 +350,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
     from offloadd.status import collect, render_text
 
     settings = _settings(args)
-    _setup_logs(settings)
+    _setup_logs(settings, args)
 
     async def go() -> int:
         st = await collect(settings)
@@ -268,13 +368,17 @@ def _cmd_read(args: argparse.Namespace) -> int:
     from offloadd.read.reader import TierReader
 
     settings = _settings(args)
-    _setup_logs(settings)
+    _setup_logs(settings, args)
 
     async def go() -> int:
-        md = await wiring.open_metadata(settings)
-        bs = await wiring.open_blobstore(settings)
+        md = await wiring.open_metadata(settings, read_only=True)
         try:
-            reader = TierReader(md, bs, prefetch=settings.offload.read_prefetch_blocks,
+            bs = await wiring.open_blobstore(settings)
+        except BaseException:
+            await md.close()
+            raise
+        try:
+            reader = TierReader(md, bs, prefetch=settings.offload.prefetch_blocks(),
                                 key_prefix=_prefix(settings))
             out = sys.stdout.buffer
             async for e in reader.read(args.topic, args.start, args.count):
@@ -305,20 +409,25 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     from offloadd.verify import verify
 
     settings = _settings(args)
-    _setup_logs(settings)
+    _setup_logs(settings, args)
 
     async def go() -> int:
-        md = await wiring.open_metadata(settings)
-        bs = await wiring.open_blobstore(settings)
-        src = wiring.open_source(settings, md)
+        md = await wiring.open_metadata(settings, read_only=True)
         try:
-            topics = args.topic or [TopicName.from_managed_ledger(n)
-                                    for n in await managed_ledger.list_names(md)]
-            rep = await verify(md, bs, src, topics, prefix=_prefix(settings),
-                               grace_s=args.orphan_grace)
+            bs = await wiring.open_blobstore(settings)
+            try:
+                src = wiring.open_source(settings, md)
+                try:
+                    topics = args.topic or [TopicName.from_managed_ledger(n)
+                                            for n in await managed_ledger.list_names(md)]
+                    with StatusLine(sys.stderr, prefix="verify") as line:
+                        rep = await verify(md, bs, src, topics, prefix=_prefix(settings),
+                                           grace_s=args.orphan_grace, on_progress=line.show)
+                finally:
+                    await src.close()
+            finally:
+                await bs.close()
         finally:
-            await src.close()
-            await bs.close()
             await md.close()
         if args.json:
             print(json.dumps(rep.to_json(), indent=2))
@@ -346,13 +455,13 @@ def _cmd_gc(args: argparse.Namespace) -> int:
     from offloadd.retention.gc import gc_pass, render_text
 
     settings = _settings(args)
-    _setup_logs(settings)
+    _setup_logs(settings, args)
     if args.grace is not None and args.grace < 0:
         print("offloadd: --grace must not be negative", file=sys.stderr)
         return 2
 
     async def go() -> int:
-        md = await wiring.open_metadata(settings)
+        md = await wiring.open_metadata(settings, must_exist=True)  # gc never creates a store
         try:
             bs = await wiring.open_blobstore(settings)
             try:
@@ -362,8 +471,10 @@ def _cmd_gc(args: argparse.Namespace) -> int:
                     log.warning("gc without the ledger source: %s", exc)
                     src = None
                 try:
-                    rep = await gc_pass(md, bs, src, settings, now=time.time(),
-                                        grace_s=args.grace, dry_run=args.dry_run)
+                    with StatusLine(sys.stderr, prefix="gc") as line:
+                        rep = await gc_pass(md, bs, src, settings, now=time.time(),
+                                            grace_s=args.grace, dry_run=args.dry_run,
+                                            on_progress=line.show)
                 finally:
                     if src is not None:
                         await src.close()
@@ -377,11 +488,30 @@ def _cmd_gc(args: argparse.Namespace) -> int:
     return _run(go())
 
 
+# Optional features (pyproject's [project.optional-dependencies]): extra -> modules it brings.
+EXTRAS: dict[str, tuple[str, ...]] = {"spark": ("pyspark", "pyarrow")}
+
+
+def _need_extra(extra: str, command: str) -> None:
+    """``OffloaddError`` naming what to install when an optional feature's packages are
+    missing (a daemon install leaves them out)."""
+    import importlib.util
+
+    missing = [m for m in EXTRAS[extra] if importlib.util.find_spec(m) is None]
+    if missing:
+        raise OffloaddError(
+            f"{command} needs the '{extra}' extra ({', '.join(missing)} not installed): "
+            f"install it with  pip install 'offloadd[{extra}]'  (or  uv pip install "
+            f"'offloadd[{extra}]'  into this environment; the backfill container image "
+            "has it)")
+
+
 def _cmd_backfill(args: argparse.Namespace) -> int:
+    settings = _settings(args)
+    _need_extra("spark", "offloadd backfill")
     from offloadd.backfill.command import backfill_command
 
-    settings = _settings(args)
-    _setup_logs(settings)
+    _setup_logs(settings, args)
     return backfill_command(settings, args)
 
 
@@ -389,14 +519,70 @@ def _cmd_offload_now(args: argparse.Namespace) -> int:
     from offloadd.daemon import read_pid_file
 
     settings = _settings(args)
+    if args.wait or args.url:
+        return _offload_now_http(settings, args)
     pid_file = Path(settings.daemon.pid_file)
-    pid = read_pid_file(pid_file)
+    pid = read_pid_file(pid_file)  # refuses a stale file or a process that is not offloadd
     if args.topic:
         trig = pid_file.with_suffix(".trigger")
         trig.write_text("".join(f"{t}\n" for t in args.topic))
     os.kill(pid, signal.SIGUSR1)
     print(f"asked offloadd (pid {pid}) to close its open segment(s) now")
     return 0
+
+
+def _offload_now_http(settings: Any, args: argparse.Namespace) -> int:
+    """POST /offload-now on the daemon's metrics endpoint (``--url`` or ``[metrics] bind``)."""
+    import urllib.error
+    import urllib.request
+
+    url = args.url
+    if url is None:
+        if not settings.metrics.enabled:
+            raise ConfigError("offload-now --wait talks to the daemon's metrics endpoint, "
+                              "which [metrics] enabled = false turns off: enable it, or give "
+                              "--url, or drop --wait (then SIGUSR1 is sent)")
+        host, _, port = settings.metrics.bind.rpartition(":")
+        host = host.strip("[]")
+        if host in ("0.0.0.0", "::", ""):
+            host = "127.0.0.1"
+        url = f"http://{'[' + host + ']' if ':' in host else host}:{port}"
+    endpoint = url.rstrip("/") + "/offload-now"
+    body = {"topics": [str(t) for t in args.topic] if args.topic else None,
+            "wait": bool(args.wait), "timeout_s": args.timeout}
+    req = urllib.request.Request(endpoint, data=json.dumps(body).encode(), method="POST",
+                                 headers={"Content-Type": "application/json"})
+    token = settings.metrics.control_token
+    if token is not None:
+        req.add_header("Authorization", f"Bearer {token.get_secret_value()}")
+    try:
+        with urllib.request.urlopen(req, timeout=args.timeout + 30) as resp:
+            answer = json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        try:
+            why = json.loads(exc.read()).get("error", exc.reason)
+        except ValueError:
+            why = exc.reason
+        raise OffloaddError(f"{endpoint}: HTTP {exc.code}: {why}") from None
+    except (OSError, ValueError) as exc:
+        raise OffloaddError(f"{endpoint}: no answer from offloadd ({exc}); is it running, "
+                            "with its metrics endpoint there?") from None
+    results = answer.get("results", [])
+    if args.json:
+        print(json.dumps(answer, indent=2))
+    else:
+        for r in results:
+            line = f"{r['topic']}: {r['result']}"
+            if r.get("result") == "committed":
+                line += f" up to {r['last_committed']} in {r['seconds']:.1f}s"
+            elif r.get("target"):
+                line += f" (target {r['target']}, last committed {r.get('last_committed')})"
+            if r.get("error"):
+                line += f": {r['error']}"
+            print(line)
+        if not results:
+            print("no topic to close")
+    return 0 if answer.get("ok") else 1
 
 
 def _cmd_config(args: argparse.Namespace) -> int:

@@ -43,6 +43,13 @@ def _alias(*names: str) -> Any:
     return AliasChoices(*names)
 
 
+# Pulsar's names for the byte threshold: the offload policy's, broker.conf's older one, and
+# the one issue reports used (accepted so such a file loads)
+_THRESHOLD_BYTES = ("threshold_bytes", "managedLedgerOffloadThresholdInBytes",
+                    "managedLedgerOffloadAutoTriggerSizeThresholdBytes",
+                    "managedLedgerOffloadMaxThresholdInBytes")
+
+
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True)
 
@@ -186,6 +193,9 @@ class OffloadPolicy(_Section):
         None, ge=0, description="pad blocks to this (default: 5 MiB on aws-s3, none on filesystem)")
     deletion_lag_ms: int = Field(14_400_000, ge=0, validation_alias=_alias(
         "deletion_lag_ms", "managedLedgerOffloadDeletionLagInMillis"))
+    threshold_bytes: int = Field(-1, ge=-1, validation_alias=_alias(*_THRESHOLD_BYTES))
+    threshold_seconds: float = Field(-1.0, ge=-1, validation_alias=_alias(
+        "threshold_seconds", "managedLedgerOffloadThresholdInSeconds"))
 
 
 class PolicyOverride(_Section):
@@ -200,24 +210,49 @@ class PolicyOverride(_Section):
     min_block_size_bytes: int | None = Field(None, ge=0)
     deletion_lag_ms: int | None = Field(None, ge=0, validation_alias=_alias(
         "deletion_lag_ms", "managedLedgerOffloadDeletionLagInMillis"))
+    threshold_bytes: int | None = Field(None, ge=-1, validation_alias=_alias(
+        *_THRESHOLD_BYTES))
+    threshold_seconds: float | None = Field(None, ge=-1, validation_alias=_alias(
+        "threshold_seconds", "managedLedgerOffloadThresholdInSeconds"))
 
 
 class OffloadSettings(OffloadPolicy):
     flow_permits_per_second: float = Field(0.0, ge=0, validation_alias=_alias(
-        "flow_permits_per_second", "managedLedgerOffloadBrokerFlowPermitsPerSecond"),
+        "flow_permits_per_second", "managedLedgerOffloadBrokerFlowPermitsPerSecond",
+        "managedLedgerOffloadBrokerFlowPermits"),
         description="broker-wide upload bytes/s; 0 = unlimited")
     burst_bytes: int | None = Field(None, ge=1, description="default: one second of permits")
     buffer_max_bytes: int = Field(256 * MiB, ge=MiB, description="offload buffer cap")
     blocks_in_flight: int = Field(4, ge=1, le=64)
     read_prefetch_blocks: int = Field(8, ge=0, le=64, description="blocks fetched ahead of a "
                                       "reader (memory: this × block size)")
+    read_buffer_bytes: int | None = Field(
+        None, ge=1, validation_alias=_alias(
+            "read_buffer_bytes", "s3ManagedLedgerOffloadReadBufferSizeInBytes",
+            "managedLedgerOffloadReadBufferSizeInBytes"),
+        description="bytes a reader may fetch ahead; when set, replaces read_prefetch_blocks "
+        "by this ÷ max_block_size_bytes blocks (at least 1)")
+
+    def prefetch_blocks(self) -> int:
+        """Blocks a reader fetches ahead: ``read_buffer_bytes`` in blocks when set, else
+        ``read_prefetch_blocks``."""
+        if self.read_buffer_bytes is None:
+            return self.read_prefetch_blocks
+        return min(max(self.read_buffer_bytes // self.max_block_size_bytes, 1), 64)
     retry_base_s: float = Field(0.5, gt=0)
     retry_max_s: float = Field(30.0, gt=0)
+    read_check_interval_s: float = Field(
+        60.0, ge=0, description="read the newest committed segment of each topic that "
+        "committed since the last check back from the tier (its index and a few KiB of data) "
+        "this often; 0 = never")
 
 
 class MetricsSettings(_Section):
     enabled: bool = True
     bind: str = "127.0.0.1:9105"
+    control_token: SecretStr | None = Field(
+        None, description="bearer token for POST /offload-now from other hosts (a secret); "
+        "unset: only loopback clients may call it")
 
     @field_validator("bind")
     @classmethod
@@ -651,6 +686,10 @@ _DOCS: dict[str, str] = {
     "offload.min_block_size_bytes": "pad blocks to this (default: 5 MiB on aws-s3, none on "
                                     "filesystem)",
     "offload.deletion_lag_ms": "keep a ledger's source copy this long after it is offloaded",
+    "offload.threshold_bytes": "offload an entry only once this many payload bytes follow it "
+                               "(the newest stay only in the source); negative: no threshold",
+    "offload.threshold_seconds": "offload an entry only once it is this old; with "
+                                 "threshold_bytes, either suffices; negative: no threshold",
     "offload.blocks_in_flight": "multipart parts uploading at once, per topic",
     "offload.read_prefetch_blocks": "blocks `offloadd read` fetches ahead",
     "offload.retry_base_s": "first back-off after a failed segment (doubles up to retry_max_s)",

@@ -12,27 +12,32 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
+import fcntl
 import fnmatch
+import itertools
 import logging
 import os
 import signal
 import socket
 import time
-from collections.abc import Awaitable, Callable, Collection, Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from offloadd import logs
 from offloadd.blobstore.base import BlobStore
 from offloadd.config import Settings
 from offloadd.errors import OffloaddError
 from offloadd.ledger.base import LedgerSource
+from offloadd.ledger.metered import MeteredSource, SourceReadProbe
 from offloadd.metadata.base import MetadataStore
 from offloadd.metrics import Metrics
-from offloadd.model import TopicName
+from offloadd.model import LedgerDesc, Position, TopicName
 from offloadd.offload.buffer import OffloadBuffer
 from offloadd.offload.commit import Fence, NoFence
 from offloadd.offload.roller import RollPolicy
+from offloadd.offload.threshold import TailLog, Thresholds
 from offloadd.offload.throttle import Throttle
 from offloadd.offload.topic import (
     OffloadEnv,
@@ -83,6 +88,43 @@ class Ownership:
         act on the failed requests it leaves behind)."""
 
 
+@dataclass(frozen=True)
+class OffloadNow:
+    """What an offload-now did for one topic.
+
+    ``result``: ``committed`` (everything up to ``target`` is in the tier), ``triggered``
+    (asked, not waited for), ``nothing`` (no entry past what is committed), ``failed`` (an
+    attempt failed: ``error``; the daemon keeps retrying), ``timeout``, ``not-served``,
+    ``ledger-mode``.
+    """
+
+    topic: str
+    result: str
+    target: str | None = None
+    last_committed: str | None = None
+    error: str | None = None
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.result in ("committed", "triggered", "nothing")
+
+    def to_json(self) -> dict[str, Any]:
+        return {"topic": self.topic, "result": self.result, "target": self.target,
+                "last_committed": self.last_committed, "error": self.error,
+                "seconds": round(self.seconds, 3)}
+
+
+def _text(pos: Position | None) -> str | None:
+    return str(pos) if pos is not None else None
+
+
+def _tail(ledgers: Sequence[LedgerDesc]) -> Position | None:
+    """The topic's last readable entry."""
+    return next((Position(d.ledger_id, d.last_entry_id) for d in reversed(ledgers)
+                 if d.last_entry_id >= 0), None)
+
+
 @dataclass
 class _Running:
     task: asyncio.Task[None]
@@ -118,8 +160,11 @@ class Daemon:
         off = settings.offload
         self.buffer = OffloadBuffer(off.buffer_max_bytes, on_change=on_buffer)
         self.throttle = Throttle(off.flow_permits_per_second, off.burst_bytes)
+        # the pipeline reads through a wrapper that times each read per topic
+        piped: LedgerSource = source if probe_factory is None else MeteredSource(
+            source, self._source_probe)
         self.env = OffloadEnv(
-            source=source, metadata=metadata, blobstore=blobstore, buffer=self.buffer,
+            source=piped, metadata=metadata, blobstore=blobstore, buffer=self.buffer,
             acquire=self._acquire, blocks_in_flight=off.blocks_in_flight,
             retry_base_s=off.retry_base_s, retry_max_s=off.retry_max_s)
         self.topics: dict[TopicName, _Running] = {}
@@ -129,6 +174,11 @@ class Daemon:
         self.ready = False
         self._on_stopping: Callable[[], None] | None = None
         self._reloading: asyncio.Task[None] | None = None
+
+    def _source_probe(self, topic: TopicName) -> SourceReadProbe | None:
+        r = self.topics.get(topic)
+        probe = r.offloader.probe if r is not None else None
+        return probe if hasattr(probe, "ledger_read") else None  # type: ignore[return-value]
 
     async def _acquire(self, nbytes: int, topic: str) -> float:
         """Take a block's bytes from the broker-wide budget in one request, reporting the wait
@@ -155,7 +205,9 @@ class Daemon:
                                       max_block_size=p.max_block_size_bytes,
                                       min_block_size=min(s.min_block_size(p),
                                                          p.max_block_size_bytes)),
-                           mode=p.mode)
+                           mode=p.mode,
+                           thresholds=Thresholds.from_config(p.threshold_bytes,
+                                                             p.threshold_seconds))
 
     def _policy_fn(self, topic: TopicName) -> Callable[[], TopicPolicy]:
         return lambda: self.policy(topic)
@@ -189,6 +241,89 @@ class Daemon:
             if topics is None or name in topics:
                 r.offloader.trigger()
 
+    def default_trigger_topics(self) -> list[TopicName] | None:
+        """What an offload-now naming no topic closes: ``[daemon] offload_now_topics`` (fnmatch
+        patterns) of the running topics, or every topic (None) when that is empty."""
+        pats = self.settings.daemon.offload_now_topics
+        if not pats:
+            return None
+        return [t for t in self.topics if any(fnmatch.fnmatchcase(str(t), p) for p in pats)]
+
+    async def offload_now(self, topics: list[TopicName] | None = None, *, wait: bool = False,
+                          timeout_s: float = 300.0, poll_s: float = 0.1) -> list[OffloadNow]:
+        """Close the open segments of ``topics`` (default: :meth:`default_trigger_topics`) at
+        each topic's tail as it is now; with ``wait``, until that segment is committed, an
+        attempt at it fails, or ``timeout_s`` passes (``offloadd offload-now --wait``, the
+        control endpoint). Like ``pulsar-admin topics offload -w`` + ``offload-status -w``.
+        """
+        names = topics if topics is not None else self.default_trigger_topics()
+        if names is None:
+            names = list(self.topics)
+        t0 = time.monotonic()
+        results: dict[TopicName, OffloadNow] = {}
+        pending: dict[TopicName, tuple[TopicOffloader, Position, int]] = {}
+        for name in names:
+            r = self.topics.get(name)
+            if r is None:
+                results[name] = OffloadNow(str(name), "not-served", error="this daemon does not "
+                                           "offload that topic (unknown, filtered out by "
+                                           "[source] topics, or owned by another daemon)")
+                continue
+            off = r.offloader
+            if self.policy(name).mode == "ledger":
+                results[name] = OffloadNow(str(name), "ledger-mode", _text(off.last_committed),
+                                           error="the topic offloads whole ledgers as they close")
+                continue
+            try:
+                ledgers = await self.source.ledgers(name)
+                # the thresholds keep the newest data in the source: the segment closes at
+                # what may be offloaded now (ledger boundaries tell that much for sure)
+                tail = _tail(TailLog().clip(self.policy(name).thresholds, ledgers,
+                                            self.env.wall_ms()))
+            except OffloaddError as exc:
+                results[name] = OffloadNow(str(name), "failed", _text(off.last_committed),
+                                           error=f"cannot read the topic's tail: {exc}")
+                continue
+            done = off.last_committed
+            if tail is None or (done is not None and done >= tail):
+                results[name] = OffloadNow(str(name), "nothing", _text(done), _text(done))
+                continue
+            off.trigger()
+            if not wait:
+                results[name] = OffloadNow(str(name), "triggered", _text(tail), _text(done))
+                continue
+            pending[name] = (off, tail, off.failed_attempts)
+        log.info("offload-now: closing open segments (%s)",
+                 ", ".join(map(str, names)) or "no topic")
+        while pending:
+            for name, (off, tail, failed_before) in list(pending.items()):
+                done = off.last_committed
+                if done is not None and done >= tail:
+                    results[name] = OffloadNow(str(name), "committed", str(tail), str(done),
+                                               seconds=time.monotonic() - t0)
+                elif off.failed_attempts > failed_before:
+                    results[name] = OffloadNow(str(name), "failed", str(tail), _text(done),
+                                               error=off.last_error,
+                                               seconds=time.monotonic() - t0)
+                elif off.state is TaskState.STOPPED or self.topics.get(name) is None:
+                    results[name] = OffloadNow(str(name), "failed", str(tail), _text(done),
+                                               error="the topic's task stopped",
+                                               seconds=time.monotonic() - t0)
+                else:
+                    continue
+                del pending[name]
+            if not pending:
+                break
+            if time.monotonic() - t0 >= timeout_s:
+                for name, (off, tail, _) in pending.items():
+                    results[name] = OffloadNow(str(name), "timeout", str(tail),
+                                               _text(off.last_committed),
+                                               error=off.last_error,
+                                               seconds=time.monotonic() - t0)
+                break
+            await asyncio.sleep(poll_s)
+        return [results[n] for n in names]
+
     def request_stop(self) -> None:
         if self.state in (DaemonState.NEW, DaemonState.RUNNING):
             self.state = DaemonState.STOPPING
@@ -220,6 +355,7 @@ class Daemon:
                 installed.append(sig)
         self.state = DaemonState.RUNNING
         gc_task = asyncio.create_task(self._gc_loop(), name="gc")
+        check_task = asyncio.create_task(self._read_check_loop(), name="read check")
         try:
             first = True
             while not self._stop.is_set():
@@ -239,10 +375,12 @@ class Daemon:
                 self._reap()
                 await self._pause()
             gc_task.cancel()
-            await asyncio.gather(gc_task, return_exceptions=True)
+            check_task.cancel()
+            await asyncio.gather(gc_task, check_task, return_exceptions=True)
             await self._shutdown()
         finally:
             gc_task.cancel()
+            check_task.cancel()
             for sig in installed:
                 loop.remove_signal_handler(sig)
             self.state = DaemonState.STOPPED
@@ -265,6 +403,34 @@ class Daemon:
             except OffloaddError as exc:
                 log.error("gc pass failed (retried next interval): %s", exc)
 
+    async def _read_check_loop(self) -> None:
+        """Read back what each topic committed since the last look (offloadd/read/check.py)."""
+        from offloadd.read.check import read_back
+
+        checked: dict[TopicName, Position] = {}
+        while True:
+            interval = self.settings.offload.read_check_interval_s
+            await asyncio.sleep(interval if interval > 0 else 60.0)
+            if interval <= 0:
+                continue  # off; a reload may turn it on
+            for topic, r in list(self.topics.items()):
+                done = r.offloader.last_committed
+                probe = r.offloader.probe
+                if done is None or checked.get(topic) == done or not hasattr(probe, "index_read"):
+                    continue
+                try:
+                    seg = await read_back(self.metadata, self.blobstore, topic,
+                                          probe)  # type: ignore[arg-type]
+                except Exception as exc:  # the check must outlive any failure; retried
+                    log.warning("topic %s: reading the newest committed segment back from the "
+                                "tier failed (readers will fail the same way): %s", topic, exc)
+                    continue
+                checked[topic] = done
+                if seg is not None:
+                    log.debug("topic %s: segment %s reads back", topic, seg.uid)
+            for gone in set(checked) - set(self.topics):
+                del checked[gone]
+
     def _signal_trigger(self, trigger_file: Path | None) -> None:
         """SIGUSR1: all topics, or those ``offloadd offload-now --topic`` wrote down."""
         names: list[TopicName] | None = None
@@ -278,9 +444,8 @@ class Daemon:
                 pass
             except (OSError, OffloaddError) as exc:
                 log.warning("SIGUSR1: ignoring trigger file %s: %s", trigger_file, exc)
-        pats = self.settings.daemon.offload_now_topics
-        if names is None and pats:
-            names = [t for t in self.topics if any(fnmatch.fnmatchcase(str(t), p) for p in pats)]
+        if names is None:
+            names = self.default_trigger_topics()
         log.info("SIGUSR1: closing open segments now (%s)",
                  "all topics" if names is None else ", ".join(map(str, names)) or "no topic")
         self.trigger(names)
@@ -341,7 +506,9 @@ class Daemon:
                 continue
             probe = self._probe_factory(topic) if self._probe_factory else None
             off = TopicOffloader(topic, self.env, self._policy_fn(topic), fence, probe)
-            task = asyncio.create_task(off.run(), name=f"offload {topic}")
+            # every line the task logs carries its topic as a field (offloadd.logs)
+            task = asyncio.create_task(off.run(), name=f"offload {topic}",
+                                       context=logs.context_with(topic=str(topic)))
             self.topics[topic] = _Running(task, off)
             log.info("offloading topic %s", topic)
 
@@ -409,30 +576,134 @@ def _dig(settings: Settings, key: str) -> object:
 
 
 # ---- pid file ------------------------------------------------------------------------------
-def write_pid_file(path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(f"{os.getpid()}\n")
-    os.replace(tmp, path)
+class PidFile:
+    """The daemon's pid file, locked with ``flock`` for as long as the process runs.
+
+    The lock, not the number in the file, says whether a daemon is running: the kernel drops
+    it when the process dies, however it dies, so a pid file left behind by a crash (whose pid
+    may since name an unrelated process) is recognised as stale and never signalled.
+    """
+
+    def __init__(self, path: Path, fd: int) -> None:
+        self.path = path
+        self._fd: int | None = fd
+
+    @classmethod
+    def acquire(cls, path: Path) -> PidFile:
+        """Lock ``path`` and write our pid into it; ``OffloaddError`` if another live process
+        holds it."""
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                other = _read_pid(path)
+                raise OffloaddError(
+                    f"another offloadd (pid {other if other is not None else '?'}) is running "
+                    f"with pid file {path}; stop it first or give this one its own data"
+                ) from None
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        except BaseException:
+            os.close(fd)
+            raise
+        return cls(path, fd)
+
+    def release(self) -> None:
+        """Remove the file (while still holding the lock), then unlock; idempotent."""
+        fd, self._fd = self._fd, None
+        if fd is None:
+            return
+        try:
+            with contextlib.suppress(FileNotFoundError):
+                if _read_pid(self.path) == os.getpid():
+                    self.path.unlink()
+        finally:
+            os.close(fd)
 
 
-def remove_pid_file(path: Path) -> None:
-    with contextlib.suppress(FileNotFoundError):
-        if path.read_text().strip() == str(os.getpid()):
-            path.unlink()
+def write_pid_file(path: Path) -> PidFile:
+    """Lock and write the pid file (see :class:`PidFile`); release it with
+    :func:`remove_pid_file` or ``PidFile.release()``."""
+    return PidFile.acquire(path)
+
+
+def remove_pid_file(handle: PidFile) -> None:
+    handle.release()
+
+
+def _read_pid(path: Path) -> int | None:
+    try:
+        return int(path.read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def _lock_holders(path: Path) -> set[int] | None:
+    """Pids holding an ``flock`` on ``path``'s inode, from ``/proc/locks``; None where that
+    cannot be read."""
+    try:
+        st = os.stat(path)
+        text = Path("/proc/locks").read_text()
+    except OSError:
+        return None
+    want = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    holders = set()
+    for line in text.splitlines():
+        f = line.split()
+        # "1: FLOCK  ADVISORY  WRITE 4242 08:01:1234 0 EOF" (blocked waiters carry a "->")
+        if len(f) >= 6 and f[1] == "FLOCK" and "->" not in f and f[5] == want:
+            with contextlib.suppress(ValueError):
+                holders.add(int(f[4]))
+    return holders
+
+
+def _runs_offloadd(cmdline: bytes) -> bool:
+    """``/proc/<pid>/cmdline`` is offloadd's: the ``offloadd`` script (run directly or by its
+    interpreter) or ``python -m offloadd[.cli]``."""
+    args = cmdline.rstrip(b"\0").split(b"\0")
+    if any(os.path.basename(a) == b"offloadd" for a in args[:2]):
+        return True
+    return any(a == b"-m" and nxt.split(b".")[0] == b"offloadd"
+               for a, nxt in itertools.pairwise(args[:4]))
 
 
 def read_pid_file(path: Path) -> int:
+    """The pid of the live offloadd that holds ``path``; ``OffloaddError`` (naming why) when
+    there is none, so a caller never signals a process that merely reused a stale pid."""
     try:
-        pid = int(path.read_text().strip())
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except FileNotFoundError:
         raise OffloaddError(f"no daemon pid file at {path}: is offloadd running with this "
                             "config? (see [daemon] pid_file)") from None
-    except ValueError:
-        raise OffloaddError(f"pid file {path} does not hold a process id") from None
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        pid = _read_pid(path)
+        if pid is None:
+            raise OffloaddError(f"pid file {path} does not hold a process id")
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            pass  # held: a daemon is running
+        else:
+            raise OffloaddError(f"pid file {path} names process {pid}, which is not running "
+                                "(stale pid file): no offloadd holds its lock")
+    finally:
+        os.close(fd)
+    holders = _lock_holders(path)
+    if holders is not None and pid not in holders:
+        raise OffloaddError(f"pid file {path} names process {pid}, but the process holding "
+                            f"its lock is {', '.join(map(str, sorted(holders))) or 'unknown'}; "
+                            "not signalling")
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except FileNotFoundError:
         raise OffloaddError(f"pid file {path} names process {pid}, which is not running "
                             "(stale pid file)") from None
+    except OSError:
+        return pid  # /proc hidden from us (hidepid): the lock check stands alone
+    if not _runs_offloadd(cmdline):
+        what = cmdline.replace(b"\0", b" ").decode(errors="replace").strip()[:80]
+        raise OffloaddError(f"pid file {path} names process {pid}, which is not offloadd "
+                            f"({what!r}); not signalling")
     return pid

@@ -10,6 +10,11 @@ path        answer
             reason when it returns False, raises, or takes longer than ``ready_timeout``
 /status     the daemon's live state as JSON (topics, positions, buffer, store circuit), when a
             ``status`` callable is given; ``offloadd status`` merges it in
+POST        close open segments now (``offloadd offload-now --url``), when an ``offload_now``
+/offload-   callable is given. JSON body, every key optional: ``{"topics": ["persistent://..."],
+now         "wait": true, "timeout_s": 300}``; answers ``{"ok": bool, "results": [...]}``.
+            Without ``control_token`` only loopback clients may call it (403 otherwise); with
+            one, every caller must send ``Authorization: Bearer <token>`` (401 otherwise)
 ==========  =====================================================================================
 
 Binds to loopback by default (``[metrics] bind = "127.0.0.1:9105"``); listening on other
@@ -21,6 +26,8 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import hmac
+import ipaddress
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
@@ -34,6 +41,11 @@ __all__ = ["DEFAULT_BIND", "MetricsServer", "ReadyCheck", "ServerState", "parse_
 DEFAULT_BIND = "127.0.0.1:9105"
 
 ReadyCheck = Callable[[], Awaitable[tuple[bool, str]]]
+# (topics or None for the default set, wait, timeout seconds) -> per-topic result dicts;
+# ValueError for a bad topic name (400)
+OffloadNowFn = Callable[[list[str] | None, bool, float],
+                        Awaitable[list[Mapping[str, Any]]]]
+_MAX_WAIT_S = 3600.0
 
 
 class ServerState(enum.Enum):
@@ -66,6 +78,8 @@ class MetricsServer:
         ready: ReadyCheck,
         ready_timeout: float = 5.0,
         status: Callable[[], Mapping[str, Any]] | None = None,
+        offload_now: OffloadNowFn | None = None,
+        control_token: str | None = None,
     ) -> None:
         self._bind = bind
         self._host, self._port = parse_bind(bind)
@@ -73,6 +87,8 @@ class MetricsServer:
         self._ready = ready
         self._ready_timeout = ready_timeout
         self._status = status
+        self._offload_now = offload_now
+        self._token = control_token or None
         self._runner: web.AppRunner | None = None
         self.state = ServerState.UNOPENED
 
@@ -99,6 +115,8 @@ class MetricsServer:
         app.router.add_get("/readyz", self._handle_readyz)
         if self._status is not None:
             app.router.add_get("/status", self._handle_status)
+        if self._offload_now is not None:
+            app.router.add_post("/offload-now", self._handle_offload_now)
         # Scrapes every few seconds would flood the log; handle_signals: the daemon owns signals.
         runner = web.AppRunner(app, access_log=None, handle_signals=False)
         await runner.setup()
@@ -144,3 +162,57 @@ class MetricsServer:
         except Exception as e:  # the probe must answer whatever the check does
             ok, reason = False, f"readiness check failed: {type(e).__name__}: {e}"
         return web.Response(status=200 if ok else 503, text=f"{reason or 'ready'}\n")
+
+    def _refused(self, request: web.Request) -> web.Response | None:
+        """Why this caller may not use the control endpoint, or None when it may."""
+        if self._token is None:
+            if _is_loopback(request.remote):
+                return None
+            return web.json_response(
+                {"ok": False, "error": "offload-now over HTTP is for loopback clients unless "
+                 "[metrics] control_token is set"}, status=403)
+        scheme, _, given = request.headers.get("Authorization", "").partition(" ")
+        if scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(),
+                                                              self._token.encode()):
+            return None
+        return web.json_response({"ok": False, "error": "missing or wrong bearer token "
+                                  "([metrics] control_token)"}, status=401,
+                                 headers={"WWW-Authenticate": "Bearer"})
+
+    async def _handle_offload_now(self, request: web.Request) -> web.Response:
+        assert self._offload_now is not None
+        refused = self._refused(request)
+        if refused is not None:
+            return refused
+        try:
+            body = await request.json() if request.can_read_body else {}
+            if not isinstance(body, dict):
+                raise ValueError("the body must be a JSON object")
+            topics = body.get("topics")
+            if topics is not None and (not isinstance(topics, list)
+                                       or not all(isinstance(t, str) for t in topics)):
+                raise ValueError('"topics" must be a list of topic names')
+            wait = body.get("wait", False)
+            if not isinstance(wait, bool):
+                raise ValueError('"wait" must be true or false')
+            timeout = body.get("timeout_s", 300.0)
+            if isinstance(timeout, bool) or not isinstance(timeout, int | float) \
+                    or not 0 < timeout <= _MAX_WAIT_S:
+                raise ValueError(f'"timeout_s" must be a number in (0, {_MAX_WAIT_S:g}]')
+            results = await self._offload_now(topics or None, wait, float(timeout))
+        except ValueError as e:  # also malformed JSON (json.JSONDecodeError)
+            return web.json_response({"ok": False, "error": str(e)}, status=400)
+        ok = all(r.get("result") in ("committed", "triggered", "nothing") for r in results)
+        return web.json_response({"ok": ok, "results": [dict(r) for r in results]})
+
+
+def _is_loopback(remote: str | None) -> bool:
+    if not remote:
+        return False
+    try:
+        addr = ipaddress.ip_address(remote.split("%", 1)[0])
+    except ValueError:
+        return False
+    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
+        return addr.ipv4_mapped.is_loopback  # ::ffff:127.0.0.1 on a dual-stack socket
+    return addr.is_loopback

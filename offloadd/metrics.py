@@ -176,6 +176,8 @@ class TopicProbe:
             metrics._offloaded_bytes,
             metrics._offloaded_entries,
             metrics._throttle_wait,
+            # at 0 from the start, so increase() sees the first loss (OffloaddDataLost)
+            metrics._ledgers_lost,
         ):
             self._child(counter)
         for status in _DELETE_STATUSES:
@@ -300,12 +302,6 @@ class TopicProbe:
         """The last position committed to the tier."""
         self._child(self._m._last_ledger).set(ledger)
         self._child(self._m._last_entry).set(entry)
-
-    def backfill_progress(self, segments_done: int, segments_total: int, nbytes: int) -> None:
-        """Backfill of history: segments uploaded of those planned, bytes uploaded."""
-        self._child(self._m._backfill_done).set(segments_done)
-        self._child(self._m._backfill_total).set(segments_total)
-        self._child(self._m._backfill_bytes).set(nbytes)
 
 
 class Metrics:
@@ -475,24 +471,6 @@ class Metrics:
             "The broker-wide offload byte budget; 0 means unlimited.",
             registry=r,
         )
-        self._backfill_done = Gauge(
-            "offloadd_backfill_segments_done",
-            "Backfill segments uploaded so far.",
-            _TOPIC_LABELS,
-            registry=r,
-        )
-        self._backfill_total = Gauge(
-            "offloadd_backfill_segments_planned",
-            "Backfill segments planned.",
-            _TOPIC_LABELS,
-            registry=r,
-        )
-        self._backfill_bytes = Gauge(
-            "offloadd_backfill_uploaded_bytes",
-            "Backfill bytes uploaded so far.",
-            _TOPIC_LABELS,
-            registry=r,
-        )
         self._buffer_bytes = Gauge(
             "offloadd_buffer_bytes",
             "Bytes held in the offload buffer.",
@@ -574,12 +552,6 @@ class Metrics:
     def metadata_writes(self, count: int = 1) -> None:
         """Writes (compare-and-set) to the metadata store."""
         self._metadata_writes.inc(count)
-
-    def backfill_progress(
-        self, topic: str, segments_done: int, segments_total: int, nbytes: int
-    ) -> None:
-        """Same as ``topic_named(topic).backfill_progress(...)``."""
-        self.topic_named(topic).backfill_progress(segments_done, segments_total, nbytes)
 
     # -- exposition ---------------------------------------------------------------------------
 

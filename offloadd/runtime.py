@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -13,16 +14,35 @@ from offloadd.blobstore.base import BlobStore
 from offloadd.cluster import ClusterOwnership, check_owner_id
 from offloadd.config import Settings
 from offloadd.daemon import Daemon, Ownership, default_owner_id
+from offloadd.errors import ConfigError
 from offloadd.httpserver import MetricsServer
 from offloadd.ledger.base import LedgerSource
 from offloadd.ledger.local import LocalLedgerStore
 from offloadd.metadata.base import MetadataStore
 from offloadd.metrics import Metrics
+from offloadd.model import TopicName
 
 log = logging.getLogger(__name__)
 
 # the store-health states as the metrics' circuit-breaker vocabulary
 _CIRCUIT = {"healthy": "closed", "degraded-paused": "open", "recovering": "half_open"}
+# a ZooKeeper session as a circuit: requests flow only while connected
+_SESSION = {"connected": "closed", "suspended": "open", "lost": "open"}
+
+
+def _watch_circuits(metrics: Metrics, metadata: MetadataStore, blobstore: BlobStore) -> None:
+    """``offloadd_store_circuit_state`` for both stores from the start: a blob store without a
+    circuit breaker (filesystem) is always closed; the metadata store follows its ZooKeeper
+    session (the embedded store is always closed)."""
+    if getattr(blobstore, "health", None) is None:
+        metrics.store_circuit("closed")
+    state = getattr(metadata, "session_state", None)
+    listen = getattr(metadata, "add_session_listener", None)
+    if state is None or listen is None:
+        metrics.store_circuit("closed", store="metadata")
+        return
+    metrics.store_circuit(_SESSION.get(state.value, "open"), store="metadata")
+    listen(lambda s: metrics.store_circuit(_SESSION.get(s.value, "open"), store="metadata"))
 
 
 @dataclass
@@ -54,6 +74,7 @@ class Runtime:
         except BaseException:
             await metadata.close()
             raise
+        _watch_circuits(metrics, metadata, blobstore)
         local: LocalLedgerStore | None = None
         if with_writer:
             local = wiring.open_local_store(settings, metadata)
@@ -75,11 +96,26 @@ class Runtime:
         """Serve /metrics, /healthz, /readyz and /status when ``[metrics] enabled``."""
         if not self.settings.metrics.enabled or self.server is not None:
             return
+        token = self.settings.metrics.control_token
         self.server = MetricsServer(self.settings.metrics.bind, metrics=self.metrics,
-                                    ready=self.ready, status=self.daemon.status)
+                                    ready=self.ready, status=self.daemon.status,
+                                    offload_now=self.offload_now,
+                                    control_token=token.get_secret_value() if token else None)
         await self.server.start()
         self.extras.append(self.server)
         log.info("metrics on %s/metrics", self.server.url)
+
+    async def offload_now(self, topics: list[str] | None, wait: bool,
+                          timeout_s: float) -> list[Mapping[str, Any]]:
+        """The control endpoint's offload-now (``ValueError`` for a bad topic name)."""
+        names = None
+        if topics is not None:
+            try:
+                names = [TopicName.parse(t) for t in topics]
+            except ConfigError as exc:
+                raise ValueError(str(exc)) from None
+        done = await self.daemon.offload_now(names, wait=wait, timeout_s=timeout_s)
+        return [r.to_json() for r in done]
 
     async def ready(self) -> tuple[bool, str]:
         """Ready: the daemon runs, the metadata store answers, the blob store is not paused."""

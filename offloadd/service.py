@@ -14,12 +14,10 @@ import os
 import signal
 import socket
 import time
-from pathlib import Path
 
 from offloadd import config as config_mod
 from offloadd.config import Settings
-from offloadd.daemon import remove_pid_file, write_pid_file
-from offloadd.errors import OffloaddError
+from offloadd.daemon import PidFile
 from offloadd.runtime import Runtime
 
 log = logging.getLogger(__name__)
@@ -71,13 +69,15 @@ async def run_service(settings: Settings, config_path: str | None) -> int:
     # SIGUSR1/SIGHUP terminate a process by default: until the daemon's handlers are in place
     # (and again once they are gone) an early offload-now or reload must not kill us
     _ignore(signal.SIGUSR1, signal.SIGHUP)
-    other = await asyncio.to_thread(_live_daemon, pid_file)
-    if other is not None:
-        raise OffloaddError(f"another offloadd (pid {other}) is running with pid file "
-                            f"{pid_file}; stop it first or give this one its own data")
+    # the locked pid file is both the check that no other daemon runs here and, held until
+    # exit, what lets `offloadd offload-now` tell this process from one that reused a pid
+    pid_handle = await asyncio.to_thread(PidFile.acquire, pid_file)
     notify.send("STATUS=opening the metadata and blob stores")
-    rt = await Runtime.open(settings)
-    write_pid_file(pid_file)
+    try:
+        rt = await Runtime.open(settings)
+    except BaseException:
+        pid_handle.release()
+        raise
     helpers: list[asyncio.Task[None]] = []
     try:
         await rt.start_metrics()
@@ -113,30 +113,14 @@ async def run_service(settings: Settings, config_path: str | None) -> int:
     finally:
         for task in helpers:
             task.cancel()
-        remove_pid_file(pid_file)
         await rt.close()
+        pid_handle.release()
         notify.close()
 
 
 def _ignore(*signals: signal.Signals) -> None:
     for sig in signals:
         signal.signal(sig, signal.SIG_IGN)
-
-
-def _live_daemon(pid_file: Path) -> int | None:
-    """The pid of another running offloadd that the pid file names, if any."""
-    try:
-        pid = int(pid_file.read_text().strip())
-    except (OSError, ValueError):
-        return None
-    if pid == os.getpid():
-        return None
-    try:
-        # a stale file may name an unrelated process that reused the pid: check what it runs
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return None
-    return pid if b"offloadd" in cmdline else None
 
 
 def _status_line(rt: Runtime) -> str:

@@ -18,7 +18,7 @@ from typing import Any
 
 from offloadd import config as config_mod
 from offloadd.config import Settings
-from offloadd.daemon import Daemon, remove_pid_file, write_pid_file
+from offloadd.daemon import Daemon, DaemonState, remove_pid_file, write_pid_file
 from offloadd.errors import OffloaddError
 from offloadd.produce import ProduceStats, produce, topic_names
 from offloadd.runtime import Runtime
@@ -43,14 +43,18 @@ def load_settings(path: str | None) -> Settings:
 async def run_standalone(settings: Settings, *, duration: float | None, rate: float,
                          entry_size: int, topics: int, drain_timeout_s: float = 120.0,
                          config_path: str | None = None) -> dict[str, Any]:
-    rt = await Runtime.open(settings, with_writer=True)
+    pid_handle = write_pid_file(settings.daemon.pid_file)  # refuses a second daemon here
+    try:
+        rt = await Runtime.open(settings, with_writer=True)
+    except BaseException:
+        remove_pid_file(pid_handle)
+        raise
     assert rt.local is not None
     stop = asyncio.Event()
     daemon = rt.daemon
     stats = ProduceStats()
     names = topic_names(topics)
     t0 = time.monotonic()
-    write_pid_file(settings.daemon.pid_file)
 
     def reload() -> Settings:
         return load_settings(config_path)
@@ -82,6 +86,8 @@ async def run_standalone(settings: Settings, *, duration: float | None, rate: fl
         await writer.close()  # closes open ledgers: their ends are final
         drained: bool | None = None  # None: stopped by a signal, no drain asked for
         if not daemon_task.done() and daemon.state.value == "running":
+            log.info("standalone: writer stopped; offloading what it wrote (up to %.0fs; "
+                     "SIGTERM stops now)", drain_timeout_s)
             drained = await _drain(daemon, rt, drain_timeout_s)
             daemon.request_stop()
         await daemon_task
@@ -91,16 +97,21 @@ async def run_standalone(settings: Settings, *, duration: float | None, rate: fl
         log.info("standalone finished: %s", json.dumps(summary))
         return summary
     finally:
-        remove_pid_file(settings.daemon.pid_file)
         await rt.close()
+        remove_pid_file(pid_handle)
 
 
-async def _drain(daemon: Daemon, rt: Runtime, timeout: float) -> bool:
+async def _drain(daemon: Daemon, rt: Runtime, timeout: float) -> bool | None:
     """Close every open segment and wait until all written entries are committed; False if
-    that did not happen within ``timeout`` (e.g. the store keeps failing)."""
+    that did not happen within ``timeout`` (e.g. the store keeps failing), None if a signal
+    stopped the daemon meanwhile (its own shutdown deadline then bounds the exit)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         await asyncio.sleep(0.2)
+        if daemon.state is not DaemonState.RUNNING:
+            log.info("standalone: stopping before everything written was offloaded; the "
+                     "rest stays in the ledger store and a restart offloads it")
+            return None
         daemon.trigger()
         behind = 0
         for topic in await rt.source.list_topics():

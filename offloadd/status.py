@@ -68,7 +68,7 @@ async def topic_status(md: MetadataStore, source: Any, topic: TopicName) -> dict
 
 
 async def collect(settings: Settings) -> dict[str, Any]:
-    md = await wiring.open_metadata(settings)
+    md = await wiring.open_metadata(settings, read_only=True)  # status never writes
     src = wiring.open_source(settings, md)
     try:
         names = await managed_ledger.list_names(md)

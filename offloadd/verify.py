@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -106,7 +106,8 @@ def _expected_begin(prev: Position | None, ledgers: Sequence[int],
 
 async def verify_topic(topic: TopicName, metadata: MetadataStore, blobstore: BlobStore,
                        reader: TierReader, source: LedgerSource | None,
-                       referenced: set[uuid.UUID]) -> TopicReport:
+                       referenced: set[uuid.UUID],
+                       on_progress: Callable[[str], None] | None = None) -> TopicReport:
     rep = TopicReport(str(topic))
     try:
         info, _ = await managed_ledger.load(metadata, topic.managed_ledger)
@@ -137,7 +138,9 @@ async def verify_topic(topic: TopicName, metadata: MetadataStore, blobstore: Blo
         if first_ledger is not None and committed[0].begin != Position(first_ledger, 0):
             rep.gaps.append(f"first segment begins at {committed[0].begin}, "
                             f"the topic at {first_ledger}:0")
-    for seg in committed:
+    for n, seg in enumerate(committed):
+        if on_progress is not None:
+            on_progress(f"{topic}: segment {n + 1}/{len(committed)}")
         expect = _expected_begin(prev, ledgers, entries)
         if expect is not None and seg.begin != expect:
             if seg.begin < expect:
@@ -222,11 +225,19 @@ async def find_orphans(blobstore: BlobStore, referenced: set[uuid.UUID], prefix:
 
 async def verify(metadata: MetadataStore, blobstore: BlobStore, source: LedgerSource | None,
                  topics: Sequence[TopicName], *, prefix: str = "", grace_s: float = 300.0,
-                 check_orphans: bool = True) -> Report:
+                 check_orphans: bool = True,
+                 on_progress: Callable[[str], None] | None = None) -> Report:
+    """``on_progress`` hears a short description of each step (a terminal status line)."""
     reader = TierReader(metadata, blobstore, key_prefix=prefix)
     referenced: set[uuid.UUID] = set()
-    reports = [await verify_topic(t, metadata, blobstore, reader, source, referenced)
-               for t in topics]
+    reports = []
+    for i, t in enumerate(topics):
+        if on_progress is not None:
+            on_progress(f"topic {i + 1}/{len(topics)} {t}")
+        reports.append(await verify_topic(t, metadata, blobstore, reader, source, referenced,
+                                          on_progress=on_progress))
+    if on_progress is not None and check_orphans:
+        on_progress("looking for orphan objects")
     if check_orphans:  # objects of topics not verified now are not orphans
         for name in await managed_ledger.list_names(metadata):
             try:

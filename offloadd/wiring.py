@@ -12,18 +12,42 @@ from pydantic import SecretStr
 
 from offloadd.blobstore.base import BlobStore
 from offloadd.config import Settings
-from offloadd.errors import ConfigError
+from offloadd.errors import ConfigError, NotFound
 from offloadd.ledger.base import LedgerSource
 from offloadd.ledger.local import LocalLedgerSource, LocalLedgerStore, RolloverPolicy
 from offloadd.metadata.base import MetadataStore
 
 
-async def open_metadata(settings: Settings) -> MetadataStore:
+async def open_metadata(settings: Settings, *, read_only: bool = False,
+                        must_exist: bool = False) -> MetadataStore:
+    """The configured metadata store.
+
+    ``read_only`` (``status``, ``verify``, ``read``): every write is refused and nothing is
+    created; implies ``must_exist``. ``must_exist`` (``gc``): a store that does not exist yet
+    (no embedded database, no ZooKeeper chroot) is ``NotFound`` instead of being created empty.
+    """
+    store = await _open_metadata(settings, read_only=read_only,
+                                 must_exist=must_exist or read_only)
+    if read_only:
+        from offloadd.metadata.readonly import ReadOnlyMetadataStore
+
+        return ReadOnlyMetadataStore(store)
+    return store
+
+
+async def _open_metadata(settings: Settings, *, read_only: bool,
+                         must_exist: bool) -> MetadataStore:
     url = settings.metadata.url
     if url.startswith("embedded:"):
         from offloadd.metadata.embedded import EmbeddedMetadataStore
 
-        return await EmbeddedMetadataStore.open(url[len("embedded:"):] or "./data/metadata")
+        path = url[len("embedded:"):] or "./data/metadata"
+        store = EmbeddedMetadataStore(path, read_only=read_only)
+        if must_exist and not store.db_path.is_file():
+            raise NotFound(f"no embedded metadata store at {store.db_path}: nothing has been "
+                           "offloaded with this configuration (check --config and the "
+                           "[metadata] url, and the working directory for relative paths)")
+        return await EmbeddedMetadataStore.open(path, read_only=read_only)
     if url.startswith("zk://"):
         from offloadd.metadata.zookeeper import DigestAcl, ZooKeeperMetadataStore
 
@@ -35,7 +59,8 @@ async def open_metadata(settings: Settings) -> MetadataStore:
             acl = DigestAcl(user, pw)
         return await ZooKeeperMetadataStore.open(
             url, session_timeout_s=settings.metadata.session_timeout_s,
-            connect_timeout_s=settings.metadata.connect_timeout_s, acl=acl)
+            connect_timeout_s=settings.metadata.connect_timeout_s, acl=acl,
+            create_chroot=not must_exist)
     raise ConfigError(f"[metadata] url {url!r}: unsupported scheme")
 
 

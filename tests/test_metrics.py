@@ -77,14 +77,25 @@ def populated() -> Metrics:
     p.segment_states(1, 10, 0)
     p.lag(100, 1 << 20, 42.0)
     p.last_offloaded(7, 99)
-    p.backfill_progress(3, 8, 1 << 30)
     m.buffer(1 << 20, 1 << 28)
     m.throttle_limit(50_000_000)
     m.store_circuit("closed")
     m.store_circuit("open", store="metadata")
     m.metadata_writes()
-    m.backfill_progress(OTHER, 1, 2, 10)
     return m
+
+
+def backfill_names() -> set[str]:
+    """Series of the backfill process's own registry (``offloadd backfill`` serves them)."""
+    from prometheus_client.exposition import generate_latest
+
+    from offloadd.backfill.progress import MetricsSink, Snapshot
+    from offloadd.model import TopicName
+
+    sink = MetricsSink(TopicName.parse(TOPIC))
+    sink.show(Snapshot(planned=4, running=1, offloaded=2, failed_attempts=1, planned_bytes=400,
+                       offloaded_bytes=200, elapsed_s=2.0))
+    return sample_names(generate_latest(sink.registry).decode())
 
 
 def sample_names(text: str) -> set[str]:
@@ -300,15 +311,11 @@ class TestProcessProbes:
         assert states == {"closed": 0, "open": 0, "half_open": 1}
         assert value(m, "offloadd_store_circuit_state", store="metadata", state="closed") == 1
 
-    def test_metadata_writes_and_backfill(self) -> None:
+    def test_metadata_writes(self) -> None:
         m = Metrics()
         m.metadata_writes()
         m.metadata_writes(4)
-        m.backfill_progress(TOPIC, 3, 10, 999)
         assert value(m, "offloadd_metadata_writes_total") == 5
-        assert topic_value(m, "offloadd_backfill_segments_done") == 3
-        assert topic_value(m, "offloadd_backfill_segments_planned") == 10
-        assert topic_value(m, "offloadd_backfill_uploaded_bytes") == 999
 
     def test_topics_gauge_and_build_info(self) -> None:
         m = Metrics()
@@ -403,6 +410,9 @@ class TestDeployFiles:
         names = sample_names(exposition_text(populated()))
         for alert, expr in rule_exprs().items():
             used = set(_METRIC_NAME.findall(expr))
+            if alert in ("OffloaddDown", "OffloaddMissing"):  # Prometheus' own `up`
+                assert not used and 'up{job="offloadd"}' in expr, alert
+                continue
             assert used, alert
             assert used <= names, (alert, used - names)
 
@@ -414,7 +424,47 @@ class TestDeployFiles:
             "OffloaddStorageWriteErrors",
             "OffloaddStoreCircuitOpen",
             "OffloaddThrottledMostOfTheTime",
+            "OffloaddReadErrors",
+            "OffloaddDown",
+            "OffloaddMissing",
+            "OffloaddDataLost",
         } <= set(rule_exprs())
+
+    @needs_promtool
+    @pytest.mark.integration
+    def test_down_data_lost_and_read_error_alerts_fire(self, tmp_path: Path) -> None:
+        """The alerts the dashboard could not show before: a dead target, a lost ledger, a
+        read error every few minutes (the read-back check's pace)."""
+        exprs = rule_exprs()
+        case = {
+            "rule_files": [],
+            "evaluation_interval": "1m",
+            "tests": [{
+                "interval": "1m",
+                "input_series": [
+                    {"series": 'up{job="offloadd", instance="a"}', "values": "1x5 0x10"},
+                    {"series": 'up{job="offloadd", instance="b"}', "values": "1x15"},
+                    {"series": _s("offloadd_ledgers_lost_to_retention_total", "lost"),
+                     "values": "0x5 1x10"},
+                    {"series": _s("offloadd_ledgers_lost_to_retention_total", "fine"),
+                     "values": "0x15"},
+                    {"series": _s("brk_ledgeroffloader_read_offload_error_total", "bad"),
+                     "values": "0+1x15"},
+                ],
+                "promql_expr_test": [
+                    {"expr": exprs["OffloaddDown"], "eval_time": "10m", "exp_samples": [
+                        {"labels": 'up{job="offloadd", instance="a"}', "value": 0}]},
+                    {"expr": exprs["OffloaddDataLost"], "eval_time": "8m", "exp_samples": [
+                        {"labels": _labels("lost"), "value": 1}]},
+                    {"expr": exprs["OffloaddReadErrors"], "eval_time": "12m", "exp_samples": [
+                        {"labels": '{namespace="ns"}', "value": 10}]},
+                ],
+            }],
+        }
+        test_file = tmp_path / "alerts-test.yml"
+        test_file.write_text(yaml.safe_dump(case))
+        result = promtool("test", "rules", str(test_file))
+        assert result.returncode == 0, result.stdout + result.stderr
 
     @needs_promtool
     @pytest.mark.integration
@@ -500,7 +550,7 @@ class TestDeployFiles:
             assert wanted in titles
 
     def test_dashboard_queries_existing_series(self) -> None:
-        names = sample_names(exposition_text(populated()))
+        names = sample_names(exposition_text(populated())) | backfill_names()
         for query in dashboard_queries():
             used = set(_METRIC_NAME.findall(query))
             assert used, query

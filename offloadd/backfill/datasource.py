@@ -311,7 +311,7 @@ class OffloaddReader(DataSourceReader):
             bs = loop.run_until_complete(wiring.open_blobstore(self.settings))
             # read_segment consults only the blob store; the metadata store is never used.
             reader = TierReader(MemoryMetadataStore(), bs, key_prefix=self.key_prefix,
-                                prefetch=self.settings.offload.read_prefetch_blocks)
+                                prefetch=self.settings.offload.prefetch_blocks())
             entries = reader.read_segment(part.segment, part.start)
             try:
                 while True:

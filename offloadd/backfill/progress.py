@@ -178,6 +178,7 @@ class MetricsSink:
         self._bytes = {k: nbytes.labels(**labels, kind=k) for k in ("planned", "offloaded")}
         self._failed_seen = 0
         self._server: Any = None
+        self.url: str | None = None
 
     def show(self, snap: Snapshot, *, final: bool = False) -> None:
         self._seg["planned"].set(snap.planned)
@@ -193,17 +194,23 @@ class MetricsSink:
         self._eta.set(-1 if eta is None else eta)
 
     def serve(self, bind: str) -> bool:
-        """Serve ``/metrics`` on ``host:port`` until :meth:`stop`; False (logged) if the port
-        is taken, e.g. by a daemon on the same host."""
+        """Serve ``/metrics`` on ``host:port`` until :meth:`stop`. A port already taken (by a
+        daemon on the same host, whose port is the default) is followed by the next one,
+        which is logged; False (logged) if neither is free."""
         from prometheus_client import start_http_server
 
         host, _, port = bind.rpartition(":")
-        try:
-            self._server, _thread = start_http_server(int(port), host, registry=self.registry)
-        except OSError as exc:
-            log.warning("backfill metrics not served on %s: %s", bind, exc)
-            return False
-        return True
+        host = host.strip("[]")
+        for p in (int(port), int(port) + 1):
+            try:
+                self._server, _thread = start_http_server(p, host, registry=self.registry)
+            except OSError as exc:
+                log.warning("backfill metrics not served on %s:%d: %s", host, p, exc)
+                continue
+            self.url = f"http://{host}:{self._server.server_port}/metrics"
+            log.info("backfill progress gauges on %s", self.url)
+            return True
+        return False
 
     def stop(self) -> None:
         if self._server is not None:

@@ -118,10 +118,17 @@ class EmbeddedMetadataStore:
     """A :class:`~offloadd.metadata.base.MetadataStore` session on ``<path>/metadata.db``.
 
     Construction does no I/O; the database is opened on first use, or by :meth:`open`.
+
+    ``read_only``: for commands that only look (``status``, ``verify``, ``read``). The database
+    must already exist (``NotFound`` otherwise: nothing is created), is opened with SQLite's
+    ``mode=ro`` (the library refuses every write), and dead sessions are not reaped. SQLite may
+    still create its ``-wal``/``-shm`` companions beside an existing database to join a live
+    writer's log; they hold no data of ours.
     """
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, *, read_only: bool = False) -> None:
         self.db_path = Path(path) / "metadata.db"
+        self.read_only = read_only
         self._session = uuid.uuid4().hex
         self._pid = os.getpid()
         stat = _proc_stat(self._pid)
@@ -131,9 +138,9 @@ class EmbeddedMetadataStore:
         self._closed = False
 
     @classmethod
-    async def open(cls, path: str | Path) -> EmbeddedMetadataStore:
+    async def open(cls, path: str | Path, *, read_only: bool = False) -> EmbeddedMetadataStore:
         """A store whose database is already opened (errors surface here, not on first use)."""
-        store = cls(path)
+        store = cls(path, read_only=read_only)
         await store._run("open", lambda c: None)
         return store
 
@@ -225,6 +232,9 @@ class EmbeddedMetadataStore:
             conn, self._conn = self._conn, None
             if conn is None:
                 return
+            if self.read_only:  # a read-only session owns no ephemeral node
+                conn.close()
+                return
             try:
                 self._in_write_tx(conn, lambda c: self._delete_owned(
                     c, "owner_session = ?", (self._session,)))
@@ -237,6 +247,8 @@ class EmbeddedMetadataStore:
         return await asyncio.to_thread(self._run_sync, what, fn)
 
     async def _write(self, what: str, fn: Callable[[sqlite3.Connection], T]) -> T:
+        if self.read_only:
+            raise Fatal(f"embedded metadata store {self.db_path} is open read-only ({what})")
         return await self._run(what, lambda c: self._in_write_tx(c, fn))
 
     def _run_sync(self, what: str, fn: Callable[[sqlite3.Connection], T]) -> T:
@@ -245,7 +257,8 @@ class EmbeddedMetadataStore:
                 raise Fatal(f"embedded metadata store {self.db_path} is closed ({what})")
             try:
                 conn = self._connect()
-                self._reap(conn)
+                if not self.read_only:
+                    self._reap(conn)
                 return fn(conn)
             except sqlite3.Error as e:
                 if _volume_full(self.db_path.parent):
@@ -260,6 +273,9 @@ class EmbeddedMetadataStore:
 
     def _connect(self) -> sqlite3.Connection:
         if self._conn is not None:
+            return self._conn
+        if self.read_only:
+            self._conn = self._connect_read_only()
             return self._conn
         self.db_path.parent.mkdir(parents=True, exist_ok=True)
         # isolation_level=None: no implicit transactions; every write says BEGIN IMMEDIATE.
@@ -279,6 +295,28 @@ class EmbeddedMetadataStore:
             conn.close()
             raise
         self._conn = conn
+        return conn
+
+    def _connect_read_only(self) -> sqlite3.Connection:
+        if not self.db_path.is_file():
+            raise NotFound(f"no embedded metadata store at {self.db_path}: nothing has been "
+                           "offloaded with this configuration (check --config and the "
+                           "[metadata] url, and the working directory for relative paths)")
+        uri = f"{self.db_path.resolve().as_uri()}?mode=ro"
+        conn = sqlite3.connect(uri, uri=True, timeout=_BUSY_TIMEOUT_MS / 1000,
+                               isolation_level=None, check_same_thread=False)
+        try:
+            conn.execute(f"PRAGMA busy_timeout = {_BUSY_TIMEOUT_MS}")
+            version = conn.execute("PRAGMA user_version").fetchone()[0]
+            if version > _SCHEMA_VERSION:
+                raise Fatal(f"{self.db_path} has schema version {version}; this offloadd "
+                            f"knows up to {_SCHEMA_VERSION}: upgrade offloadd")
+            if version < 1:
+                raise Fatal(f"{self.db_path} is not an offloadd metadata store (schema "
+                            "version 0)")
+        except BaseException:
+            conn.close()
+            raise
         return conn
 
     @staticmethod

@@ -381,8 +381,10 @@ class ZooKeeperMetadataStore:
     async def open(cls, url: str, *, session_timeout_s: float = 10.0,
                    connect_timeout_s: float = 10.0, op_timeout_s: float | None = None,
                    acl: DigestAcl | None = None,
-                   auth: Sequence[tuple[str, str]] = ()) -> ZooKeeperMetadataStore:
-        """Connect, authenticate, create the chroot if missing.
+                   auth: Sequence[tuple[str, str]] = (),
+                   create_chroot: bool = True) -> ZooKeeperMetadataStore:
+        """Connect, authenticate, create the chroot if missing (``NotFound`` instead when
+        ``create_chroot`` is False: the read-only commands never create anything).
 
         ``session_timeout_s`` is asked of the server (which clamps it to 2..20 tick times).
         Fails with ``Retriable`` when no server answers within ``connect_timeout_s``.
@@ -426,14 +428,14 @@ class ZooKeeperMetadataStore:
                     f"{connect_timeout_s:g}s: check that the servers are running and reachable "
                     "from this host and that the [metadata] url lists their client ports"
                 ) from None
-            await store._ensure_chroot()
+            await store._ensure_chroot(create=create_chroot)
         except BaseException:
             store._abandon()
             raise
         log.info("connected to ZooKeeper %s (session 0x%x)", parsed, store._session_id or 0)
         return store
 
-    async def _ensure_chroot(self) -> None:
+    async def _ensure_chroot(self, create: bool = True) -> None:
         chroot = self._url.chroot
         if not chroot:
             return
@@ -449,6 +451,9 @@ class ZooKeeperMetadataStore:
             if stat is not None:
                 break
             missing.append(prefix)
+        if missing and not create:
+            raise NotFound(f"ZooKeeper {self._url.connect_string} has no {chroot}: nothing has "
+                           "been offloaded with this [metadata] url")
         for prefix in reversed(missing):
             try:
                 await self._call(partial(zk.create_async, prefix, b"", acl=self._acls),

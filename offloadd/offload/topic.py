@@ -47,6 +47,7 @@ from offloadd.offload.commit import Fence
 from offloadd.offload.objects import index_metadata, object_metadata
 from offloadd.offload.roller import RollPolicy, RollReason
 from offloadd.offload.state import SegmentState
+from offloadd.offload.threshold import TailLog, Thresholds
 from offloadd.offload.upload import SegmentUpload
 from offloadd.paths import (
     ledger_data_key,
@@ -93,6 +94,8 @@ class NullProbe:
 class TopicPolicy:
     roll: RollPolicy
     mode: str = "streaming"
+    # what stays only in the source for now (threshold.py)
+    thresholds: Thresholds = field(default_factory=Thresholds)
 
 
 @dataclass
@@ -179,6 +182,7 @@ class TopicOffloader:
         self.committed_segments = 0
         self.last_error: str | None = None
         self._reported_lost: set[int] = set()
+        self._held = TailLog()  # marks for the offload thresholds
 
     # ---- control -------------------------------------------------------------------------
     def trigger(self) -> None:
@@ -276,8 +280,12 @@ class TopicOffloader:
     async def _step(self) -> bool:
         """One turn of the loop; True when the task is finished (stopped)."""
         env = self.env
-        pol = self._policy().roll
-        ledgers = await self._ledgers()
+        policy = self._policy()
+        pol = policy.roll
+        source_ledgers = await self._ledgers()
+        # the offload thresholds hide what must stay only in the source for now
+        ledgers = self._held.clip(policy.thresholds, source_ledgers, env.wall_ms(),
+                                  self.position)
         pos, desc = self._normalise(ledgers)
         att = self._attempt
         now = env.clock()
@@ -297,7 +305,7 @@ class TopicOffloader:
                                 if tail is not None and reason in (RollReason.TIME,
                                                                    RollReason.MANUAL)
                                 else att.end)
-        self._report_lag(ledgers, pos)
+        self._report_lag(source_ledgers, pos)
         if self._policy().mode == "ledger" and not stopping:
             return await self._step_ledger_mode(pos, desc, att)
 

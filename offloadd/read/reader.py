@@ -90,9 +90,17 @@ class TierReader:
 
     async def read(self, topic: TopicName, start: Position | None = None,
                    count: int | None = None) -> AsyncIterator[Entry]:
-        """Entries from ``start`` (or the first offloaded one), in log order, at most ``count``."""
+        """Entries from ``start`` (or the first offloaded one), in log order, at most ``count``.
+
+        ``NotFound`` when ``start`` is not an offloaded entry: past the last one, or before the
+        first (deleted by retention, or never offloaded), or in no ledger range of the tier. The
+        reader never starts somewhere else than asked.
+        """
         left = count
-        for seg in await self.segments(topic):
+        segs = await self.segments(topic)
+        if start is not None:
+            _check_start(topic, segs, start)
+        for seg in segs:
             if start is not None and seg.end < start:
                 continue
             async for e in self.read_segment(seg, start):
@@ -170,6 +178,42 @@ class TierReader:
             raise FormatError(where, HEADER_LEN, "first entry id disagrees with the header")
         return out
 
+    async def check_segment(self, seg: Segment, head_bytes: int = 64 * 1024) -> None:
+        """Read ``seg``'s index and the head of its last block back from the tier: proof that a
+        reader can fetch it (keys, credentials, decryption all work) and that the block the
+        index points at starts as the index says. Cheap: the index plus ``head_bytes``.
+        Raises what a read would (``FormatError``, the store's errors)."""
+        refs = await self._block_refs(seg, None)
+        if not refs:
+            raise FormatError(str(seg.uid), 0, "the segment's index lists no block")
+        ref = refs[-1]
+        end = min(ref.end, ref.block.offset + max(head_bytes, HEADER_LEN))
+        t0 = self._clock()
+        try:
+            data = await self.blobstore.get_range(ref.data_key, ref.block.offset, end)
+        except Exception:
+            self.probe.read_error()
+            raise
+        self.probe.data_read(self._clock() - t0, len(data))
+        where = f"{ref.data_key} (block {ref.block.part_id} at byte {ref.block.offset})"
+        try:
+            if len(data) != end - ref.block.offset:
+                raise FormatError(where, len(data), f"got {len(data)} of "
+                                  f"{end - ref.block.offset} bytes")
+            hdr = parse_block_header(data, 0, where)
+            if hdr.block_len != ref.end - ref.block.offset:
+                raise FormatError(where, 12, f"block length {hdr.block_len} disagrees with the "
+                                  f"index ({ref.end - ref.block.offset})")
+            if hdr.first_entry_id != ref.block.first_entry_id:
+                raise FormatError(where, 20, f"first entry {hdr.first_entry_id} but the index "
+                                  f"says {ref.block.first_entry_id}")
+            if hdr.ledger_id is not None and hdr.ledger_id != ref.ledger_id:
+                raise FormatError(where, 28, f"ledger {hdr.ledger_id} but the index says "
+                                  f"{ref.ledger_id}")
+        except FormatError:
+            self.probe.read_error()
+            raise
+
     async def index(self, key: str) -> StreamingIndex | LedgerIndex:
         idx = self._cache.get(key)
         if idx is not None:
@@ -234,6 +278,25 @@ class TierReader:
             refs = [ref for i, ref in enumerate(refs)
                     if not _block_before(ref, refs[i + 1] if i + 1 < len(refs) else None, start)]
         return refs
+
+
+def _check_start(topic: TopicName, segs: list[Segment], start: Position) -> None:
+    if any(seg.contains(start) for seg in segs):
+        return
+    if not segs:
+        raise NotFound(f"{topic} has no offloaded entries yet, so none from {start}")
+    first, last = segs[0].begin, segs[-1].end
+    if start > last:
+        raise NotFound(f"{start} is past the last offloaded entry of {topic} ({last}); "
+                       f"offloaded entries are {first}..{last}")
+    if start < first:
+        raise NotFound(f"{start} is before the first offloaded entry of {topic} ({first}): "
+                       "it was deleted by retention or never offloaded; offloaded entries "
+                       f"are {first}..{last}")
+    after = next(seg.begin for seg in segs if seg.begin > start)
+    raise NotFound(f"{start} is not an offloaded entry of {topic} (no such entry in its "
+                   f"ledger, or a range deleted by retention); the next offloaded entry is "
+                   f"{after}")
 
 
 def _block_before(ref: _BlockRef, nxt: _BlockRef | None, start: Position) -> bool:

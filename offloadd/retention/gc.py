@@ -149,12 +149,16 @@ class GcReport:
 
 async def gc_pass(metadata: MetadataStore, blobstore: BlobStore, source: LedgerSource | None,
                   settings: Settings, *, now: float, probe: GcProbe | None = None,
-                  grace_s: float | None = None, dry_run: bool = False) -> GcReport:
+                  grace_s: float | None = None, dry_run: bool = False,
+                  on_progress: Callable[[str], None] | None = None) -> GcReport:
     """Run one pass; ``now`` is wall-clock seconds (``time.time()``), ``grace_s`` overrides
-    ``[retention] orphan_grace_s``. With ``dry_run`` nothing is written or deleted."""
+    ``[retention] orphan_grace_s``. With ``dry_run`` nothing is written or deleted.
+    ``on_progress`` hears a short description of each step (a terminal status line)."""
     gc = _Pass(metadata, blobstore, source, settings, now=now, probe=probe,
                grace_s=settings.retention.orphan_grace_s if grace_s is None else grace_s,
                dry_run=dry_run)
+    if on_progress is not None:
+        gc.on_progress = on_progress
     return await gc.run()
 
 
@@ -243,6 +247,7 @@ class _Pass:
         self.report = GcReport(dry_run=dry_run)
         # dry run: deletions this pass would start, with the ledgers it would have deleted
         self.planned: list[tuple[DeletionRecord, set[int]]] = []
+        self.on_progress: Callable[[str], None] = lambda step: None
 
     async def run(self) -> GcReport:
         try:
@@ -251,12 +256,15 @@ class _Pass:
         except OffloaddError as exc:
             self.report.errors.append(f"cannot list topics: {exc}")
             names = []
-        for ml in names:
+        for i, ml in enumerate(names):
+            self.on_progress(f"topic {i + 1}/{len(names)} {ml}")
             try:
                 await self._topic(ml)
             except OffloaddError as exc:
                 self.report.errors.append(f"{ml}: {exc}")
+        self.on_progress("deleting segments whose ledgers are all gone")
         await self._deletions()
+        self.on_progress("sweeping orphan objects")
         await self._sweep()
         return self.report
 

@@ -37,12 +37,39 @@ def instructions() -> list[tuple[str, str]]:
     return out
 
 
+def stages() -> dict[str, list[tuple[str, str]]]:
+    """Instructions per build stage (``FROM image AS name``), in order."""
+    out: dict[str, list[tuple[str, str]]] = {}
+    current: list[tuple[str, str]] = []
+    for ins, args in instructions():
+        if ins == "FROM":
+            current = []
+            out[args.split()[-1] if " AS " in args.upper() else args] = current
+        current.append((ins, args))
+    return out
+
+
 class TestDockerfile:
     def test_it_builds_on_python_3_11_slim_with_the_locked_dependencies(self) -> None:
         ins = instructions()
-        assert ins[0] == ("FROM", "python:3.11-slim")
+        assert ins[0] == ("FROM", "python:3.11-slim-bookworm AS base")
         runs = " ".join(a for i, a in ins if i == "RUN")
         assert "uv sync --frozen --no-dev" in runs
+
+    def test_the_daemon_image_is_lean_and_the_backfill_image_can_run_spark(self) -> None:
+        st = stages()
+        assert list(st) == ["base", "backfill", "daemon"]  # daemon last: the default target
+        shared = " ".join(a for i, a in st["base"] if i == "RUN")
+        daemon = " ".join(a for i, a in st["daemon"])
+        assert "--extra spark" not in shared + daemon and "jre" not in shared + daemon
+        assert "--all-extras" not in shared + daemon
+        assert st["daemon"][0] == ("FROM", "base AS daemon")
+        backfill = dict(st["backfill"])
+        runs = " ".join(a for i, a in st["backfill"] if i == "RUN")
+        assert "uv sync --frozen --no-dev --extra spark" in runs
+        assert "openjdk-17-jre-headless" in runs
+        assert json.loads(backfill["ENTRYPOINT"]) == ["offloadd", "backfill"]
+        assert backfill["USER"].split(":")[0] not in ("root", "0")
 
     def test_every_copied_path_exists_in_the_repository(self) -> None:
         copies = [shlex.split(a) for i, a in instructions() if i == "COPY"]

@@ -1,0 +1,76 @@
+"""The daemon's read-back check: can what was just committed be read from the tier?
+
+Every ``[offload] read_check_interval_s`` (default 60 s; 0 turns it off), for each topic that
+committed something since the last check, the daemon reads the newest committed segment's index
+and the head of its last block back through :class:`~offloadd.read.reader.TierReader`
+(:meth:`~offloadd.read.reader.TierReader.check_segment`: a few KiB). It catches what uploads
+cannot show — a bucket policy that allows PUT but not GET, a KMS key the daemon may encrypt
+with but not decrypt, a proxy that mangles bytes — before a consumer needs the data, and it
+feeds Pulsar's read series for the topic (``brk_ledgeroffloader_read_offload_index_latency``,
+``_data_latency``, ``_read_offload_error``, ``_read_offload_rate``, ``_read_bytes``,
+``offloadd_read_duration_seconds``). A failed check is logged and counted, and tried again next
+interval; it changes nothing in the tier or the metadata.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from offloadd import catalog
+from offloadd.blobstore.base import BlobStore
+from offloadd.catalog import Segment
+from offloadd.metadata import managed_ledger
+from offloadd.metadata.base import MetadataStore
+from offloadd.model import TopicName
+from offloadd.read.reader import ReadProbe, TierReader
+
+__all__ = ["ReadMetrics", "TopicReadProbe", "read_back"]
+
+
+class ReadMetrics(Protocol):
+    """What :class:`offloadd.metrics.TopicProbe` offers for reads."""
+
+    def index_read(self, seconds: float) -> None: ...
+    def data_read(self, seconds: float) -> None: ...
+    def read_offload(self, nbytes: int) -> None: ...
+    def read_error(self) -> None: ...
+
+
+class TopicReadProbe(ReadProbe):
+    """The reader's hooks onto a topic's metrics probe; counts the errors it reported."""
+
+    def __init__(self, probe: ReadMetrics) -> None:
+        self._probe = probe
+        self.errors = 0
+
+    def index_read(self, seconds: float) -> None:
+        self._probe.index_read(seconds)
+
+    def data_read(self, seconds: float, nbytes: int) -> None:
+        self._probe.data_read(seconds)
+        self._probe.read_offload(nbytes)
+
+    def read_error(self) -> None:
+        self.errors += 1
+        self._probe.read_error()
+
+
+async def read_back(metadata: MetadataStore, blobstore: BlobStore, topic: TopicName,
+                    probe: ReadMetrics, *, head_bytes: int = 64 * 1024) -> Segment | None:
+    """Check the newest committed segment of ``topic`` (None when it has none). A failure to
+    read the tier counts once in ``probe.read_error`` and raises; a metadata failure only
+    raises (it is not a tier read)."""
+    info, _ = await managed_ledger.load(metadata, topic.managed_ledger)
+    done = [s for s in catalog.segments(info) if s.complete]
+    if not done:
+        return None
+    seg = done[-1]
+    counting = TopicReadProbe(probe)
+    reader = TierReader(metadata, blobstore, prefetch=0, index_cache=1, probe=counting)
+    try:
+        await reader.check_segment(seg, head_bytes)
+    except Exception:
+        if counting.errors == 0:  # e.g. a structural error of the index found past decoding
+            counting.read_error()
+        raise
+    return seg
