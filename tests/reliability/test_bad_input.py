@@ -174,6 +174,12 @@ def data_payload(t: Tier) -> None:
     flip(t.data, 128 + 12 + 5)  # a payload byte of the first entry
 
 
+def data_mark_and_payload(t: Tier) -> None:
+    """The block checksum's mark (header bytes 36..39) and a payload byte rot together."""
+    flip(t.data, 36)
+    flip(t.data, 128 + 12 + 5)
+
+
 def data_missing(t: Tier) -> None:
     t.data.unlink()
 
@@ -232,6 +238,8 @@ DAMAGE = [
     ("truncated-data-object", truncate_data, r"block \d+ is truncated: got \d+ of \d+ bytes"),
     ("data-block-wrong-magic", data_magic, r"bad block magic 0xDEADBEEF"),
     ("data-payload-bit-rot", data_payload, r"block checksum mismatch: CRC32C"),
+    ("data-checksum-mark-and-payload-bit-rot", data_mark_and_payload,
+     r"\(block 1 at byte 0\) at byte 36: block checksum mark damaged"),
     ("data-object-missing", data_missing, r"reading [0-9a-f-]{36} .*no such object"),
     ("index-object-missing", index_missing, r"[0-9a-f-]{36}-index .*no such object"),
     ("index-truncated", index_truncated, r"-index at byte 4: truncated index"),
