@@ -46,6 +46,8 @@ blocks_in_flight = 4
 [source]
 rollover_bytes = {ledger}
 rollover_entries = 100000000
+[retention]
+orphan_grace_s = 7200
 [metrics]
 enabled = false
 [daemon]

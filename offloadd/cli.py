@@ -7,6 +7,7 @@ import asyncio
 import base64
 import json
 import logging
+import math
 import os
 import signal
 import sys
@@ -29,9 +30,26 @@ def _positive_int(text: str) -> int:
 
 
 def _positive_float(text: str) -> float:
-    v = float(text)
+    v = _finite(text)
     if v <= 0:
         raise argparse.ArgumentTypeError(f"{text} is not a positive number")
+    return v
+
+
+def _non_negative_float(text: str) -> float:
+    v = _finite(text)
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"{text} must not be negative")
+    return v
+
+
+def _finite(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(v):  # float() takes "nan" and "inf": never a duration, rate or grace
+        raise argparse.ArgumentTypeError(f"{text} is not a finite number")
     return v
 
 
@@ -91,14 +109,14 @@ def build_parser() -> argparse.ArgumentParser:
     sp = cmd("verify", "check every committed segment; exit 0 only if all is well")
     sp.add_argument("--topic", type=_topic, action="append")
     sp.add_argument("--json", action="store_true")
-    sp.add_argument("--orphan-grace", type=float, default=300.0,
+    sp.add_argument("--orphan-grace", type=_non_negative_float, default=300.0,
                     help="ignore unreferenced objects younger than this (s)")
 
     sp = cmd("offload-now", "close and upload the current segment now (SIGUSR1)")
     sp.add_argument("--topic", type=_topic, action="append")
 
     sp = cmd("gc", "apply retention and deletions, retry failed ones, sweep orphans")
-    sp.add_argument("--grace", type=float, help="remove unreferenced objects older than this "
+    sp.add_argument("--grace", type=_finite, help="remove unreferenced objects older than this "
                     "(s; default [retention] orphan_grace_s)")
     sp.add_argument("--json", action="store_true")
     sp.add_argument("--dry-run", action="store_true", help="report, change nothing")

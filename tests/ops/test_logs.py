@@ -133,6 +133,8 @@ access_key_id = "AKIAOFFLOADDTEST"
 session_token = "{S3_TOKEN}"
 [offload]
 max_segment_rollover_time_minutes = 600
+[retention]
+orphan_grace_s = 72000
 [metrics]
 enabled = false
 [daemon]
