@@ -229,7 +229,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 def _cmd_produce(args: argparse.Namespace) -> int:
     from offloadd import wiring
-    from offloadd.ledger.local import LocalLedgerWriter
+    from offloadd.ledger.local import LocalLedgerWriter, StoreLock
     from offloadd.produce import produce, topic_names
 
     if args.bytes is None and args.duration is None:
@@ -238,6 +238,9 @@ def _cmd_produce(args: argparse.Namespace) -> int:
     settings = _settings(args)
     _setup_logs(settings)
     topics = [args.topic] if args.topic else topic_names(args.topics)
+
+    # one writer per store: a second one would close this one's open ledgers under it
+    lock = StoreLock.acquire(settings.source.path, StoreLock.WRITER, holder="offloadd produce")
 
     async def go() -> int:
         md = await wiring.open_metadata(settings)
@@ -261,7 +264,10 @@ def _cmd_produce(args: argparse.Namespace) -> int:
                           "topics": [str(t) for t in topics]}))
         return 0
 
-    return _run(go())
+    try:
+        return _run(go())
+    finally:
+        lock.release()
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
@@ -345,7 +351,9 @@ def _cmd_verify(args: argparse.Namespace) -> int:
                 mark = "ok " if t.ok else "BAD"
                 print(f"{mark} {t.topic}: {t.segments} segments, {t.entries} entries, "
                       f"last offloaded {t.last_offloaded}, gaps {len(t.gaps)}, "
-                      f"duplicates {t.duplicates}, checksum mismatches {t.checksum_mismatches}")
+                      f"duplicates {t.duplicates}, checksum mismatches {t.checksum_mismatches}"
+                      + (f", differences from the source {t.source_mismatches}"
+                         if t.source_mismatches else ""))
                 for e in t.errors + t.gaps:
                     print(f"    {e}")
             print(f"orphans: {len(rep.orphans)}")

@@ -20,6 +20,7 @@ from offloadd import config as config_mod
 from offloadd.config import Settings
 from offloadd.daemon import remove_pid_file, write_pid_file
 from offloadd.errors import OffloaddError
+from offloadd.ledger.local import StoreLock
 from offloadd.runtime import Runtime
 
 log = logging.getLogger(__name__)
@@ -75,6 +76,20 @@ async def run_service(settings: Settings, config_path: str | None) -> int:
     if other is not None:
         raise OffloaddError(f"another offloadd (pid {other}) is running with pid file "
                             f"{pid_file}; stop it first or give this one its own data")
+    # an embedded store: shared with other `run` daemons (they divide its topics through
+    # ownership records) and with a `produce` writer, never with a `standalone`
+    lock = (await asyncio.to_thread(StoreLock.acquire, settings.source.path,
+                                    StoreLock.OFFLOADER, shared=True)
+            if settings.source.kind == "local" else None)
+    try:
+        return await _serve(settings, config_path, notify, pid_file)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+async def _serve(settings: Settings, config_path: str | None, notify: Notifier,
+                 pid_file: Path) -> int:
     notify.send("STATUS=opening the metadata and blob stores")
     rt = await Runtime.open(settings)
     write_pid_file(pid_file)

@@ -24,9 +24,11 @@ has no ``entries``; only the last one can be. Ledger ids come from the counter n
 unique across topics and processes and never reused, even after a crash, and every new ledger of a
 topic gets an id above the topic's previous ledgers (ledgers are ordered by id).
 
-One writer process per topic is assumed (not enforced: that is the daemon's ownership layer).
-A writer that finds a topic's last ledger still open (its previous writer died) closes it at the
-last whole entry on disk, cutting torn bytes off the three files, before opening a new one.
+One writer process per store: the commands that write (``standalone``, ``produce``) hold the
+store's *writer lock* (:class:`StoreLock`), so a second one is refused instead of closing the
+first one's open ledgers under it. A writer that finds a topic's last ledger still open (its
+previous writer died) closes it at the last whole entry on disk, cutting torn bytes off the
+three files, before opening a new one.
 
 Durability: writes reach the page cache, which survives a process crash; ``sync=True`` adds an
 ``fdatasync`` per batch for power loss.
@@ -37,6 +39,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import fcntl
 import logging
 import operator
 import os
@@ -77,6 +80,7 @@ __all__ = [
     "LocalLedgerStore",
     "LocalLedgerWriter",
     "RolloverPolicy",
+    "StoreLock",
     "frame_entries",
     "ledger_files",
 ]
@@ -264,6 +268,99 @@ def _truncate_torn(files: LedgerFiles) -> tuple[int, int]:
     return count, end - FRAME_OVERHEAD * count
 
 
+# -- who may use the store: the writer and offloader locks ----------------------------------------
+
+
+class StoreLock:
+    """An ``flock`` on a lock file inside the store's directory, held until :meth:`release` (or
+    the process ends: the kernel drops it with the last descriptor, so a crash never leaves the
+    store locked).
+
+    Two locks, because two different things must not happen twice:
+
+    ``writer.lock``
+        taken exclusively by every process that appends (``standalone``, ``produce``). A second
+        writer would find the first one's open ledgers "left open by a dead writer" and close
+        them while the first keeps writing: acknowledged entries land past the recorded end of
+        a closed ledger and are never offloaded.
+    ``offloader.lock``
+        taken exclusively by ``standalone`` (it offloads every topic without the ownership
+        layer) and *shared* by ``offloadd run`` (daemons that share a store divide its topics
+        through ownership records in the metadata store, so several may run).
+
+    So ``run`` beside a ``produce`` on the same store — the documented sidecar-like set-up —
+    works, and so do several ``run`` daemons; a second ``standalone``, a ``produce`` beside a
+    ``standalone``, or a ``run`` beside a ``standalone`` is refused with the holder named.
+    Read-only commands (``status``, ``verify``, ``read``) take no lock.
+    """
+
+    WRITER = "writer.lock"
+    OFFLOADER = "offloader.lock"
+
+    def __init__(self, path: Path, fd: int) -> None:
+        self.path = path
+        self._fd: int | None = fd
+
+    @classmethod
+    def acquire(cls, store: str | Path, name: str, *, shared: bool = False,
+                holder: str = "offloadd") -> StoreLock:
+        """Take ``name`` (:attr:`WRITER` or :attr:`OFFLOADER`) in the store at ``store``, or
+        raise :class:`~offloadd.errors.Fatal` naming who holds it. ``holder`` describes this
+        process in the file for the next one to read (exclusive holders only)."""
+        path = Path(store) / name
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except OSError as exc:
+            raise _os_error(exc, f"opening the store lock {path}") from exc
+        try:
+            fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
+        except BlockingIOError:
+            who = _lock_holder(fd)
+            os.close(fd)
+            kind = "writer" if name == cls.WRITER else "offloader"
+            raise Fatal(
+                f"the embedded store {path.parent} is in use: {who} holds its {kind} lock "
+                f"({path}). Two processes {'writing' if kind == 'writer' else 'offloading'} "
+                "one store lose acknowledged entries; stop the other one first, or give this "
+                "one its own data directory ([source] path)") from None
+        except OSError as exc:
+            os.close(fd)
+            raise _os_error(exc, f"locking {path}") from exc
+        with contextlib.suppress(OSError):
+            os.ftruncate(fd, 0)  # a crashed exclusive holder's line is stale now
+            if not shared:
+                _pwrite(fd, f"{os.getpid()} {holder}\n".encode(), 0)
+        return cls(path, fd)
+
+    def release(self) -> None:
+        """Let go (idempotent). The file stays: removing it would let two processes lock two
+        different files of the same name."""
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, 0)  # only ever by the holder, so no one's line is lost
+            os.close(fd)
+
+    def __enter__(self) -> StoreLock:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+def _lock_holder(fd: int) -> str:
+    """Who holds a lock, as its exclusive holder wrote it; shared holders write nothing."""
+    try:
+        text = os.pread(fd, 256, 0).decode("utf-8", "replace").strip()
+    except OSError:
+        text = ""
+    pid, _, what = text.partition(" ")
+    if pid.isdigit():
+        return f"{what or 'offloadd'} (pid {pid})"
+    return "another offloadd process (an `offloadd run` daemon, or one starting up)"
+
+
 # -- the in-process notifier --------------------------------------------------------------------
 
 
@@ -412,6 +509,23 @@ class LocalLedgerSource:
             raise NotFound(f"entry {ledger_id}:{entry_id} is past the ledger's {readable} "
                            "readable entries")
         return end
+
+    async def stored_entries(self, ledger_id: int) -> int | None:
+        """How many whole entries the ledger's files hold, whatever the metadata says; None
+        when the files are gone (deleted or trimmed). ``verify`` compares it with the catalog:
+        a closed ledger whose files hold more entries than its recorded end had a second
+        writer, and those entries are never offloaded."""
+        files = ledger_files(self.path, ledger_id)
+
+        def count() -> int | None:
+            if not files.off.exists() and not files.log.exists():
+                return None
+            return _scan_files(files)[0]
+
+        try:
+            return await asyncio.to_thread(count)
+        except OSError as exc:
+            raise _os_error(exc, f"scanning ledger {ledger_id}") from exc
 
     async def read_crcs(self, ledger_id: int, first_entry_id: int,
                         last_entry_id: int) -> Sequence[int]:

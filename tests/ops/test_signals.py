@@ -28,7 +28,7 @@ max_segment_rollover_time_minutes = 600
 max_size_per_segment_mbytes = 1024
 {offload}
 [retention]
-orphan_grace_s = 72000
+orphan_grace_s = 200000
 [metrics]
 enabled = false
 [daemon]
