@@ -102,7 +102,10 @@ class SourceSettings(_Section):
     rollover_minutes: float = Field(1.0, gt=0, validation_alias=_alias(
         "rollover_minutes", "managedLedgerMaxLedgerRolloverTimeMinutes"))
     max_entry_bytes: int = Field(5 * MiB, ge=1, description="larger entries are refused")
-    verify_crc: bool = Field(False, description="check each entry's CRC32C when offloading")
+    verify_crc: bool = Field(True, description="check what is offloaded against the store's "
+                             "checksums (chunk CRC32Cs, and each entry's where no chunk record "
+                             "covers it): bit rot fails the segment instead of being uploaded "
+                             "under a fresh block checksum; turn off only to measure")
     # kind = "bookkeeper": sidecar beside a Pulsar cluster (docs/sidecar.md)
     pulsar_zk: str | None = Field(None, description='Pulsar\'s ZooKeeper, read-only: '
                                   '"zk://h1:2181,h2:2181[/chroot]"')

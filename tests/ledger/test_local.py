@@ -394,7 +394,7 @@ class TestChecksums:
         await writer.close()
         files = ledger_files(tmp_path, pos.ledger_id)
         overwrite(files.log, 62 + 12 + 7, b"X")
-        trusting = LocalLedgerSource(tmp_path, metadata)
+        trusting = LocalLedgerSource(tmp_path, metadata, verify_crc=False)
         assert len((await trusting.read(A, pos.ledger_id, 0, 2)).data) == 186
         checking = LocalLedgerSource(tmp_path, metadata, verify_crc=True)
         with pytest.raises(FormatError, match=r"00000000000000000000\.log.*entry 1") as err:
