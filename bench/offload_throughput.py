@@ -7,6 +7,11 @@ then (1) run the offload daemon alone in a fresh process until every entry is co
 on this machine. Both report wall time and their own user/system CPU seconds (getrusage of the
 child), so the figures are ratios taken in one run. Prints one JSON document.
 
+The offload runs twice over the same history (a fresh copy of the metadata and an empty tier
+each time, the ledger files hard-linked): with the source's checksum check (``[source]
+verify_crc``, the default: chunk CRC32Cs over every byte read) and without it, so
+``source_check_user_ratio`` is the check's CPU cost as a ratio taken in one run.
+
     .venv/bin/python bench/offload_throughput.py [--mib 512] [--block-mib 16]
 """
 
@@ -15,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -46,6 +52,7 @@ blocks_in_flight = 4
 [source]
 rollover_bytes = {ledger}
 rollover_entries = 100000000
+verify_crc = {verify}
 [retention]
 orphan_grace_s = 7200
 [metrics]
@@ -125,30 +132,61 @@ print(json.dumps({{"wall_s": time.perf_counter() - t0, "bytes": total,
 """
 
 
+def _config(cwd: Path, block: int, verify: bool) -> None:
+    (cwd / "bench.toml").write_text(CONFIG.format(
+        seg_mib=128, block=block, buffer=256 * 1024 * 1024, ledger=48 * 1024 * 1024,
+        verify="true" if verify else "false"))
+
+
+def _fresh(cwd: Path, pristine: Path) -> None:
+    """``data`` as ``produce`` left it: metadata copied, ledger files hard-linked (offload only
+    reads them), no tier."""
+    shutil.rmtree(cwd / "data", ignore_errors=True)
+    shutil.copytree(pristine / "metadata", cwd / "data" / "metadata")
+    shutil.copytree(pristine / "ledgers", cwd / "data" / "ledgers", copy_function=os.link)
+
+
+def _per_gib(run: dict[str, float], data_bytes: int) -> dict[str, float]:
+    gib = data_bytes / GiB
+    return {
+        "mib_s": round(data_bytes / 2**20 / run["wall_s"], 1),
+        "user_s_per_gib": round(run["user_s"] / gib, 3),
+        "sys_s_per_gib": round(run["sys_s"] / gib, 3),
+        "total_s_per_gib": round((run["user_s"] + run["sys_s"]) / gib, 3),
+    }
+
+
 def bench_one(entry_size: int, mib: int, block: int) -> dict[str, object]:
     with tempfile.TemporaryDirectory(prefix="offloadd-bench-") as d:
         cwd = Path(d)
-        (cwd / "bench.toml").write_text(CONFIG.format(
-            seg_mib=128, block=block, buffer=256 * 1024 * 1024, ledger=48 * 1024 * 1024))
+        _config(cwd, block, verify=True)
         subprocess.run([sys.executable, "-m", "offloadd.cli", "produce", "--config",
                         "bench.toml", "--topics", "2", "--bytes", str(mib * 1024 * 1024),
                         "--entry-size", str(entry_size)], cwd=cwd, check=True,
                        capture_output=True, timeout=1800)
         data_bytes = sum(f.stat().st_size for f in (cwd / "data" / "ledgers").glob("*.log"))
-        os.sync()
-        off = _child(OFFLOAD, cwd)
+        pristine = cwd / "pristine"
+        (cwd / "data").rename(pristine)
+        runs: dict[bool, dict[str, float]] = {}
+        for verify in (False, True):
+            _fresh(cwd, pristine)
+            _config(cwd, block, verify)
+            os.sync()
+            runs[verify] = _child(OFFLOAD, cwd)
         os.sync()
         raw = _child(RAW.format(block=block), cwd)
         gib = data_bytes / GiB
+        off = runs[True]
+        unchecked = _per_gib(runs[False], data_bytes)
         res: dict[str, object] = {
             "entry_size": entry_size,
             "bytes": data_bytes,
-            "offload": {
-                "mib_s": round(data_bytes / 2**20 / off["wall_s"], 1),
-                "user_s_per_gib": round(off["user_s"] / gib, 3),
-                "sys_s_per_gib": round(off["sys_s"] / gib, 3),
-                "total_s_per_gib": round((off["user_s"] + off["sys_s"]) / gib, 3),
-            },
+            "offload": _per_gib(off, data_bytes),
+            "offload_without_source_check": unchecked,
+            "source_check_user_ratio": round(off["user_s"] / max(runs[False]["user_s"], 1e-9),
+                                             3),
+            "source_check_user_s_per_gib": round((off["user_s"] - runs[False]["user_s"]) / gib,
+                                                 3),
             "raw_copy": {
                 "mib_s": round(data_bytes / 2**20 / raw["wall_s"], 1),
                 "user_s_per_gib": round(raw["user_s"] / gib, 3),
