@@ -156,7 +156,7 @@ def _per_gib(run: dict[str, float], data_bytes: int) -> dict[str, float]:
     }
 
 
-def bench_one(entry_size: int, mib: int, block: int) -> dict[str, object]:
+def bench_one(entry_size: int, mib: int, block: int, repeats: int) -> dict[str, object]:
     with tempfile.TemporaryDirectory(prefix="offloadd-bench-") as d:
         cwd = Path(d)
         _config(cwd, block, verify=True)
@@ -167,12 +167,17 @@ def bench_one(entry_size: int, mib: int, block: int) -> dict[str, object]:
         data_bytes = sum(f.stat().st_size for f in (cwd / "data" / "ledgers").glob("*.log"))
         pristine = cwd / "pristine"
         (cwd / "data").rename(pristine)
+        # alternating, and the run with the least user CPU of each kind: other tenants of a
+        # shared machine only ever add CPU time
         runs: dict[bool, dict[str, float]] = {}
-        for verify in (False, True):
-            _fresh(cwd, pristine)
-            _config(cwd, block, verify)
-            os.sync()
-            runs[verify] = _child(OFFLOAD, cwd)
+        for _ in range(repeats):
+            for verify in (False, True):
+                _fresh(cwd, pristine)
+                _config(cwd, block, verify)
+                os.sync()
+                got = _child(OFFLOAD, cwd)
+                if verify not in runs or got["user_s"] < runs[verify]["user_s"]:
+                    runs[verify] = got
         os.sync()
         raw = _child(RAW.format(block=block), cwd)
         gib = data_bytes / GiB
@@ -208,9 +213,11 @@ def main() -> None:
     ap.add_argument("--mib", type=int, default=512)
     ap.add_argument("--block-mib", type=int, default=16)
     ap.add_argument("--sizes", default="1024,65536")
+    ap.add_argument("--repeats", type=int, default=2,
+                    help="offload runs of each kind (with and without the source check)")
     args = ap.parse_args()
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    results = [bench_one(int(s), args.mib, args.block_mib * 1024 * 1024)
+    results = [bench_one(int(s), args.mib, args.block_mib * 1024 * 1024, args.repeats)
                for s in args.sizes.split(",")]
     print(json.dumps({"benchmark": "offload_throughput", "started": started,
                       "mib": args.mib, "block_mib": args.block_mib, "results": results},
