@@ -5,6 +5,8 @@ On-disk layout per ledger (see ``offloadd.ledger.local``)::
     000…07.log  [len|id|payload][len|id|payload]…   frames, as blocks frame them
     000…07.crc  [crc0][crc1]…                        uint32 LE per payload
     000…07.off  [0][off1][off2]…                     int64 LE frame starts; whole records = entries
+    000…07.sum, 000…07.osum                          CRC32C per chunk of .log / .off
+                                                     (tests/ledger/test_source_checks.py)
 """
 
 from __future__ import annotations
