@@ -55,6 +55,10 @@ def _p1p2(d: dict[str, Any]) -> list[Row]:
                      r["cpu_ratio"] <= 1.3))
         rows.append((f"P2 throughput ÷ raw copy, filesystem, {size}", "≥ 0.9",
                      f"{r['throughput_ratio']}", r["throughput_ratio"] >= 0.9))
+        if "source_check_user_ratio" in r:  # the P1 figures above include the check
+            rows.append((f"P1 source checksum check: user CPU with ÷ without, {size}",
+                         "(figure)", f"{r['source_check_user_ratio']}× "
+                         f"({r['source_check_user_s_per_gib']:+} s/GiB)", None))
     return rows
 
 

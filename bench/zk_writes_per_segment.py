@@ -138,6 +138,7 @@ async def offload(url: str, path: Path, tier: Path, total: int, seg_entries: int
     settings = config.load(None, metadata__url=url,
                            offload__max_size_per_segment_mbytes=seg_entries * (ENTRY + 12) / 2**20,
                            offload__max_segment_rollover_time_minutes=60,
+                           retention__orphan_grace_s=7200,
                            offload__max_block_size_bytes=64 * 1024, metrics__enabled=False)
     store = CountingStore(await ZooKeeperMetadataStore.open(url))
     ownership = ClusterOwnership(store, "bench")

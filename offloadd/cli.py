@@ -11,6 +11,7 @@ import asyncio
 import base64
 import json
 import logging
+import math
 import os
 import signal
 import sys
@@ -35,9 +36,19 @@ def _positive_int(text: str) -> int:
 
 
 def _positive_float(text: str) -> float:
-    v = float(text)
+    v = _finite(text)
     if v <= 0:
         raise argparse.ArgumentTypeError(f"{text} is not a positive number")
+    return v
+
+
+def _finite(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(v):  # float() takes "nan" and "inf": never a duration, rate or grace
+        raise argparse.ArgumentTypeError(f"{text} is not a finite number")
     return v
 
 
@@ -57,7 +68,7 @@ def _position(text: str) -> Position:
 
 
 def _non_negative_float(text: str) -> float:
-    v = float(text)
+    v = _finite(text)
     if v < 0:
         raise argparse.ArgumentTypeError(f"{text} must not be negative")
     return v
@@ -184,7 +195,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp = cmd("gc", "apply retention and deletions, retry failed ones, sweep orphans",
              "  offloadd gc --config /etc/offloadd/offloadd.toml --dry-run\n"
              "  offloadd gc --config /etc/offloadd/offloadd.toml --grace 3600 --json\n")
-    sp.add_argument("--grace", type=float, metavar="SECONDS",
+    sp.add_argument("--grace", type=_finite, metavar="SECONDS",
                     help="remove unreferenced objects older than this "
                     "(default [retention] orphan_grace_s)")
     sp.add_argument("--json", action="store_true",
@@ -311,7 +322,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 def _cmd_produce(args: argparse.Namespace) -> int:
     from offloadd import wiring
-    from offloadd.ledger.local import LocalLedgerWriter
+    from offloadd.ledger.local import LocalLedgerWriter, StoreLock
     from offloadd.produce import produce, topic_names
 
     if args.bytes is None and args.duration is None:
@@ -320,6 +331,9 @@ def _cmd_produce(args: argparse.Namespace) -> int:
     settings = _settings(args)
     _setup_logs(settings, args)
     topics = [args.topic] if args.topic else topic_names(args.topics)
+
+    # one writer per store: a second one would close this one's open ledgers under it
+    lock = StoreLock.acquire(settings.source.path, StoreLock.WRITER, holder="offloadd produce")
 
     async def go() -> int:
         md = await wiring.open_metadata(settings)
@@ -343,7 +357,10 @@ def _cmd_produce(args: argparse.Namespace) -> int:
                           "topics": [str(t) for t in topics]}))
         return 0
 
-    return _run(go())
+    try:
+        return _run(go())
+    finally:
+        lock.release()
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
@@ -436,7 +453,9 @@ def _cmd_verify(args: argparse.Namespace) -> int:
                 mark = "ok " if t.ok else "BAD"
                 print(f"{mark} {t.topic}: {t.segments} segments, {t.entries} entries, "
                       f"last offloaded {t.last_offloaded}, gaps {len(t.gaps)}, "
-                      f"duplicates {t.duplicates}, checksum mismatches {t.checksum_mismatches}")
+                      f"duplicates {t.duplicates}, checksum mismatches {t.checksum_mismatches}"
+                      + (f", differences from the source {t.source_mismatches}"
+                         if t.source_mismatches else ""))
                 for e in t.errors + t.gaps:
                     print(f"    {e}")
             print(f"orphans: {len(rep.orphans)}")

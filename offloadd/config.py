@@ -37,6 +37,12 @@ from offloadd.errors import ConfigError
 from offloadd.model import TopicName
 
 MiB = 1024 * 1024
+S3_MIN_PART_SIZE = 5 * MiB  # S3 refuses a smaller part but the last: EntityTooSmall
+# The smallest block there is: a 128-byte header, one 0-byte frame header... and 4 bytes of padding
+_SMALLEST_BLOCK = 128 + 4
+# gc must not take a live upload for an abandoned one: orphan_grace_s must be at least this many
+# times the longest an upload can legitimately stay open (see Settings._check_orphan_grace)
+ORPHAN_GRACE_FACTOR = 2
 
 
 def _alias(*names: str) -> Any:
@@ -51,7 +57,9 @@ _THRESHOLD_BYTES = ("threshold_bytes", "managedLedgerOffloadThresholdInBytes",
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True)
+    # nan and inf are valid TOML (and parse from the environment): never a usable setting
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True,
+                              allow_inf_nan=False)
 
 
 class MetadataSettings(_Section):
@@ -101,7 +109,10 @@ class SourceSettings(_Section):
     rollover_minutes: float = Field(1.0, gt=0, validation_alias=_alias(
         "rollover_minutes", "managedLedgerMaxLedgerRolloverTimeMinutes"))
     max_entry_bytes: int = Field(5 * MiB, ge=1, description="larger entries are refused")
-    verify_crc: bool = Field(False, description="check each entry's CRC32C when offloading")
+    verify_crc: bool = Field(True, description="check what is offloaded against the store's "
+                             "checksums (chunk CRC32Cs, and each entry's where no chunk record "
+                             "covers it): bit rot fails the segment instead of being uploaded "
+                             "under a fresh block checksum; turn off only to measure")
     # kind = "bookkeeper": sidecar beside a Pulsar cluster (docs/sidecar.md)
     pulsar_zk: str | None = Field(None, description='Pulsar\'s ZooKeeper, read-only: '
                                   '"zk://h1:2181,h2:2181[/chroot]"')
@@ -150,6 +161,12 @@ class BlobstoreSettings(_Section):
     connect_timeout_s: float = Field(10.0, gt=0)
     read_timeout_s: float = Field(60.0, gt=0)
     max_attempts: int = Field(8, ge=1)
+    min_part_size_bytes: int = Field(
+        S3_MIN_PART_SIZE, ge=0,
+        description="aws-s3 driver: the store's smallest multipart part but the last (S3: 5 MiB, "
+        "EntityTooSmall below); every block is one part, so blocks are checked against it. "
+        "Lower only for a store that takes smaller parts (Ceph's rgw_multipart_min_part_size, "
+        "a test server)")
     read_endpoints: tuple[ReadEndpointSettings, ...] = Field(
         (), description="replicated read endpoints [{url, zone}], tried local zone first")
     local_zone: str | None = None
@@ -276,7 +293,9 @@ class RetentionSettings(_Section):
     trim_source: bool = Field(False, description="delete a ledger's local copy once it is "
                               "offloaded and older than offload.deletion_lag_ms")
     orphan_grace_s: float = Field(3600.0, ge=0, description="gc removes unreferenced objects "
-                                  "(and stale incomplete uploads) older than this")
+                                  "(and stale incomplete uploads) older than this; at least "
+                                  "twice the longest a segment's upload may stay open (see "
+                                  "\"Checks across keys\")")
     interval_s: float = Field(300.0, gt=0, description="period of the daemon's gc pass")
 
 
@@ -296,7 +315,8 @@ class DaemonSettings(_Section):
 
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="OFFLOADD_", env_nested_delimiter="__",
-                                      extra="forbid", frozen=True, populate_by_name=True)
+                                      extra="forbid", frozen=True, populate_by_name=True,
+                                      allow_inf_nan=False)
 
     metadata: MetadataSettings = Field(default_factory=MetadataSettings)
     source: SourceSettings = Field(default_factory=SourceSettings)
@@ -336,6 +356,9 @@ class Settings(BaseSettings):
         for name in v:
             if name.count("/") != 1 or not all(name.split("/")):
                 raise ValueError(f'namespace key {name!r} must be "tenant/namespace"')
+            if {".", ".."} & set(name.split("/")):
+                raise ValueError(f"namespace key {name!r}: '.' and '..' cannot be a tenant or "
+                                 "namespace name")
         return v
 
     @model_validator(mode="after")
@@ -353,10 +376,62 @@ class Settings(BaseSettings):
                 raise ValueError(
                     f"[{where}] min_block_size_bytes ({p.min_block_size_bytes}) must not exceed "
                     f"max_block_size_bytes ({p.max_block_size_bytes})")
+            self._check_part_size(where, p)
         if self.offload.retry_base_s > self.offload.retry_max_s:
             raise ValueError(f"[offload] retry_base_s ({self.offload.retry_base_s}) must not "
                              f"exceed retry_max_s ({self.offload.retry_max_s})")
+        self._check_orphan_grace([(where, self._merge(o)) for where, o in levels])
         return self
+
+    def _check_part_size(self, where: str, p: OffloadPolicy) -> None:
+        """On aws-s3 every block is one multipart part, and S3 refuses a part under its minimum
+        but the last (EntityTooSmall): a block size below it fails every segment, forever."""
+        if self.blobstore.driver != "aws-s3":
+            return
+        floor = self.blobstore.min_part_size_bytes
+        if p.max_block_size_bytes < floor:
+            raise ValueError(
+                f"[{where}] max_block_size_bytes ({p.max_block_size_bytes}) is below the "
+                f"store's smallest multipart part ({floor} bytes, [blobstore] "
+                "min_part_size_bytes): with driver = \"aws-s3\" every block is one part and S3 "
+                "refuses smaller ones (EntityTooSmall); raise the block size")
+        smallest = max(min(self.min_block_size(p), p.max_block_size_bytes), _SMALLEST_BLOCK)
+        if p.mode == "streaming" and smallest < floor:
+            raise ValueError(
+                f"[{where}] min_block_size_bytes ({p.min_block_size_bytes}) is below the "
+                f"store's smallest multipart part ({floor} bytes, [blobstore] "
+                "min_part_size_bytes): a block cut short (at the end of a ledger) would be a "
+                f"part S3 refuses (EntityTooSmall); set it to at least {floor} or leave it unset")
+
+    def _check_orphan_grace(self, levels: list[tuple[str, OffloadPolicy]]) -> None:
+        """gc aborts incomplete uploads and removes unreferenced objects older than
+        ``orphan_grace_s``. A segment's upload starts with its first block and completes when
+        it closes: by ``max_segment_rollover_time_minutes``, plus the time the broker-wide
+        throttle needs for the rest of it (a whole ledger, in ledger mode). A grace shorter than
+        twice that lets gc abort the daemon's own live uploads, again and again."""
+        rate = self.offload.flow_permits_per_second
+        longest, worst = 0.0, ""
+        for where, p in levels:
+            if p.mode == "streaming":
+                size = p.max_size_per_segment_mbytes * MiB
+                took = p.max_segment_rollover_time_minutes * 60 + (size / rate if rate else 0)
+                why = (f"[{where}] max_segment_rollover_time_minutes = "
+                       f"{p.max_segment_rollover_time_minutes:g}")
+            else:
+                size = float(self.source.rollover_bytes)
+                took = size / rate if rate else 0.0
+                why = f"[{where}] mode = \"ledger\" with [source] rollover_bytes = {size:.0f}"
+            if rate:
+                why += f" and {size / MiB:g} MiB at flow_permits_per_second = {rate:g}"
+            if took > longest:
+                longest, worst = took, why
+        need = ORPHAN_GRACE_FACTOR * longest
+        if self.retention.orphan_grace_s < need:
+            raise ValueError(
+                f"[retention] orphan_grace_s ({self.retention.orphan_grace_s:g}) must be at "
+                f"least {need:.0f}: a segment's upload may stay open {longest:.0f} s "
+                f"({worst}), and gc must not take the daemon's live uploads for abandoned "
+                f"ones (the grace is {ORPHAN_GRACE_FACTOR}x that; docs/config.md)")
 
     def _merge(self, overrides: list[PolicyOverride]) -> OffloadPolicy:
         fields: dict[str, Any] = {k: getattr(self.offload, k) for k in OffloadPolicy.model_fields}
@@ -536,6 +611,7 @@ def secret_values(settings: Settings) -> list[str]:
 _TYPE_WORDS = {
     "int_type": "an integer", "int_parsing": "an integer", "int_from_float": "an integer",
     "float_type": "a number", "float_parsing": "a number",
+    "finite_number": "a finite number (not nan or inf)",
     "bool_type": "true or false", "bool_parsing": "true or false",
     "string_type": "a string", "path_type": "a string (a path)",
     "dict_type": "a table", "model_type": "a table", "model_attributes_type": "a table",
@@ -651,6 +727,36 @@ def reference_markdown() -> str:
         "`persistent://tenant/namespace/topic` names. The keys allowed at these levels:", "",
     ]
     lines += _field_table(PolicyOverride, None)
+    lines += [
+        "## Checks across keys", "",
+        "A configuration that would load but could only fail is refused at load time, "
+        "with the same one-line error and exit code 2:", "",
+        "- Every number is finite: `nan` and `inf` (valid TOML, and accepted by float "
+        "parsers from the environment) are refused everywhere, as they are for command-line "
+        "flags (`--rate`, `--duration`, `--grace`, `--orphan-grace`).",
+        "- `min_block_size_bytes` must not exceed `max_block_size_bytes`, at every level; "
+        "`retry_base_s` must not exceed `retry_max_s`.",
+        "- With `driver = \"aws-s3\"` every block is one multipart part, and S3 refuses a "
+        "part smaller than 5 MiB but the last (`EntityTooSmall`): at every level "
+        "`max_block_size_bytes` and (in streaming mode, where a block cut short at a "
+        "ledger's end is padded to it) the effective `min_block_size_bytes` must be at "
+        "least `[blobstore] min_part_size_bytes` (5 MiB; lower it only for a store that "
+        "takes smaller parts).",
+        f"- `[retention] orphan_grace_s` must be at least {ORPHAN_GRACE_FACTOR}× the longest "
+        "a segment's upload may stay open. A streaming segment's multipart upload starts "
+        "with its first block and completes when the segment closes: at the latest "
+        "`max_segment_rollover_time_minutes` later, plus the time the broker-wide throttle "
+        "needs for a whole segment (`max_size_per_segment_mbytes` ÷ "
+        "`flow_permits_per_second`, when a throttle is set); in ledger mode an upload takes a "
+        "whole ledger (`[source] rollover_bytes`) at the throttle. The longest over "
+        "`[offload]` and every namespace and topic level counts. gc aborts incomplete uploads "
+        "and deletes unreferenced objects older than the grace, so a shorter grace would "
+        "abort the daemon's own live uploads, again on every retry. The factor of "
+        f"{ORPHAN_GRACE_FACTOR} leaves room for a slow store and retried parts; with many "
+        "topics sharing a tight throttle, give more.",
+        "- Topic and namespace names may not be `.` or `..` (they would name a directory's "
+        "self or parent in the paths built from them).", "",
+    ]
     return "\n".join(lines).rstrip("\n") + "\n"
 
 

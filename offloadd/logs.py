@@ -15,6 +15,7 @@ secret string that still slips into a message.
 
 from __future__ import annotations
 
+import base64
 import contextvars
 import json
 import logging
@@ -93,38 +94,91 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(out, ensure_ascii=False)
 
 
-class RedactFilter(logging.Filter):
-    """Replaces known secret strings in a record's message and traceback with ``***``.
+def _char_forms(c: str) -> list[str]:
+    """Regular expressions for every way ``c`` shows up once a string holding it has been
+    repr()'d, ascii()'d, JSON-encoded, URL-encoded or turned into bytes and repr()'d — or any
+    of those applied on top of another (a JSON log line of a repr, a repr of a URL)."""
+    esc = r"\\+"  # one or more backslashes: escapes, and escapes of escapes
+    forms = [re.escape(c)]
+    if c in "\\'\"":
+        forms.append(esc + re.escape(c))  # \' \" and \\ (a backslash doubled, or more)
+    if c == "\\":
+        forms.append(esc + "x5[cC]")
+    code = ord(c)
+    named = {"\n": "n", "\t": "t", "\r": "r", "\b": "b", "\f": "f"}.get(c)
+    if named:
+        forms.append(esc + named)
+    hexes = [f"{b:02x}" for b in c.encode("utf-8", "surrogatepass")]
+    forms.append("".join(f"%{_anycase(h)}" for h in hexes))  # URL encoding, %2f or %2F
+    forms.append("".join(f"{esc}x{_anycase(h)}" for h in hexes))  # bytes repr of UTF-8
+    if code < 0x100:
+        forms.append(f"{esc}x{_anycase(f'{code:02x}')}")  # ascii(), repr() of control chars
+    if code < 0x10000:
+        forms.append(f"{esc}u{_anycase(f'{code:04x}')}")  # ascii(), JSON
+    else:
+        forms.append(f"{esc}U{_anycase(f'{code:08x}')}")  # ascii()
+        hi, lo = 0xD800 + ((code - 0x10000) >> 10), 0xDC00 + ((code - 0x10000) & 0x3FF)
+        forms.append(f"{esc}u{_anycase(f'{hi:04x}')}{esc}u{_anycase(f'{lo:04x}')}")  # JSON
+    if c == " ":
+        forms.append(r"\+")  # application/x-www-form-urlencoded
+    return forms
 
-    A ``user:password`` secret (the ZooKeeper digest) is also redacted by its password alone.
-    Strings shorter than 4 characters are not redacted: they would mangle ordinary words.
+
+def _anycase(hexdigits: str) -> str:
+    return "".join(f"[{d.lower()}{d.upper()}]" if d.isalpha() else d for d in hexdigits)
+
+
+def secret_pattern(secrets: Iterable[str]) -> re.Pattern[str] | None:
+    """One regular expression matching every representation of every secret (see
+    :func:`_char_forms`), and the base64 of each; None when there is nothing to hide.
+
+    A ``user:password`` secret (a ZooKeeper digest) also matches by its password alone.
+    Secrets shorter than 4 characters are skipped: they would mangle ordinary words.
+    """
+    found: set[str] = set()
+    for s in secrets:
+        found.add(s)
+        if ":" in s:
+            found.add(s.partition(":")[2])
+    alternatives: list[str] = []
+    for s in sorted((s for s in found if len(s) >= 4), key=len, reverse=True):
+        alternatives.append("".join(f"(?:{'|'.join(_char_forms(c))})" for c in s))
+        raw = s.encode("utf-8", "surrogatepass")
+        alternatives += [re.escape(base64.b64encode(raw).decode().rstrip("=")),
+                         re.escape(base64.urlsafe_b64encode(raw).decode().rstrip("="))]
+    if not alternatives:
+        return None
+    return re.compile("|".join(alternatives))
+
+
+class RedactFilter(logging.Filter):
+    """Replaces known secrets in a record's message and traceback with ``***``, in whatever
+    form they appear (literal, repr/ascii-escaped, JSON-escaped, URL-encoded, bytes repr,
+    base64: see :func:`secret_pattern`). Without that, a password holding ``\\`` or ``'``
+    would slip through as soon as a library logs the repr of an object that holds it (kazoo's
+    ``Auth(...)`` request at DEBUG does).
     """
 
     def __init__(self, secrets: Iterable[str]) -> None:
         super().__init__()
-        found: set[str] = set()
-        for s in secrets:
-            found.add(s)
-            if ":" in s:
-                found.add(s.partition(":")[2])
-        # longest first, so a secret that contains another is replaced whole
-        self.secrets = sorted((s for s in found if len(s) >= 4), key=len, reverse=True)
+        self.pattern = secret_pattern(secrets)
 
     def _redact(self, text: str) -> str:
-        for s in self.secrets:
-            text = text.replace(s, "***")
-        return text
+        return self.pattern.sub("***", text) if self.pattern is not None else text
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if not self.secrets:
+        if self.pattern is None:
             return True
         msg = record.getMessage()
-        if any(s in msg for s in self.secrets):
-            record.msg, record.args = self._redact(msg), None
+        redacted = self._redact(msg)
+        if redacted != msg:
+            record.msg, record.args = redacted, None
         if record.exc_info and not record.exc_text:
             record.exc_text = logging.Formatter().formatException(record.exc_info)
         if record.exc_text:
             record.exc_text = self._redact(record.exc_text)
+        if record.stack_info:
+            record.stack_info = self._redact(record.stack_info)
         return True
 
 

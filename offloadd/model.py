@@ -12,6 +12,8 @@ from typing import NamedTuple
 
 from offloadd.errors import ConfigError
 
+INT64_MAX = 2**63 - 1
+
 
 class Position(NamedTuple):
     """``ledgerId:entryId``; tuples order by ledger, then entry, which is the log order."""
@@ -24,11 +26,17 @@ class Position(NamedTuple):
 
     @classmethod
     def parse(cls, text: str) -> Position:
-        """Parse ``L:E`` (as printed by :meth:`__str__`)."""
+        """Parse ``L:E`` (as printed by :meth:`__str__`); both ids are int64s >= 0, as in
+        BookKeeper and Pulsar."""
         m = re.fullmatch(r"\s*(-?\d+):(-?\d+)\s*", text)
         if not m:
             raise ValueError(f"position {text!r} is not of the form LEDGER:ENTRY, e.g. 12:0")
-        return cls(int(m.group(1)), int(m.group(2)))
+        ledger_id, entry_id = int(m.group(1)), int(m.group(2))
+        for what, v in (("ledger", ledger_id), ("entry", entry_id)):
+            if not 0 <= v <= INT64_MAX:
+                raise ValueError(f"position {text!r}: {what} id {v} is out of range (0.."
+                                 f"{INT64_MAX}, a non-negative int64)")
+        return cls(ledger_id, entry_id)
 
 
 _TOPIC_RE = re.compile(
@@ -51,6 +59,12 @@ class TopicName:
                 f"topic name {text!r} is invalid: expected "
                 "persistent://<tenant>/<namespace>/<topic> using letters, digits and -_.=: only"
             )
+        for part in m.group(2, 3, 4):
+            if part in (".", ".."):
+                # it would name a directory's self or parent in every path built from it
+                # (ZooKeeper nodes, the embedded store's tables, object keys)
+                raise ConfigError(f"topic name {text!r} is invalid: {part!r} cannot be a tenant, "
+                                  "namespace or topic name")
         return cls(m.group(2), m.group(3), m.group(4))
 
     @classmethod

@@ -14,10 +14,12 @@ import os
 import signal
 import socket
 import time
+from collections.abc import Callable
 
 from offloadd import config as config_mod
 from offloadd.config import Settings
 from offloadd.daemon import PidFile
+from offloadd.ledger.local import StoreLock
 from offloadd.runtime import Runtime
 
 log = logging.getLogger(__name__)
@@ -72,11 +74,30 @@ async def run_service(settings: Settings, config_path: str | None) -> int:
     # the locked pid file is both the check that no other daemon runs here and, held until
     # exit, what lets `offloadd offload-now` tell this process from one that reused a pid
     pid_handle = await asyncio.to_thread(PidFile.acquire, pid_file)
+    # an embedded store: shared with other `run` daemons (they divide its topics through
+    # ownership records) and with a `produce` writer, never with a `standalone`
+    try:
+        lock = (await asyncio.to_thread(StoreLock.acquire, settings.source.path,
+                                        StoreLock.OFFLOADER, shared=True)
+                if settings.source.kind == "local" else None)
+    except BaseException:
+        pid_handle.release()
+        raise
+    try:
+        return await _serve(settings, config_path, notify, pid_handle.release)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+async def _serve(settings: Settings, config_path: str | None, notify: Notifier,
+                 release_pid: Callable[[], None]) -> int:
+    pid_file = settings.daemon.pid_file
     notify.send("STATUS=opening the metadata and blob stores")
     try:
         rt = await Runtime.open(settings)
     except BaseException:
-        pid_handle.release()
+        release_pid()
         raise
     helpers: list[asyncio.Task[None]] = []
     try:
@@ -114,7 +135,7 @@ async def run_service(settings: Settings, config_path: str | None) -> int:
         for task in helpers:
             task.cancel()
         await rt.close()
-        pid_handle.release()
+        release_pid()
         notify.close()
 
 

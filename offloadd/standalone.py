@@ -20,6 +20,7 @@ from offloadd import config as config_mod
 from offloadd.config import Settings
 from offloadd.daemon import Daemon, DaemonState, remove_pid_file, write_pid_file
 from offloadd.errors import OffloaddError
+from offloadd.ledger.local import StoreLock
 from offloadd.produce import ProduceStats, produce, topic_names
 from offloadd.runtime import Runtime
 
@@ -43,6 +44,32 @@ def load_settings(path: str | None) -> Settings:
 async def run_standalone(settings: Settings, *, duration: float | None, rate: float,
                          entry_size: int, topics: int, drain_timeout_s: float = 120.0,
                          config_path: str | None = None) -> dict[str, Any]:
+    # the store is this process's alone: it writes every topic and offloads every topic
+    # without the ownership layer, so a second writer or daemon on it would lose entries
+    locks = await asyncio.to_thread(_lock_store, settings)
+    try:
+        return await _run_standalone(settings, duration=duration, rate=rate,
+                                     entry_size=entry_size, topics=topics,
+                                     drain_timeout_s=drain_timeout_s, config_path=config_path)
+    finally:
+        for lock in reversed(locks):
+            lock.release()
+
+
+def _lock_store(settings: Settings) -> list[StoreLock]:
+    path = settings.source.path
+    writer = StoreLock.acquire(path, StoreLock.WRITER, holder="offloadd standalone")
+    try:
+        return [writer, StoreLock.acquire(path, StoreLock.OFFLOADER,
+                                          holder="offloadd standalone")]
+    except BaseException:
+        writer.release()
+        raise
+
+
+async def _run_standalone(settings: Settings, *, duration: float | None, rate: float,
+                          entry_size: int, topics: int, drain_timeout_s: float,
+                          config_path: str | None) -> dict[str, Any]:
     pid_handle = write_pid_file(settings.daemon.pid_file)  # refuses a second daemon here
     try:
         rt = await Runtime.open(settings, with_writer=True)

@@ -4,7 +4,11 @@ Per topic: committed segments are contiguous from the topic's first entry to the
 one (no gap, no overlap, no duplicate entry); every object reads back and every block passes its
 checks (see :mod:`offloadd.read.reader`: magic, lengths, the CRC32C stamped in every block);
 each data object has the length its index recorded; and, while the source still holds the
-entries, every payload's CRC32C equals the source's. Across the tier: no orphan objects (keys of
+entries, every payload's CRC32C equals the source's. The catalog is also checked against the
+source itself, not only against itself: every closed ledger must hold exactly the entries the
+catalog recorded when it was closed (more means a second writer kept appending after another
+process closed it — entries no segment will ever cover), and every committed segment's range
+must be entries the source holds. Across the tier: no orphan objects (keys of
 ours that no topic references and no retention record tracks), ignoring objects younger than
 a grace period that a running daemon may be about to commit.
 """
@@ -45,11 +49,13 @@ class TopicReport:
     duplicates: int = 0
     checksum_mismatches: int = 0
     source_checked: int = 0
+    source_mismatches: int = 0  # ledgers (or segment ranges) the source holds differently
     errors: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
-        return not (self.gaps or self.duplicates or self.checksum_mismatches or self.errors)
+        return not (self.gaps or self.duplicates or self.checksum_mismatches
+                    or self.source_mismatches or self.errors)
 
 
 @dataclass
@@ -86,6 +92,38 @@ class _SourceCrcs:
         except (NotFound, OffloaddError, OSError):
             return None
         return crcs if len(crcs) == last - first + 1 else None
+
+
+async def _stored_entries(source: LedgerSource | None, ledger_ids: Sequence[int],
+                          rep: TopicReport) -> dict[int, int | None]:
+    """What the source's own files hold per ledger (None: gone, or a source that cannot say)."""
+    stored_entries = getattr(source, "stored_entries", None)
+    out: dict[int, int | None] = dict.fromkeys(ledger_ids)
+    if stored_entries is None:
+        return out
+    for lid in ledger_ids:
+        try:
+            out[lid] = await stored_entries(lid)
+        except OffloaddError as exc:
+            rep.errors.append(f"ledger {lid}: cannot tell what the source holds: {exc}")
+    return out
+
+
+def _compare_closed(info: managed_ledger.ManagedLedgerInfo, held: dict[int, int | None],
+                    rep: TopicReport) -> None:
+    """A closed ledger must hold exactly the entries the catalog recorded when it was closed."""
+    for li in info.ledgerInfo:
+        n = held.get(li.ledgerId)
+        if not li.HasField("entries") or n is None or n == li.entries:
+            continue
+        rep.source_mismatches += 1
+        if n > li.entries:
+            why = (f"entries {li.entries}..{n - 1} were written after it was closed (a second "
+                   "writer on the store?) and no segment will ever cover them")
+        else:
+            why = f"entries {n}..{li.entries - 1} are missing from the source"
+        rep.errors.append(f"ledger {li.ledgerId}: the catalog closed it at {li.entries} "
+                          f"entries, but the source holds {n}: {why}")
 
 
 def _expected_begin(prev: Position | None, ledgers: Sequence[int],
@@ -130,6 +168,8 @@ async def verify_topic(topic: TopicName, metadata: MetadataStore, blobstore: Blo
                     entries[d.ledger_id] = None  # open: no end yet
         except OffloaddError:
             pass
+    held = await _stored_entries(source, ledgers, rep)
+    _compare_closed(info, held, rep)
     crcs = _SourceCrcs(source)
     prev: Position | None = None
     if committed:
@@ -149,7 +189,7 @@ async def verify_topic(topic: TopicName, metadata: MetadataStore, blobstore: Blo
                                   f"previous one (expected {expect})")
             else:
                 rep.gaps.append(f"{expect}..before {seg.begin}")
-        await _verify_segment(seg, rep, blobstore, reader, crcs)
+        await _verify_segment(seg, rep, blobstore, reader, crcs, held)
         prev = seg.end
     if prev is not None:
         rep.last_offloaded = str(prev)
@@ -157,7 +197,8 @@ async def verify_topic(topic: TopicName, metadata: MetadataStore, blobstore: Blo
 
 
 async def _verify_segment(seg: Segment, rep: TopicReport, blobstore: BlobStore,
-                          reader: TierReader, crcs: _SourceCrcs) -> None:
+                          reader: TierReader, crcs: _SourceCrcs,
+                          held: dict[int, int | None]) -> None:
     got: dict[int, list[int]] = {}  # ledger -> payload crcs in order
     expect_pos: Position | None = None
     count = 0
@@ -180,6 +221,12 @@ async def _verify_segment(seg: Segment, rep: TopicReport, blobstore: BlobStore,
         rep.errors.append(f"segment {seg.uid}: read {count} entries, metadata says {seg.entries}")
     rep.entries += count
     for r in seg.ranges:
+        n = held.get(r.ledger_id)
+        if n is not None and r.last >= n:
+            rep.source_mismatches += 1
+            rep.errors.append(f"segment {seg.uid}: covers ledger {r.ledger_id} up to entry "
+                              f"{r.last}, but the source holds only {n} entries of it")
+            continue
         want = await crcs.get(r.ledger_id, r.first, r.last)
         if want is None:
             continue

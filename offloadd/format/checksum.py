@@ -7,7 +7,13 @@ readers skip without looking. offloadd writes, at bytes 36..43 of the header::
     [int32 mark 0x4F464443 ("OFDC")][uint32 CRC32C of the block's bytes 128..block_len)]
 
 so every block can be checked on its own by a ranged read, while Pulsar still reads the object.
-A block without the mark (Pulsar's own, or the conformance vectors) is accepted unchecked.
+
+Whether a block must carry the mark is *not* decided by the mark: a damaged mark would otherwise
+switch the check off for exactly the block whose bytes are suspect. The caller says so from
+metadata it trusts (offloadd writes every block of its objects with the mark, and says so in the
+objects' user metadata, see ``offload/objects.py``): then a block without the mark is an error.
+Only for objects nothing marks as ours (Pulsar's own, or the conformance vectors) is a block
+without the mark accepted unchecked.
 """
 
 from __future__ import annotations
@@ -45,10 +51,22 @@ def stamp_parts(parts: Sequence[Part]) -> list[Part]:
     return [stamp_part(p) for p in parts]
 
 
-def verify_block_checksum(buf: Buffer, block_offset: int, block_len: int, obj: str) -> bool:
-    """Check a block's recorded CRC32C; False when it carries none, FormatError on mismatch."""
+def verify_block_checksum(buf: Buffer, block_offset: int, block_len: int, obj: str, *,
+                          required: bool = False) -> bool:
+    """Check a block's recorded CRC32C; FormatError on mismatch.
+
+    ``required``: the object's trusted metadata says every block carries a checksum, so a block
+    without the mark is damaged (FormatError). Otherwise such a block is accepted unchecked and
+    the result is False.
+    """
     mark, want = _FIELD.unpack_from(buf, block_offset + CHECKSUM_OFFSET)
     if mark != CHECKSUM_MARK:
+        if required:
+            raise FormatError(obj, block_offset + CHECKSUM_OFFSET,
+                              f"block checksum mark damaged: header bytes 36..39 are "
+                              f"{mark:08x}, not {CHECKSUM_MARK:08x}, and every block of this "
+                              "object carries one (its metadata says so); the block cannot be "
+                              "checked, so it is not trusted")
         return False
     body = memoryview(buf)[block_offset + HEADER_LEN:block_offset + block_len]
     got = crc32c.crc32c(body)

@@ -1,19 +1,32 @@
 """The embedded managed-ledger store: a writer and a :class:`LedgerSource` over plain files.
 
-Layout under the data directory, three files per ledger (ids are global, so files are not
+Layout under the data directory, five files per ledger (ids are global, so files are not
 grouped by topic; the topic → ledgers mapping lives in the metadata store)::
 
     <ledgerId:020d>.log   frames, back to back, exactly as blocks frame them (big-endian):
                           [int32 payload length][int64 entryId][payload]
     <ledgerId:020d>.crc   uint32 little-endian CRC32C of each payload, one per entry
+    <ledgerId:020d>.sum   uint32 little-endian CRC32C of each complete 64 KiB chunk of .log
+                          (bytes k*65536 .. (k+1)*65536), one per chunk
+    <ledgerId:020d>.osum  the same for each complete 1 KiB chunk (128 records) of .off
     <ledgerId:020d>.off   int64 little-endian offset in .log where each frame starts
 
 The number of readable entries is the number of *complete* 8-byte records of ``.off`` whose frames
-end within ``.log``. A batch is written ``.log`` first, then ``.crc``, then ``.off``, each with one
-positional write; so a reader in any process that trusts only whole ``.off`` records never sees a
-torn entry, and the CRC of every entry it can see is already there. A block payload is therefore
-one byte range of ``.log``: :meth:`LocalLedgerSource.read` cuts it by bisecting ``.off`` and reads
-it with one ``pread``, with no Python work per entry.
+end within ``.log``. A batch is written ``.log`` first, then ``.crc``, ``.sum`` and ``.osum``,
+then ``.off``, each with one positional write; so a reader in any process that trusts only whole
+``.off`` records never sees a torn entry, and the checksums of everything it can see are already
+there. A block payload is therefore one byte range of ``.log``: :meth:`LocalLedgerSource.read`
+cuts it by bisecting ``.off`` and reads it with one ``pread``, with no Python work per entry.
+
+Reads are checked against the checksums by default (``verify_crc``): bit rot in a ledger file
+must fail the read, not be uploaded under a fresh, valid block checksum. Checking each entry's
+CRC32C costs a few C calls per entry (~0.3 CPU-s/GiB at 1 KiB entries, more than the whole
+offload path); the chunk records make it one CRC pass over the bytes just read, in the reading
+thread: a run's frames are checked chunk by chunk against ``.sum`` and the offsets that cut them
+against ``.osum`` (reading at most a chunk more at each end), and only where no chunk record
+covers them — the tail of a ledger still being written, a ledger written before the records
+existed — entry by entry (frame header and payload CRC32C). A chunk that does not match is then
+checked entry by entry too, so the error names the entry.
 
 Metadata (DESIGN §6): ``/managed-ledgers/<ml name>`` holds the topic's ``ManagedLedgerInfo``; the
 writer appends ``LedgerInfo(ledgerId, timestamp=ctime ms)`` when it opens a ledger and sets
@@ -24,9 +37,11 @@ has no ``entries``; only the last one can be. Ledger ids come from the counter n
 unique across topics and processes and never reused, even after a crash, and every new ledger of a
 topic gets an id above the topic's previous ledgers (ledgers are ordered by id).
 
-One writer process per topic is assumed (not enforced: that is the daemon's ownership layer).
-A writer that finds a topic's last ledger still open (its previous writer died) closes it at the
-last whole entry on disk, cutting torn bytes off the three files, before opening a new one.
+One writer process per store: the commands that write (``standalone``, ``produce``) hold the
+store's *writer lock* (:class:`StoreLock`), so a second one is refused instead of closing the
+first one's open ledgers under it. A writer that finds a topic's last ledger still open (its
+previous writer died) closes it at the last whole entry on disk, cutting torn bytes (and the
+records of chunks they completed) off its files, before opening a new one.
 
 Durability: writes reach the page cache, which survives a process crash; ``sync=True`` adds an
 ``fdatasync`` per batch for power loss.
@@ -37,6 +52,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import fcntl
 import logging
 import operator
 import os
@@ -50,6 +66,7 @@ from dataclasses import dataclass
 from functools import partial
 from itertools import accumulate, chain, repeat
 from pathlib import Path
+from typing import NoReturn
 
 import crc32c
 
@@ -77,6 +94,7 @@ __all__ = [
     "LocalLedgerStore",
     "LocalLedgerWriter",
     "RolloverPolicy",
+    "StoreLock",
     "frame_entries",
     "ledger_files",
 ]
@@ -92,6 +110,8 @@ _LEN = struct.Struct(">i")
 _HEADER = struct.Struct(">iq")
 _OFF_SIZE = _OFF.size
 _CRC_SIZE = 4
+CHUNK = 64 * 1024  # .log bytes per .sum record
+OFF_CHUNK = 1024  # .off bytes (128 offsets) per .osum record
 _ID_ATTEMPTS = 100
 
 
@@ -103,14 +123,17 @@ class LedgerFiles:
     log: Path
     crc: Path
     off: Path
+    sum: Path
+    osum: Path
 
-    def all(self) -> tuple[Path, Path, Path]:
-        return self.log, self.crc, self.off
+    def all(self) -> tuple[Path, Path, Path, Path, Path]:
+        return self.log, self.crc, self.off, self.sum, self.osum
 
 
 def ledger_files(path: Path, ledger_id: int) -> LedgerFiles:
     stem = f"{ledger_id:020d}"
-    return LedgerFiles(path / f"{stem}.log", path / f"{stem}.crc", path / f"{stem}.off")
+    return LedgerFiles(path / f"{stem}.log", path / f"{stem}.crc", path / f"{stem}.off",
+                       path / f"{stem}.sum", path / f"{stem}.osum")
 
 
 def frame_entries(payloads: Sequence[bytes], first_entry_id: int,
@@ -132,6 +155,36 @@ def frame_entries(payloads: Sequence[bytes], first_entry_id: int,
         starts.byteswap()
         crcs.byteswap()
     return frames, crcs.tobytes(), starts.tobytes(), end
+
+
+def chunk_sums(data: bytes | memoryview, start: int, partial: int,
+               chunk: int = CHUNK) -> tuple[bytes, int]:
+    """Chunk-checksum records (``.sum`` for ``.log``, ``.osum`` for ``.off``) for ``data``
+    appended to a file that ends at ``start``.
+
+    ``partial`` is the CRC32C of the file's last, incomplete chunk (0 when ``start`` is on a
+    chunk boundary). Returns the records of the chunks ``data`` completes (the first is chunk
+    ``start // chunk``) and the CRC32C of the chunk it leaves incomplete.
+    """
+    view = memoryview(data)
+    out = array("I")
+    i = min(chunk - start % chunk, len(view))
+    partial = crc32c.crc32c(view[:i], partial)
+    if (start + i) % chunk == 0 and i:
+        out.append(partial)
+        partial = 0
+    whole = (len(view) - i) // chunk
+    out.extend(map(crc32c.crc32c, _slices(view, range(i, i + whole * chunk, chunk), chunk)))
+    i += whole * chunk
+    partial = crc32c.crc32c(view[i:], partial)
+    if not _LITTLE:
+        out.byteswap()
+    return out.tobytes(), partial
+
+
+def _slices(view: memoryview, starts: Sequence[int], length: int) -> Iterator[memoryview]:
+    """``view[s:s + length]`` for each start, made in C (``map``), not in a Python loop."""
+    return map(view.__getitem__, map(slice, starts, map(operator.add, starts, repeat(length))))
 
 
 def _rebased(raw: bytes, base: int) -> array[int]:
@@ -256,12 +309,107 @@ def _truncate_torn(files: LedgerFiles) -> tuple[int, int]:
     Reverse of the write order, so no reader ever sees a record without its frame.
     """
     count, end = _scan_files(files)
-    for path, size in ((files.off, count * _OFF_SIZE), (files.crc, count * _CRC_SIZE),
+    for path, size in ((files.off, count * _OFF_SIZE),
+                       (files.osum, count * _OFF_SIZE // OFF_CHUNK * _CRC_SIZE),
+                       (files.sum, end // CHUNK * _CRC_SIZE), (files.crc, count * _CRC_SIZE),
                        (files.log, end)):
         with contextlib.suppress(FileNotFoundError):
             if path.stat().st_size > size:
                 os.truncate(path, size)
     return count, end - FRAME_OVERHEAD * count
+
+
+# -- who may use the store: the writer and offloader locks ----------------------------------------
+
+
+class StoreLock:
+    """An ``flock`` on a lock file inside the store's directory, held until :meth:`release` (or
+    the process ends: the kernel drops it with the last descriptor, so a crash never leaves the
+    store locked).
+
+    Two locks, because two different things must not happen twice:
+
+    ``writer.lock``
+        taken exclusively by every process that appends (``standalone``, ``produce``). A second
+        writer would find the first one's open ledgers "left open by a dead writer" and close
+        them while the first keeps writing: acknowledged entries land past the recorded end of
+        a closed ledger and are never offloaded.
+    ``offloader.lock``
+        taken exclusively by ``standalone`` (it offloads every topic without the ownership
+        layer) and *shared* by ``offloadd run`` (daemons that share a store divide its topics
+        through ownership records in the metadata store, so several may run).
+
+    So ``run`` beside a ``produce`` on the same store — the documented sidecar-like set-up —
+    works, and so do several ``run`` daemons; a second ``standalone``, a ``produce`` beside a
+    ``standalone``, or a ``run`` beside a ``standalone`` is refused with the holder named.
+    Read-only commands (``status``, ``verify``, ``read``) take no lock.
+    """
+
+    WRITER = "writer.lock"
+    OFFLOADER = "offloader.lock"
+
+    def __init__(self, path: Path, fd: int) -> None:
+        self.path = path
+        self._fd: int | None = fd
+
+    @classmethod
+    def acquire(cls, store: str | Path, name: str, *, shared: bool = False,
+                holder: str = "offloadd") -> StoreLock:
+        """Take ``name`` (:attr:`WRITER` or :attr:`OFFLOADER`) in the store at ``store``, or
+        raise :class:`~offloadd.errors.Fatal` naming who holds it. ``holder`` describes this
+        process in the file for the next one to read (exclusive holders only)."""
+        path = Path(store) / name
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except OSError as exc:
+            raise _os_error(exc, f"opening the store lock {path}") from exc
+        try:
+            fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
+        except BlockingIOError:
+            who = _lock_holder(fd)
+            os.close(fd)
+            kind = "writer" if name == cls.WRITER else "offloader"
+            raise Fatal(
+                f"the embedded store {path.parent} is in use: {who} holds its {kind} lock "
+                f"({path}). Two processes {'writing' if kind == 'writer' else 'offloading'} "
+                "one store lose acknowledged entries; stop the other one first, or give this "
+                "one its own data directory ([source] path)") from None
+        except OSError as exc:
+            os.close(fd)
+            raise _os_error(exc, f"locking {path}") from exc
+        with contextlib.suppress(OSError):
+            os.ftruncate(fd, 0)  # a crashed exclusive holder's line is stale now
+            if not shared:
+                _pwrite(fd, f"{os.getpid()} {holder}\n".encode(), 0)
+        return cls(path, fd)
+
+    def release(self) -> None:
+        """Let go (idempotent). The file stays: removing it would let two processes lock two
+        different files of the same name."""
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, 0)  # only ever by the holder, so no one's line is lost
+            os.close(fd)
+
+    def __enter__(self) -> StoreLock:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+def _lock_holder(fd: int) -> str:
+    """Who holds a lock, as its exclusive holder wrote it; shared holders write nothing."""
+    try:
+        text = os.pread(fd, 256, 0).decode("utf-8", "replace").strip()
+    except OSError:
+        text = ""
+    pid, _, what = text.partition(" ")
+    if pid.isdigit():
+        return f"{what or 'offloadd'} (pid {pid})"
+    return "another offloadd process (an `offloadd run` daemon, or one starting up)"
 
 
 # -- the in-process notifier --------------------------------------------------------------------
@@ -318,7 +466,8 @@ class LedgerNotifier:
 def _not_readable(topic: TopicName, ledger_id: int, first: int, last: int,
                   readable: int) -> NotFound:
     return NotFound(f"{topic}: entries {first}..{last} of ledger {ledger_id} are not all "
-                    f"readable (it has {readable} readable entries)")
+                    f"readable (it has {readable} readable entries; if the ledger is closed at "
+                    "more, its files are truncated or their offset index is corrupt)")
 
 
 def _is_open(li: managed_ledger.LedgerInfo) -> bool:
@@ -329,13 +478,15 @@ class LocalLedgerSource:
     """:class:`~offloadd.ledger.base.LedgerSource` over the files of the embedded store.
 
     Reads need no metadata: a ledger's files hold exactly its readable entries plus, while it is
-    open, possibly a torn tail that is clamped away. ``verify_crc`` checks every entry's frame
-    header and CRC32C on read (a Python loop per entry, so off on the hot path). Runs alone
+    open, possibly a torn tail that is clamped away. ``verify_crc`` (the default) checks every
+    byte read against the store's checksums — the ``.sum`` chunk CRCs, or each entry's frame
+    header and CRC32C where no chunk record covers it — and raises :class:`FormatError` naming
+    topic, ledger, entry and file instead of handing out a rotten entry. Runs alone
     (polling for other processes' writes) or beside a :class:`LocalLedgerWriter` sharing a
     :class:`LedgerNotifier` (see :class:`LocalLedgerStore`).
     """
 
-    def __init__(self, path: str | Path, metadata: MetadataStore, *, verify_crc: bool = False,
+    def __init__(self, path: str | Path, metadata: MetadataStore, *, verify_crc: bool = True,
                  notifier: LedgerNotifier | None = None,
                  poll_interval: float = DEFAULT_POLL_INTERVAL) -> None:
         self.path = Path(path)
@@ -412,6 +563,23 @@ class LocalLedgerSource:
             raise NotFound(f"entry {ledger_id}:{entry_id} is past the ledger's {readable} "
                            "readable entries")
         return end
+
+    async def stored_entries(self, ledger_id: int) -> int | None:
+        """How many whole entries the ledger's files hold, whatever the metadata says; None
+        when the files are gone (deleted or trimmed). ``verify`` compares it with the catalog:
+        a closed ledger whose files hold more entries than its recorded end had a second
+        writer, and those entries are never offloaded."""
+        files = ledger_files(self.path, ledger_id)
+
+        def count() -> int | None:
+            if not files.off.exists() and not files.log.exists():
+                return None
+            return _scan_files(files)[0]
+
+        try:
+            return await asyncio.to_thread(count)
+        except OSError as exc:
+            raise _os_error(exc, f"scanning ledger {ledger_id}") from exc
 
     async def read_crcs(self, ledger_id: int, first_entry_id: int,
                         last_entry_id: int) -> Sequence[int]:
@@ -515,6 +683,11 @@ class LocalLedgerSource:
             end = _frame_end(log_fd, records[last], log_size) if tail else records[last + 1]
             if end is None or end > log_size:
                 raise _not_readable(topic, ledger_id, first, last, _scan(off_fd, log_fd)[0])
+            if end <= base:  # only a rotten offset record says so
+                raise FormatError(str(files.off), _OFF_SIZE * first,
+                                  f"topic {topic}, ledger {ledger_id}: the offset index is "
+                                  f"corrupt: entries {first}..{last} would end at byte {end} "
+                                  f"of the log, before they start ({base})")
             if max_bytes is not None and end - base > max_bytes and last > first:
                 # records[first+1 .. last] are the ends of entries first .. last-1.
                 fit = bisect_right(records, base + max_bytes, first + 1, last + 1) - 1 - first
@@ -528,10 +701,13 @@ class LocalLedgerSource:
                 data: bytes | memoryview = _pread_into(log_fd, into, end - base, base, files.log)
             else:
                 data = _pread(log_fd, end - base, base, files.log)
-        with _opened(files.crc) as crc_fd:
-            crcs = _uint32s(_pread(crc_fd, _CRC_SIZE * count, _CRC_SIZE * first, files.crc))
-        if self._verify_crc:
-            _verify(files.log, base, ledger_id, first, data, offsets, crcs)
+            with _opened(files.crc) as crc_fd:
+                crcs = _uint32s(_pread(crc_fd, _CRC_SIZE * count, _CRC_SIZE * first, files.crc))
+            if self._verify_crc:
+                # here, while the bytes are cache-hot; the whole published range bounds which
+                # chunk records may be used (past it a dead writer's torn bytes may be cut)
+                _Check(topic, ledger_id, first, files, base, memoryview(data), offsets,
+                       crcs).run(log_fd, memoryview(raw), _scan(off_fd, log_fd))
         return EntryRun(ledger_id, first, memoryview(data), offsets, crcs)
 
     async def _poll(self, topic: TopicName, ledger_id: int, last_known: int,
@@ -576,21 +752,151 @@ def _size(path: Path) -> int:
         return 0
 
 
-def _verify(log_path: Path, base: int, ledger_id: int, first: int, data: bytes | memoryview,
-            offsets: Sequence[int], crcs: Sequence[int]) -> None:
-    view = memoryview(data)
-    for i in range(len(offsets) - 1):
-        start, end = offsets[i], offsets[i + 1]
-        length, entry_id = _HEADER.unpack_from(view, start)
-        where = f"{log_path} (ledger {ledger_id})"
-        if length != end - start - FRAME_OVERHEAD or entry_id != first + i:
-            raise FormatError(where, base + start,
-                              f"frame header says entry {entry_id} of {length} bytes, the index "
-                              f"says entry {first + i} of {end - start - FRAME_OVERHEAD}")
-        crc = crc32c.crc32c(view[start + FRAME_OVERHEAD:end])
-        if crc != crcs[i]:
-            raise FormatError(where, base + start, f"entry {first + i}: payload CRC32C "
-                              f"{crc:#010x} differs from the stored {crcs[i]:#010x}")
+class _Check:
+    """Checks one run read from a ledger against the store's checksums (see the module
+    docstring); raises :class:`FormatError` naming topic, ledger, entry and file.
+
+    Two things are checked: the frames (``.log`` bytes, against ``.sum``) and the offsets that
+    cut them (the run's ``.off`` records, against ``.osum``): a rotten offset would cut blocks
+    mid-frame as surely as a rotten byte would corrupt an entry.
+    """
+
+    def __init__(self, topic: TopicName, ledger_id: int, first: int, files: LedgerFiles,
+                 base: int, view: memoryview, offsets: Sequence[int],
+                 crcs: Sequence[int]) -> None:
+        self.topic = topic
+        self.ledger_id = ledger_id
+        self.first = first
+        self.files = files
+        self.base = base
+        self.view = view
+        self.offsets = offsets
+        self.crcs = crcs
+        self.end = base + len(view)
+
+    def run(self, log_fd: int, raw: memoryview, published: tuple[int, int]) -> None:
+        """``raw``: the ``.off`` records the run's offsets were made of; ``published``:
+        (entries, end of their frames) — records past it may be cut."""
+        count = len(self.offsets) - 1
+        # the frames
+        bad, covered = _compare_chunks(log_fd, self.files.log, self.files.sum, CHUNK,
+                                       self.base, self.view, published[1])
+        for k in bad:
+            lo = max(k * CHUNK, self.base) - self.base
+            hi = min((k + 1) * CHUNK, self.end) - self.base
+            self.entries(bisect_right(self.offsets, lo) - 1, bisect_left(self.offsets, hi))
+            self.suspect(self.files.log, self.files.sum, k, CHUNK)
+        # the run's .off records: where its frames start, and the next one's start (the
+        # ledger's last entry's end comes from its frame header, checked with the frames)
+        with _opened(self.files.off) as off_fd:
+            off_bad, off_covered = _compare_chunks(off_fd, self.files.off, self.files.osum,
+                                                   OFF_CHUNK, _OFF_SIZE * self.first, raw,
+                                                   _OFF_SIZE * published[0])
+        for k in off_bad:
+            lo = k * OFF_CHUNK // _OFF_SIZE - self.first
+            self.entries(max(lo - 1, 0), min(lo + OFF_CHUNK // _OFF_SIZE, count))
+            self.suspect(self.files.off, self.files.osum, k, OFF_CHUNK)
+        # what no record covers yet (a ledger being written, or written before the records
+        # existed), entry by entry: from the first entry whose frame or offset is uncovered
+        uncovered = min(bisect_right(self.offsets, covered - self.base) - 1,
+                        max(off_covered // _OFF_SIZE - self.first - 1, 0))
+        self.entries(max(uncovered, 0), count)
+
+    def suspect(self, data: Path, sums: Path, k: int, chunk: int) -> None:
+        log.warning("topic %s: ledger %d: bytes %d..%d of %s do not match their chunk "
+                    "checksum in %s, yet every entry read from them checks out; the damage is "
+                    "elsewhere in the chunk or in its record", self.topic, self.ledger_id,
+                    k * chunk, (k + 1) * chunk, data, sums)
+
+    def entries(self, i: int, j: int) -> None:
+        """Check entries ``i .. j-1`` of the run one by one: frame header and payload CRC32C.
+        The comparisons run in C (``map``); only a failure loops in Python, to name it."""
+        if i >= j:
+            return
+        view, offsets = self.view, self.offsets
+        starts, ends = offsets[i:j], offsets[i + 1:j + 1]
+        lengths = list(map(operator.sub, map(operator.sub, ends, starts),
+                           repeat(FRAME_OVERHEAD)))
+        if min(lengths) < 0 or max(ends) > len(view):  # rotten offsets: nothing to slice
+            n = next(n for n, length in enumerate(lengths)
+                     if length < 0 or ends[n] > len(view))
+            self.fail(starts[n], self.first + i + n, f"its offset index record says it spans "
+                      f"bytes {self.base + starts[n]}..{self.base + ends[n]} of the log, which "
+                      "cannot be (the offset index is corrupt)")
+        headers = list(map(_HEADER.unpack_from, repeat(view), starts))
+        payloads = map(view.__getitem__, map(slice, map(operator.add, starts,
+                                                         repeat(FRAME_OVERHEAD)), ends))
+        got = array("I", map(crc32c.crc32c, payloads))
+        ids = range(self.first + i, self.first + j)
+        if headers == list(zip(lengths, ids, strict=True)) and got == self.crcs[i:j]:
+            return
+        for n in range(j - i):
+            entry = self.first + i + n
+            if headers[n] != (lengths[n], entry):
+                self.fail(starts[n], entry, f"its frame header says entry {headers[n][1]} of "
+                          f"{headers[n][0]} bytes, the offset index entry {entry} of "
+                          f"{lengths[n]}")
+            if got[n] != self.crcs[i + n]:
+                self.fail(starts[n], entry, f"payload CRC32C {got[n]:#010x} differs from the "
+                          f"stored {self.crcs[i + n]:#010x}")
+
+    def fail(self, start: int, entry: int, problem: str) -> NoReturn:
+        raise FormatError(f"{self.files.log} (topic {self.topic}, ledger {self.ledger_id})",
+                          self.base + start,
+                          f"entry {entry}: {problem}: the ledger file is corrupt, so the entry "
+                          "is not offloaded (the segment fails and is retried until the file is "
+                          "repaired; it is never skipped)")
+
+
+def _compare_chunks(fd: int, path: Path, sums: Path, chunk: int, base: int, view: memoryview,
+                    published: int) -> tuple[list[int], int]:
+    """Compare bytes ``base .. base+len(view)`` of the file at ``fd`` (``view`` holds them)
+    with the chunk CRC32Cs in ``sums``, reading at most a chunk more at each end.
+
+    Returns the chunks that do not match and where the covered bytes end: chunks with a record
+    and wholly within ``published`` are compared; from the returned offset on nothing is.
+    """
+    end = base + len(view)
+    k0 = base // chunk
+    try:
+        with _opened(sums) as sum_fd:
+            k1 = min(os.fstat(sum_fd).st_size // _CRC_SIZE, published // chunk, -(-end // chunk))
+            if k1 <= k0:
+                return [], base
+            want = _uint32s(_pread(sum_fd, _CRC_SIZE * (k1 - k0), _CRC_SIZE * k0, sums))
+    except FileNotFoundError:  # a ledger written before the records existed
+        return [], base
+    head = _pread(fd, base - k0 * chunk, k0 * chunk, path)
+    stop = min(end, k1 * chunk)
+    tail = _pread(fd, k1 * chunk - end, end, path) if k1 * chunk > end else b""
+    got = _chunk_crcs(head, view[:stop - base], tail, chunk)
+    bad = [k0 + i for i, (g, w) in enumerate(zip(got, want, strict=True)) if g != w]
+    return bad, stop
+
+
+def _chunk_crcs(head: bytes, body: memoryview, tail: bytes, chunk: int) -> array[int]:
+    """CRC32C of each chunk of ``head + body + tail`` (which starts on a chunk boundary and is
+    a whole number of chunks long) without joining the three."""
+    out = array("I")
+    i = min(chunk - len(head), len(body))
+    crc = crc32c.crc32c(body[:i], crc32c.crc32c(head))
+    if len(head) + i == chunk:
+        out.append(crc)
+        crc, filled = 0, 0
+    else:
+        filled = len(head) + i
+    whole = (len(body) - i) // chunk
+    out.extend(map(crc32c.crc32c, _slices(body, range(i, i + whole * chunk, chunk), chunk)))
+    i += whole * chunk
+    if i < len(body):
+        crc = crc32c.crc32c(body[i:], crc)
+        filled += len(body) - i
+    if tail:
+        crc = crc32c.crc32c(tail, crc)
+        filled += len(tail)
+    if filled:
+        out.append(crc)
+    return out
 
 
 # -- the writer ---------------------------------------------------------------------------------
@@ -620,10 +926,11 @@ class _OpenLedger:
     ledger_id: int
     ctime_ms: int
     opened_at: float  # clock seconds
-    fds: tuple[int, int, int]  # log, crc, off
+    fds: tuple[int, int, int, int, int]  # log, crc, off, sum, osum
     entries: int = 0
     payload_bytes: int = 0
     log_end: int = 0
+    partial: tuple[int, int] = (0, 0)  # CRC32C of the last, incomplete chunk of .log, .off
 
     @property
     def head(self) -> Position:
@@ -766,7 +1073,7 @@ class LocalLedgerWriter:
 
     async def _write(self, topic: TopicName, led: _OpenLedger, payloads: list[bytes]) -> None:
         try:
-            led.log_end = await asyncio.to_thread(self._write_sync, led, payloads)
+            led.log_end, led.partial = await asyncio.to_thread(self._write_sync, led, payloads)
         except OSError as exc:
             # Readers may already see part of the batch: never rewrite those bytes. Forget the
             # ledger so the next append closes it at what is on disk.
@@ -777,19 +1084,28 @@ class LocalLedgerWriter:
         led.payload_bytes = led.log_end - FRAME_OVERHEAD * led.entries
         self._notifier.publish(topic, led.head)
 
-    def _write_sync(self, led: _OpenLedger, payloads: list[bytes]) -> int:
+    def _write_sync(self, led: _OpenLedger,
+                    payloads: list[bytes]) -> tuple[int, tuple[int, int]]:
         frames, crcs, offs, end = frame_entries(payloads, led.entries, led.log_end)
-        log_fd, crc_fd, off_fd = led.fds
-        # Order is the contract with readers: frames, then CRCs, then the offsets that publish.
+        off_start = _OFF_SIZE * led.entries
+        sums, log_partial = chunk_sums(frames, led.log_end, led.partial[0])
+        osums, off_partial = chunk_sums(offs, off_start, led.partial[1], OFF_CHUNK)
+        log_fd, crc_fd, off_fd, sum_fd, osum_fd = led.fds
+        # Order is the contract with readers: frames, then checksums, then the offsets that
+        # publish.
         _pwrite(log_fd, frames, led.log_end)
         _pwrite(crc_fd, crcs, _CRC_SIZE * led.entries)
+        if sums:
+            _pwrite(sum_fd, sums, _CRC_SIZE * (led.log_end // CHUNK))
+        if osums:
+            _pwrite(osum_fd, osums, _CRC_SIZE * (off_start // OFF_CHUNK))
         if self._sync:
-            os.fdatasync(log_fd)
-            os.fdatasync(crc_fd)
-        _pwrite(off_fd, offs, _OFF_SIZE * led.entries)
+            for fd in (log_fd, crc_fd, sum_fd, osum_fd):
+                os.fdatasync(fd)
+        _pwrite(off_fd, offs, off_start)
         if self._sync:
             os.fdatasync(off_fd)
-        return end
+        return end, (log_partial, off_partial)
 
     async def _current(self, topic: TopicName) -> _OpenLedger:
         led = self._open.get(topic)
@@ -923,7 +1239,7 @@ def _close_in(info: managed_ledger.ManagedLedgerInfo, led: _OpenLedger) -> bool:
     return True
 
 
-def _create_files(files: LedgerFiles) -> tuple[int, int, int]:
+def _create_files(files: LedgerFiles) -> tuple[int, int, int, int, int]:
     files.log.parent.mkdir(parents=True, exist_ok=True)
     fds: list[int] = []
     try:
@@ -933,7 +1249,7 @@ def _create_files(files: LedgerFiles) -> tuple[int, int, int]:
     except BaseException:
         _close_fds(fds)
         raise
-    return fds[0], fds[1], fds[2]
+    return fds[0], fds[1], fds[2], fds[3], fds[4]
 
 
 def _discard_files(files: LedgerFiles, fds: Sequence[int]) -> None:
@@ -958,7 +1274,7 @@ class LocalLedgerStore:
     def __init__(self, path: str | Path, metadata: MetadataStore,
                  policy: RolloverPolicy | None = None, *,
                  clock: Callable[[], float] = time.time,
-                 max_entry_bytes: int = DEFAULT_MAX_ENTRY_BYTES, verify_crc: bool = False,
+                 max_entry_bytes: int = DEFAULT_MAX_ENTRY_BYTES, verify_crc: bool = True,
                  sync: bool = False) -> None:
         notifier = LedgerNotifier()
         self.writer = LocalLedgerWriter(path, metadata, policy, clock=clock,

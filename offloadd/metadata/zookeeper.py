@@ -90,6 +90,7 @@ from kazoo.retry import KazooRetry
 from kazoo.security import make_acl, make_digest_acl
 
 from offloadd.errors import Conflict, Fatal, NotFound, OffloaddError, Retriable
+from offloadd.logs import secret_pattern
 from offloadd.metadata.base import CheckOp, CreateOp, DeleteOp, Op, SetOp, Versioned
 
 log = logging.getLogger(__name__)
@@ -193,18 +194,18 @@ class _Redactor(logging.Filter):
 
     def __init__(self, secrets: Iterable[str]) -> None:
         super().__init__()
-        self._secrets = [s for s in secrets if s]
+        # every representation, not only the literal: kazoo logs the Auth request's repr, in
+        # which a password's \\ or ' comes out escaped
+        self._pattern = secret_pattern(secrets)
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if not self._secrets:
+        if self._pattern is None:
             return True
         try:
             text = record.getMessage()
         except Exception:  # a malformed record: let logging report it as usual
             return True
-        redacted = text
-        for secret in self._secrets:
-            redacted = redacted.replace(secret, "<redacted>")
+        redacted = self._pattern.sub("<redacted>", text)
         if redacted != text:
             record.msg, record.args = redacted, None
         return True

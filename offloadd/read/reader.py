@@ -5,9 +5,11 @@ streaming segments (PIP-76) and ledgers offloaded whole (PIP-17) interleave in o
 the reader hands out one ordered stream whatever mix holds it. For each object the index is read
 once (LRU-cached), then whole blocks are fetched by ranged GETs, ``prefetch`` of them in flight
 ahead of the consumer. Every block is checked before any of its entries is returned: magic,
-lengths, ledger and first entry against the index, the per-block CRC32C when the writer recorded
-one, and the consecutive entry ids inside — wrong bytes raise ``FormatError`` naming the object
-and block, never a wrong entry.
+lengths, ledger and first entry against the index, the per-block CRC32C, and the consecutive
+entry ids inside — wrong bytes raise ``FormatError`` naming the object and block, never a wrong
+entry. Whether a block must carry a CRC32C comes from the index object's user metadata (every
+block of an object offloadd wrote does), never from the block's own possibly damaged bytes; only
+objects without offloadd's metadata (Pulsar's own) may have blocks without one.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from offloadd.format.checksum import verify_block_checksum
 from offloadd.metadata import managed_ledger
 from offloadd.metadata.base import MetadataStore
 from offloadd.model import Position, TopicName
-from offloadd.offload.objects import FORMAT_VERSION_KEY
+from offloadd.offload.objects import FORMAT_VERSION_KEY, blocks_checksummed
 from offloadd.paths import (
     ledger_data_key,
     ledger_index_key,
@@ -58,6 +60,7 @@ class _BlockRef:
     ledger_id: int
     block: IndexEntry
     end: int
+    checksummed: bool  # the pair's trusted metadata says every block carries a CRC32C
 
 
 class ReadProbe:
@@ -79,7 +82,7 @@ class TierReader:
         self.key_prefix = key_prefix
         self.probe = probe or ReadProbe()
         self._clock = clock
-        self._cache: collections.OrderedDict[str, StreamingIndex | LedgerIndex] = (
+        self._cache: collections.OrderedDict[str, tuple[StreamingIndex | LedgerIndex, bool]] = (
             collections.OrderedDict())
         self._cache_size = index_cache
 
@@ -167,7 +170,7 @@ class TierReader:
             if hdr.ledger_id is not None and hdr.ledger_id != ref.ledger_id:
                 raise FormatError(where, 28, f"ledger {hdr.ledger_id} but the index says "
                                   f"{ref.ledger_id}")
-            verify_block_checksum(buf, 0, hdr.block_len, where)
+            verify_block_checksum(buf, 0, hdr.block_len, where, required=ref.checksummed)
             out = list(iter_block_entries(buf, 0, where))
         except FormatError:
             self.probe.read_error()
@@ -215,10 +218,14 @@ class TierReader:
             raise
 
     async def index(self, key: str) -> StreamingIndex | LedgerIndex:
-        idx = self._cache.get(key)
-        if idx is not None:
+        return (await self._index(key))[0]
+
+    async def _index(self, key: str) -> tuple[StreamingIndex | LedgerIndex, bool]:
+        """The decoded index and whether its metadata says every block carries a CRC32C."""
+        cached = self._cache.get(key)
+        if cached is not None:
             self._cache.move_to_end(key)
-            return idx
+            return cached
         t0 = self._clock()
         info = await self.blobstore.head(key)
         version = info.metadata.get(FORMAT_VERSION_KEY)
@@ -241,16 +248,17 @@ class TierReader:
             raise FormatError(key, 0, f"index checksum mismatch: CRC32C "
                               f"{crc32c.crc32c(raw):08x}, recorded {want} (the stored index is "
                               "corrupt)")
-        self._cache[key] = idx
+        entry = (idx, blocks_checksummed(info.metadata))
+        self._cache[key] = entry
         if len(self._cache) > self._cache_size:
             self._cache.popitem(last=False)
-        return idx
+        return entry
 
     async def _block_refs(self, seg: Segment, start: Position | None) -> list[_BlockRef]:
         refs: list[_BlockRef] = []
         if seg.kind is SegmentKind.STREAMING:
             key = streaming_index_key(seg.uid, self.key_prefix)
-            idx = await self.index(key)
+            idx, checked = await self._index(key)
             if not isinstance(idx, StreamingIndex):
                 raise FormatError(key, 0, "expected a streaming index, found a ledger-based one")
             data_key = streaming_data_key(seg.uid, self.key_prefix)
@@ -263,16 +271,16 @@ class TierReader:
                 if section.last_entry_id < r.last:
                     raise FormatError(key, 0, f"index ends ledger {r.ledger_id} at entry "
                                       f"{section.last_entry_id}, metadata says {r.last}")
-                refs.extend(_BlockRef(data_key, r.ledger_id, b, idx.block_end(b))
+                refs.extend(_BlockRef(data_key, r.ledger_id, b, idx.block_end(b), checked)
                             for b in section.blocks)
         else:
             (r,) = seg.ranges
             key = ledger_index_key(seg.uid, r.ledger_id, self.key_prefix)
-            lidx = await self.index(key)
+            lidx, checked = await self._index(key)
             if not isinstance(lidx, LedgerIndex):
                 raise FormatError(key, 0, "expected a ledger-based index, found a streaming one")
             data_key = ledger_data_key(seg.uid, r.ledger_id, self.key_prefix)
-            refs.extend(_BlockRef(data_key, r.ledger_id, b, lidx.block_end(b))
+            refs.extend(_BlockRef(data_key, r.ledger_id, b, lidx.block_end(b), checked)
                         for b in lidx.blocks)
         if start is not None:
             refs = [ref for i, ref in enumerate(refs)

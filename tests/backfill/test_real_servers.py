@@ -14,7 +14,7 @@ from offloadd.backfill.job import run_backfill
 from offloadd.ledger.local import LocalLedgerSource
 from offloadd.verify import verify
 from tests.backfill.support import TOPIC, source_truth, write_config, write_ledgers
-from tests.fixtures.s3 import MotoBucket, moto_server, s3_bucket
+from tests.fixtures.s3 import MIN_PART_SIZE, MotoBucket, moto_server, s3_bucket
 from tests.fixtures.zookeeper import zk_server
 
 __all__ = ["moto_server", "s3_bucket", "zk_server"]  # fixtures
@@ -28,7 +28,8 @@ async def test_backfill_on_zookeeper_and_s3_verifies_and_reads_back_as_a_datafra
     from pyspark.sql import functions as F
 
     tier = (f'driver = "aws-s3"\nbucket = "{s3_bucket.name}"\nendpoint = "{s3_bucket.endpoint}"\n'
-            'access_key_id = "testing"\nsecret_access_key = "testing"\nprefix = "tier/"')
+            'access_key_id = "testing"\nsecret_access_key = "testing"\nprefix = "tier/"\n'
+            f"min_part_size_bytes = {MIN_PART_SIZE}")
     cfg = write_config(tmp_path, segment_mbytes=0.5, block_bytes=64 * 1024,
                        metadata_url=f"zk://{zk_server}/backfill-{uuid.uuid4().hex}",
                        blobstore=tier, extra="")

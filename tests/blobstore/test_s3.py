@@ -245,12 +245,15 @@ class TestMultipartRules:
             for name in ("one", "two"):
                 await store.start_upload(name, {})
             pending = sorted([u.key async for u in store.list_incomplete_uploads()])
-            # moto dates every upload in 2010, so an hour's age covers all of them.
-            swept = await store.sweep_incomplete_uploads(older_than_s=3600)
+            # the fixture's moto reports real start times: uploads a moment old are kept
+            young = await store.sweep_incomplete_uploads(older_than_s=3600)
+            # a cutoff a minute ahead of now makes every upload under the prefix stale
+            swept = await store.sweep_incomplete_uploads(older_than_s=-60)
             left = [u async for u in store.list_incomplete_uploads()]
         finally:
             await store.close()
         assert pending == ["one", "two"]
+        assert young == 0
         assert swept == 2
         assert left == []
         assert incomplete_uploads(s3_bucket) == ["other/x"]

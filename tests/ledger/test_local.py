@@ -5,6 +5,8 @@ On-disk layout per ledger (see ``offloadd.ledger.local``)::
     000…07.log  [len|id|payload][len|id|payload]…   frames, as blocks frame them
     000…07.crc  [crc0][crc1]…                        uint32 LE per payload
     000…07.off  [0][off1][off2]…                     int64 LE frame starts; whole records = entries
+    000…07.sum, 000…07.osum                          CRC32C per chunk of .log / .off
+                                                     (tests/ledger/test_source_checks.py)
 """
 
 from __future__ import annotations
@@ -394,7 +396,7 @@ class TestChecksums:
         await writer.close()
         files = ledger_files(tmp_path, pos.ledger_id)
         overwrite(files.log, 62 + 12 + 7, b"X")
-        trusting = LocalLedgerSource(tmp_path, metadata)
+        trusting = LocalLedgerSource(tmp_path, metadata, verify_crc=False)
         assert len((await trusting.read(A, pos.ledger_id, 0, 2)).data) == 186
         checking = LocalLedgerSource(tmp_path, metadata, verify_crc=True)
         with pytest.raises(FormatError, match=r"00000000000000000000\.log.*entry 1") as err:

@@ -175,7 +175,9 @@ def test_standalone_stops_on_the_first_sigterm_while_draining(tmp_path: Path) ->
     cfg.write_text("[offload]\nflow_permits_per_second = 20000\nmax_block_size_bytes = 16384\n"
                    "max_segment_rollover_time_minutes = 0.01\n"
                    "[metrics]\nenabled = false\n[daemon]\nshutdown_deadline_s = 5\n"
-                   "log_format = \"json\"\n")
+                   "log_format = \"json\"\n"
+                   # gc's grace must outlast a throttled 64 MiB segment's upload
+                   "[retention]\norphan_grace_s = 7200\n")
     log = (tmp_path / "standalone.log").open("w")
     proc = subprocess.Popen([*OFFLOADD, "standalone", "--config", str(cfg), "--duration", "2",
                              "--rate", "1000000", "--topics", "1"], cwd=tmp_path,

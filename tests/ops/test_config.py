@@ -46,18 +46,20 @@ class TestPrecedence:
 
     def test_environment_override_beats_the_file(self, tmp_path: Path,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-        p = write(tmp_path, "[offload]\nflow_permits_per_second = 100\nblocks_in_flight = 3\n")
-        monkeypatch.setenv("OFFLOADD_OFFLOAD__FLOW_PERMITS_PER_SECOND", "2048")
+        p = write(tmp_path, "[offload]\nflow_permits_per_second = 1048576\n"
+                            "blocks_in_flight = 3\n")
+        monkeypatch.setenv("OFFLOADD_OFFLOAD__FLOW_PERMITS_PER_SECOND", "2097152")
         s = config.load(p)
-        assert s.offload.flow_permits_per_second == 2048
+        assert s.offload.flow_permits_per_second == 2097152
         assert s.offload.blocks_in_flight == 3  # the file still sets what env does not
 
     def test_environment_beats_a_pulsar_alias_in_the_file(
             self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-        p = write(tmp_path, "[offload]\nmanagedLedgerOffloadBrokerFlowPermitsPerSecond = 100\n")
-        assert config.load(p).offload.flow_permits_per_second == 100
-        monkeypatch.setenv("OFFLOADD_OFFLOAD__FLOW_PERMITS_PER_SECOND", "7")
-        assert config.load(p).offload.flow_permits_per_second == 7
+        p = write(tmp_path,
+                  "[offload]\nmanagedLedgerOffloadBrokerFlowPermitsPerSecond = 1048576\n")
+        assert config.load(p).offload.flow_permits_per_second == 1048576
+        monkeypatch.setenv("OFFLOADD_OFFLOAD__FLOW_PERMITS_PER_SECOND", "7340032")
+        assert config.load(p).offload.flow_permits_per_second == 7340032
 
     def test_defaults_apply_without_a_file(self) -> None:
         s = config.load(None)
@@ -76,7 +78,7 @@ s3ManagedLedgerOffloadServiceEndpoint = "http://127.0.0.1:9000"
 [offload]
 maxSizePerOffloadSegmentMbytes = 8
 maxOffloadSegmentRolloverTimeMinutes = 0.5
-managedLedgerOffloadMaxBlockSizeInBytes = 1048576
+managedLedgerOffloadMaxBlockSizeInBytes = 8388608
 managedLedgerOffloadDeletionLagInMillis = 0
 [namespaces."public/default"]
 maxSizePerOffloadSegmentMbytes = 4
@@ -88,7 +90,7 @@ maxSizePerOffloadSegmentMbytes = 4
         assert s.blobstore.endpoint == "http://127.0.0.1:9000"
         assert s.offload.max_size_per_segment_mbytes == 8
         assert s.offload.max_segment_rollover_time_minutes == 0.5
-        assert s.offload.max_block_size_bytes == 1048576 and s.offload.deletion_lag_ms == 0
+        assert s.offload.max_block_size_bytes == 8388608 and s.offload.deletion_lag_ms == 0
         assert s.namespaces["public/default"].max_size_per_segment_mbytes == 4
 
     def test_each_policy_field_resolves_topic_then_namespace_then_broker(
@@ -200,6 +202,47 @@ BAD: list[tuple[str, str | None, dict[str, str], str]] = [
      "did you mean OFFLOADD_OFFLOAD__FLOW_PERMITS_PER_SECOND?"),
     ("environment array not JSON", "", {"OFFLOADD_SOURCE__TOPICS": "persistent://t/ns/*"},
      "environment OFFLOADD_SOURCE__TOPICS: not valid JSON"),
+    # configurations that load but could only ever fail (issue 13, defect 9)
+    ("nan throttle", "[offload]\nflow_permits_per_second = nan\n", {},
+     "[offload.flow_permits_per_second] must be a finite number (not nan or inf)"),
+    ("inf deadline", "[daemon]\nshutdown_deadline_s = inf\n", {},
+     "[daemon.shutdown_deadline_s] must be a finite number"),
+    ("nan retention age", "[retention]\nmax_age_minutes = nan\n", {},
+     "[retention.max_age_minutes] must be a finite number"),
+    ("inf segment size at topic level",
+     "[topics.\"persistent://t/ns/x\"]\nmax_size_per_segment_mbytes = inf\n", {},
+     "[topics.\"persistent://t/ns/x\".max_size_per_segment_mbytes] must be a finite number"),
+    ("inf timeout in the environment", "", {"OFFLOADD_BLOBSTORE__READ_TIMEOUT_S": "inf"},
+     "environment OFFLOADD_BLOBSTORE__READ_TIMEOUT_S: [blobstore.read_timeout_s] must be a "
+     "finite number"),
+    ("orphan grace shorter than a segment's upload", "[retention]\norphan_grace_s = 60\n", {},
+     "[retention] orphan_grace_s (60) must be at least 1200: a segment's upload may stay open "
+     "600 s ([offload] max_segment_rollover_time_minutes = 10)"),
+    ("orphan grace shorter than a throttled upload",
+     "[offload]\nmax_segment_rollover_time_minutes = 1\nflow_permits_per_second = 65536\n"
+     "[retention]\norphan_grace_s = 1800\n", {},
+     "[retention] orphan_grace_s (1800) must be at least 2168: a segment's upload may stay open "
+     "1084 s ([offload] max_segment_rollover_time_minutes = 1 and 64 MiB at "
+     "flow_permits_per_second = 65536)"),
+    ("orphan grace shorter than a topic's rollover",
+     "[topics.\"persistent://t/ns/slow\"]\nmax_segment_rollover_time_minutes = 60\n", {},
+     "orphan_grace_s (3600) must be at least 7200: a segment's upload may stay open 3600 s "
+     "([topics.\"persistent://t/ns/slow\"] max_segment_rollover_time_minutes = 60)"),
+    ("block below S3's part minimum",
+     "[blobstore]\ndriver = \"aws-s3\"\n[offload]\nmax_block_size_bytes = 1024\n", {},
+     "[offload] max_block_size_bytes (1024) is below the store's smallest multipart part "
+     "(5242880 bytes, [blobstore] min_part_size_bytes)"),
+    ("namespace block below S3's part minimum",
+     "[blobstore]\ndriver = \"aws-s3\"\n[namespaces.\"t/ns\"]\nmode = \"ledger\"\n"
+     "max_block_size_bytes = 1048576\n", {},
+     "[namespaces.\"t/ns\"] max_block_size_bytes (1048576) is below the store's smallest"),
+    ("unpadded blocks on S3",
+     "[blobstore]\ndriver = \"aws-s3\"\n[offload]\nmin_block_size_bytes = 0\n", {},
+     "[offload] min_block_size_bytes (0) is below the store's smallest multipart part"),
+    ("topic key '..'", "[topics.\"persistent://public/default/..\"]\nmode = \"ledger\"\n", {},
+     "'..' cannot be a tenant, namespace or topic name"),
+    ("namespace key with '.'", "[namespaces.\"./default\"]\nmode = \"ledger\"\n", {},
+     "namespace key './default': '.' and '..' cannot be a tenant or namespace name"),
 ]
 
 

@@ -3,19 +3,26 @@
 
 from __future__ import annotations
 
+import base64
 import io
 import json
 import logging
 import os
+import re
 import signal
 import sys
-from collections.abc import Iterator
+import urllib.parse
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from offloadd import logs
+from tests.fixtures.s3 import MotoBucket, moto_server, s3_bucket
+from tests.fixtures.zookeeper import zk_server
 from tests.ops.support import DaemonProcess, committed_entries, offloadd, wait_for
+
+__all__ = ["moto_server", "s3_bucket", "zk_server"]  # fixtures used below
 
 S3_SECRET = "s3-SECRET-wJalrXUtnFEMI-K7MDENG"
 S3_TOKEN = "s3-TOKEN-FwoGZXIvYXdzEJr"
@@ -126,6 +133,8 @@ access_key_id = "AKIAOFFLOADDTEST"
 session_token = "{S3_TOKEN}"
 [offload]
 max_segment_rollover_time_minutes = 600
+[retention]
+orphan_grace_s = 72000
 [metrics]
 enabled = false
 [daemon]
@@ -181,3 +190,154 @@ def test_the_log_filter_gets_every_secret_the_configuration_holds() -> None:
     found = config.secret_values(s)
     for section, key in keys:
         assert f"user:secret-{section}-{key}" in found
+
+
+# ---- every representation of a secret (issue 13, defect 8) ----------------------------------
+# Passwords made of distinctive alphanumeric runs joined by the characters that escaping,
+# quoting and URL-encoding change. Alphanumerics survive every one of those encodings verbatim,
+# so "no run appears in the output" catches a leak in any representation, including ones the
+# redaction never heard of.
+HOSTILE_PASSWORDS = [
+    "Qv7Rz\\Lm2Pw",  # a backslash: doubled by repr() and JSON
+    "Tn8Ks'Hy4Jd",  # a single quote: repr() switches to "..." quoting
+    "Fe3Wu\"Bc5Gx'Np6",  # both quotes: repr() escapes the '
+    "Rk4Dm%41Yt9@Vs2",  # % and @: URL-encoded as %25 and %40
+    "Zh6Cq\u00e9\u20ac\U0001F600Lx3",  # é € 😀: \\xe9, \\u20ac, surrogate pairs in JSON
+]
+TOKENS = {p: [t for t in re.split(r"[^A-Za-z0-9]+", p) if len(t) >= 3] for p in HOSTILE_PASSWORDS}
+
+
+def leaked(text: str, password: str) -> list[str]:
+    return [t for t in TOKENS[password] if t in text]
+
+
+REPRESENTATIONS: list[tuple[str, Callable[[str], str]]] = [
+    ("literal", lambda s: s),
+    ("repr", repr),
+    ("ascii", ascii),
+    ("json", json.dumps),
+    ("json-utf8", lambda s: json.dumps(s, ensure_ascii=False)),
+    ("url-encoded", lambda s: urllib.parse.quote(s, safe="")),
+    ("url-encoded-plus", urllib.parse.quote_plus),
+    ("bytes-repr", lambda s: repr(s.encode())),
+    ("unicode-escape", lambda s: s.encode("unicode_escape").decode()),
+    ("repr-in-a-tuple", lambda s: repr(("digest", f"offloadd:{s}"))),
+    ("json-of-repr", lambda s: json.dumps(repr(s))),
+    ("base64", lambda s: base64.b64encode(f"offloadd:{s}".encode()).decode()),
+]
+
+
+@pytest.mark.parametrize("password", HOSTILE_PASSWORDS)
+@pytest.mark.parametrize(("form", "encode"), REPRESENTATIONS, ids=[r[0] for r in REPRESENTATIONS])
+def test_every_representation_of_a_secret_is_redacted(
+        password: str, form: str, encode: Callable[[str], str]) -> None:
+    out = io.StringIO()
+    h = logging.StreamHandler(out)
+    h.setFormatter(logs.JsonFormatter())
+    h.addFilter(logs.RedactFilter([f"offloadd:{password}"]))
+    lg = logging.getLogger("offloadd.redact-test")
+    lg.addHandler(h)
+    lg.propagate = False
+    lg.setLevel(logging.DEBUG)
+    try:
+        lg.debug("Sending request(xid=-4): %s", encode(password))
+    finally:
+        lg.removeHandler(h)
+        lg.propagate = True
+        lg.setLevel(logging.NOTSET)
+    text = out.getvalue()
+    assert "***" in text
+    assert leaked(text, password) == [], text
+
+
+@pytest.fixture
+def debug_log(root_logger: logging.Logger, monkeypatch: pytest.MonkeyPatch
+              ) -> Callable[[list[str]], io.StringIO]:
+    """``configure(secrets)``: the daemon's own log set-up at DEBUG, into a buffer."""
+    def configure(secrets: list[str]) -> io.StringIO:
+        err = io.StringIO()
+        monkeypatch.setattr(sys, "stderr", err)
+        logs.configure("json", "DEBUG", secrets)
+        return err
+
+    return configure
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(120)
+async def test_zookeeper_digest_passwords_never_reach_a_debug_log(
+        zk_server: str, debug_log: Callable[[list[str]], io.StringIO]) -> None:
+    """kazoo logs its ``Auth(...)`` request at DEBUG as a repr, in which ``\\`` and ``'`` come
+    out escaped; a real server authenticates each hostile password (and the store creates a
+    node under it), and no form of any password reaches the log."""
+    from offloadd.metadata.zookeeper import DigestAcl, ZooKeeperMetadataStore
+
+    for i, password in enumerate(HOSTILE_PASSWORDS):
+        err = debug_log([f"offloadd:{password}"])
+        store = await ZooKeeperMetadataStore.open(
+            f"zk://{zk_server}/redact-{os.getpid()}-{i}", connect_timeout_s=20,
+            acl=DigestAcl("offloadd", password))
+        try:
+            await store.create("/node", b"x")
+            assert (await store.get("/node")).data == b"x"
+        finally:
+            await store.close()
+        text = err.getvalue()
+        assert "Auth(" in text, "kazoo's auth request must be logged for this test to mean much"
+        assert leaked(text, password) == [], text
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(120)
+def test_a_cli_command_on_zookeeper_at_debug_shows_no_form_of_the_password(
+        zk_server: str, tmp_path: Path) -> None:
+    """The whole path: the password in the environment, ``offloadd status`` at DEBUG."""
+    password = HOSTILE_PASSWORDS[2] + HOSTILE_PASSWORDS[0] + HOSTILE_PASSWORDS[4]
+    TOKENS[password] = [t for t in re.split(r"[^A-Za-z0-9]+", password) if len(t) >= 3]
+    from kazoo.client import KazooClient
+
+    chroot = f"/redact-cli-{os.getpid()}"
+    zk = KazooClient(hosts=zk_server)
+    zk.start(timeout=10)
+    try:  # status is read-only: it refuses a store that does not exist yet
+        zk.ensure_path(chroot)
+    finally:
+        zk.stop()
+        zk.close()
+    cfg = tmp_path / "offloadd.toml"
+    cfg.write_text(f'[metadata]\nurl = "zk://{zk_server}{chroot}"\n'
+                   '[daemon]\nlog_level = "DEBUG"\nlog_format = "json"\n')
+    env = dict(os.environ, OFFLOADD_METADATA__ACL_DIGEST=f"offloadd:{password}")
+    p = offloadd(["status", "--config", str(cfg), "--json"], tmp_path, env=env)
+    text = p.stdout + p.stderr
+    assert "Auth(" in text, text[-2000:]
+    assert leaked(text, password) == [], text
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(120)
+async def test_s3_secret_keys_never_reach_a_debug_log(
+        s3_bucket: MotoBucket, debug_log: Callable[[list[str]], io.StringIO]) -> None:
+    """Hostile secret keys on a real S3 server (moto takes any), with botocore itself at DEBUG
+    (the daemon keeps it at WARNING; here it is forced on), through puts, reads, an error."""
+    from offloadd.blobstore.s3 import S3BlobStore
+    from offloadd.errors import OffloaddError
+
+    for password in HOSTILE_PASSWORDS:
+        err = debug_log([password])
+        for noisy in ("botocore", "aiobotocore"):
+            logging.getLogger(noisy).setLevel(logging.DEBUG)
+        store = await S3BlobStore.open(s3_bucket.options(secret_access_key=password,
+                                                         max_attempts=2))
+        try:
+            await store.put("k", [b"payload"], {"role": "data"})
+            assert await store.get_range("k", 0, 7) == b"payload"
+            with pytest.raises(OffloaddError):
+                await store.head("no-such-key")
+        finally:
+            await store.close()
+            for noisy in ("botocore", "aiobotocore"):
+                logging.getLogger(noisy).setLevel(logging.WARNING)
+        text = err.getvalue()
+        assert "botocore" in text  # its DEBUG lines were there to be searched
+        assert leaked(text, password) == [], text

@@ -38,6 +38,8 @@ path = "{tier}"
 bind = "127.0.0.1:{port}"
 [daemon]
 shutdown_deadline_s = 5
+[retention]
+orphan_grace_s = 72000
 """
 
 

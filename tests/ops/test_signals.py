@@ -27,6 +27,8 @@ rollover_entries = 10000000
 max_segment_rollover_time_minutes = 600
 max_size_per_segment_mbytes = 1024
 {offload}
+[retention]
+orphan_grace_s = 200000
 [metrics]
 enabled = false
 [daemon]

@@ -40,6 +40,18 @@ def _get(sec: dict[str, Any] | None, key: str) -> str:
     return str(v)
 
 
+NOTES = Path(__file__).with_name("notes")
+
+
+def _notes() -> list[str]:
+    """Hand-written sections (fixes and the tests that prove them), one Markdown file each
+    under tests/reliability/notes/, in name order."""
+    out: list[str] = []
+    for f in sorted(NOTES.glob("*.md")):
+        out += [*f.read_text().rstrip("\n").splitlines(), ""]
+    return out
+
+
 def _torture(ct: dict[str, Any], label: str) -> list[str]:
     return [
         f"### {label}",
@@ -212,6 +224,7 @@ def render(data: dict[str, Any], when: str, commit: str) -> str:
         "reader accepted an object of an unknown format version (now refused, naming the "
         "version).",
         "",
+        *_notes(),
         "## Reproduce",
         "",
         "```",

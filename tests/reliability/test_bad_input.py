@@ -174,6 +174,12 @@ def data_payload(t: Tier) -> None:
     flip(t.data, 128 + 12 + 5)  # a payload byte of the first entry
 
 
+def data_mark_and_payload(t: Tier) -> None:
+    """The block checksum's mark (header bytes 36..39) and a payload byte rot together."""
+    flip(t.data, 36)
+    flip(t.data, 128 + 12 + 5)
+
+
 def data_missing(t: Tier) -> None:
     t.data.unlink()
 
@@ -232,6 +238,8 @@ DAMAGE = [
     ("truncated-data-object", truncate_data, r"block \d+ is truncated: got \d+ of \d+ bytes"),
     ("data-block-wrong-magic", data_magic, r"bad block magic 0xDEADBEEF"),
     ("data-payload-bit-rot", data_payload, r"block checksum mismatch: CRC32C"),
+    ("data-checksum-mark-and-payload-bit-rot", data_mark_and_payload,
+     r"\(block 1 at byte 0\) at byte 36: block checksum mark damaged"),
     ("data-object-missing", data_missing, r"reading [0-9a-f-]{36} .*no such object"),
     ("index-object-missing", index_missing, r"[0-9a-f-]{36}-index .*no such object"),
     ("index-truncated", index_truncated, r"-index at byte 4: truncated index"),
@@ -321,6 +329,26 @@ ARG_CASES = [
                                 "--bytes", "7000000", "--entry-size", "6000000"], 1,
      r"6000000 bytes, more than max_entry_bytes=5242880; nothing of this batch was written"),
     ("gc-negative-grace", ["gc", "--grace", "-1"], 2, r"--grace must not be negative"),
+    # values that parse but can never be right (issue 13, defect 9)
+    ("from-negative-entry", ["read", "--topic", TOPIC, "--from", "0:-5"], 2,
+     r"--from: position '0:-5': entry id -5 is out of range"),
+    ("from-past-int64", ["read", "--topic", TOPIC, "--from", "9223372036854775808:0"], 2,
+     r"ledger id 9223372036854775808 is out of range \(0\.\.9223372036854775807"),
+    ("topic-dot-dot", ["read", "--topic", "persistent://public/default/.."], 2,
+     r"'\.\.' cannot be a tenant, namespace or topic name"),
+    ("topic-dot-tenant", ["verify", "--topic", "persistent://./default/x"], 2,
+     r"'\.' cannot be a tenant, namespace or topic name"),
+    ("standalone-rate-nan", ["standalone", "--rate", "nan", "--duration", "1"], 2,
+     r"--rate: nan is not a finite number"),
+    ("standalone-duration-nan", ["standalone", "--duration", "nan"], 2,
+     r"--duration: nan is not a finite number"),
+    ("produce-duration-inf", ["produce", "--topic", TOPIC, "--duration", "inf"], 2,
+     r"--duration: inf is not a finite number"),
+    ("produce-rate-nan", ["produce", "--topic", TOPIC, "--duration", "1", "--rate", "nan"], 2,
+     r"--rate: nan is not a finite number"),
+    ("gc-grace-nan", ["gc", "--grace", "nan"], 2, r"--grace: nan is not a finite number"),
+    ("verify-orphan-grace-inf", ["verify", "--orphan-grace", "inf"], 2,
+     r"--orphan-grace: inf is not a finite number"),
     ("offload-now-no-daemon", ["offload-now"], 1, r"no daemon pid file"),
 ]
 

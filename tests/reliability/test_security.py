@@ -30,7 +30,7 @@ from kazoo.security import make_digest_acl_credential
 
 from offloadd.blobstore.s3 import S3Options
 from offloadd.config import Settings
-from tests.fixtures.s3 import MotoBucket
+from tests.fixtures.s3 import MIN_PART_SIZE, MotoBucket
 from tests.reliability.conftest import Figures
 from tests.reliability.support import (
     Outputs,
@@ -104,7 +104,8 @@ def test_no_output_holds_a_secret_and_the_defaults_are_safe(
         "source": {"path": f"{tmp_path}/data/ledgers", "rollover_bytes": 150_000},
         "blobstore": {"driver": "aws-s3", "endpoint": s3_bucket.endpoint,
                       "bucket": s3_bucket.name, "access_key_id": "testing",
-                      "secret_access_key": s3_secret},
+                      "secret_access_key": s3_secret,
+                      "min_part_size_bytes": MIN_PART_SIZE},
         "offload": {"max_size_per_segment_mbytes": 0.1,
                     "max_segment_rollover_time_minutes": 0.01,
                     "max_block_size_bytes": 16384, "min_block_size_bytes": 0},

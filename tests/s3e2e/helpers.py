@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from offloadd.format import StreamingIndex, decode_index
-from tests.fixtures.s3 import MotoBucket
+from tests.fixtures.s3 import MIN_PART_SIZE, MotoBucket
 
 OFFLOADD = [sys.executable, "-m", "offloadd.cli"]
 UUID = r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
@@ -61,6 +61,7 @@ region = "us-east-1"
 prefix = "{prefix}"
 access_key_id = "testing"
 secret_access_key = "testing"
+min_part_size_bytes = {MIN_PART_SIZE}
 {blobstore}
 [metrics]
 {metrics}

@@ -81,11 +81,12 @@ def offloaded(moto_server: str, tmp_path_factory: pytest.TempPathFactory) -> Off
 
 
 @contextlib.contextmanager
-def corrupted(bucket: MotoBucket, key: str, at: int) -> Iterator[None]:
-    """``key`` with byte ``at`` flipped in the server, metadata kept; restored on exit."""
+def corrupted(bucket: MotoBucket, key: str, *at: int) -> Iterator[None]:
+    """``key`` with the bytes ``at`` flipped in the server, metadata kept; restored on exit."""
     original, metadata = get_bytes(bucket, key)
     bad = bytearray(original)
-    bad[at] ^= 0xFF
+    for i in at:
+        bad[i] ^= 0xFF
     put_bytes(bucket, key, bytes(bad), metadata)
     try:
         yield
@@ -121,6 +122,20 @@ def test_a_corrupt_data_block_fails_read_and_verify_naming_the_object_and_block(
     where = f"{offloaded.uid} (block {block.part_id} at byte {block.offset})"
     for said in (read_err, verify_out):
         assert where in said and "checksum mismatch" in said, said
+
+
+@pytest.mark.timeout(120)
+def test_a_damaged_checksum_mark_does_not_switch_the_check_off(offloaded: Offloaded) -> None:
+    """Bit rot over a block's checksum mark (header bytes 36..39) and its payload: the mark is
+    not trusted to say whether the block is checked, the object's metadata is."""
+    blocks = [b for s in offloaded.index.sections for b in s.blocks]
+    block = blocks[len(blocks) // 2]
+    with corrupted(offloaded.bucket, offloaded.uid, block.offset + 37,
+                   block.offset + HEADER_LEN + 40):
+        read_err, verify_out = read_and_verify(offloaded)
+    where = f"{offloaded.uid} (block {block.part_id} at byte {block.offset})"
+    for said in (read_err, verify_out):
+        assert where in said and "checksum mark damaged" in said, said
 
 
 @pytest.mark.timeout(120)
