@@ -49,6 +49,37 @@ def _position(text: str) -> Position:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _compressions(text: str) -> tuple[Any, ...]:
+    from offloadd.format.compression import Compression
+
+    try:
+        return tuple(Compression.parse(c) for c in text.split(",") if c.strip())
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _payload_args(sp: argparse.ArgumentParser, *, default_compression: str) -> None:
+    sp.add_argument("--payload", choices=("pulsar", "raw"), default="pulsar",
+                    help="pulsar: Pulsar-format entries (batches of JSON messages with keys, "
+                    "properties, event times), as a broker stores them; raw: random bytes, for "
+                    "benchmarks (default pulsar)")
+    sp.add_argument("--compression", type=_compressions, default=default_compression,
+                    metavar="CODEC[,CODEC...]",
+                    help="pulsar entries: one producer per codec (none, lz4, zlib, zstd, "
+                    f"snappy), used in turn (default {default_compression})")
+    sp.add_argument("--max-batch", type=_positive_int, default=16,
+                    help="pulsar entries: at most this many messages per entry (default 16)")
+
+
+def _shape(args: argparse.Namespace) -> Any:
+    from offloadd.produce import PulsarShape
+
+    codecs = args.compression
+    if isinstance(codecs, str):  # argparse does not convert a string default
+        codecs = _compressions(codecs)
+    return PulsarShape(compression=codecs, max_batch=args.max_batch)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="offloadd", description=__doc__)
     p.add_argument("--version", action="version", version=f"offloadd {__version__}")
@@ -69,6 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="total bytes/s written across all topics (default 1000000)")
     sp.add_argument("--entry-size", type=_positive_int, default=1024)
     sp.add_argument("--topics", type=_positive_int, default=3)
+    _payload_args(sp, default_compression="lz4,zstd,snappy,zlib,none")
 
     sp = cmd("produce", "the embedded writer alone (history, live load)")
     g = sp.add_mutually_exclusive_group(required=True)
@@ -78,6 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--duration", type=_positive_float)
     sp.add_argument("--rate", type=_positive_float, help="total bytes/s")
     sp.add_argument("--entry-size", type=_positive_int, default=1024)
+    _payload_args(sp, default_compression="none")
 
     sp = cmd("status", "per topic: segments by state, lag, last offloaded position")
     sp.add_argument("--json", action="store_true")
@@ -181,7 +214,8 @@ def _cmd_standalone(args: argparse.Namespace) -> int:
     _setup_logs(settings)
     summary = _run_dict(run_standalone(settings, duration=args.duration, rate=args.rate,
                                        entry_size=args.entry_size, topics=args.topics,
-                                       config_path=args.config))
+                                       config_path=args.config, payload=args.payload,
+                                       shape=_shape(args)))
     print(json.dumps(summary))
     return 1 if summary.get("drained") is False else 0
 
@@ -233,14 +267,17 @@ def _cmd_produce(args: argparse.Namespace) -> int:
             try:
                 stats = await produce(writer, topics, entry_size=args.entry_size,
                                       total_bytes=args.bytes, rate=args.rate,
-                                      duration=args.duration, stop=stop)
+                                      duration=args.duration, stop=stop,
+                                      payload=args.payload, shape=_shape(args))
             finally:
                 await writer.close()
         finally:
             await md.close()
-        print(json.dumps({"entries": stats.entries, "bytes": stats.bytes,
-                          "seconds": round(stats.seconds, 3),
-                          "topics": [str(t) for t in topics]}))
+        out = {"entries": stats.entries, "bytes": stats.bytes,
+               "seconds": round(stats.seconds, 3), "topics": [str(t) for t in topics]}
+        if stats.digests:
+            out["sent"] = {str(t): d.to_json() for t, d in stats.digests.items()}
+        print(json.dumps(out))
         return 0
 
     return _run(go())

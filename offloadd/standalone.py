@@ -20,7 +20,7 @@ from offloadd import config as config_mod
 from offloadd.config import Settings
 from offloadd.daemon import Daemon, remove_pid_file, write_pid_file
 from offloadd.errors import OffloaddError
-from offloadd.produce import ProduceStats, produce, topic_names
+from offloadd.produce import PayloadKind, ProduceStats, PulsarShape, produce, topic_names
 from offloadd.runtime import Runtime
 
 log = logging.getLogger(__name__)
@@ -42,7 +42,8 @@ def load_settings(path: str | None) -> Settings:
 
 async def run_standalone(settings: Settings, *, duration: float | None, rate: float,
                          entry_size: int, topics: int, drain_timeout_s: float = 120.0,
-                         config_path: str | None = None) -> dict[str, Any]:
+                         config_path: str | None = None, payload: PayloadKind = "pulsar",
+                         shape: PulsarShape | None = None) -> dict[str, Any]:
     rt = await Runtime.open(settings, with_writer=True)
     assert rt.local is not None
     stop = asyncio.Event()
@@ -70,7 +71,8 @@ async def run_standalone(settings: Settings, *, duration: float | None, rate: fl
         async def write() -> None:
             nonlocal stats
             stats = await produce(writer, names, entry_size=entry_size, rate=rate,
-                                  duration=duration, stop=stop, on_batch=seen)
+                                  duration=duration, stop=stop, on_batch=seen,
+                                  payload=payload, shape=shape)
 
         writer_task = asyncio.create_task(write())
         while not writer_task.done() and not daemon_task.done() and daemon.state.value in (
@@ -137,7 +139,7 @@ async def _summary(rt: Runtime, names: list[Any], stats: ProduceStats,
     from offloadd import catalog
     from offloadd.metadata import managed_ledger
 
-    topics = {}
+    topics: dict[str, dict[str, Any]] = {}
     for t in names:
         try:
             info, _ = await managed_ledger.load(rt.metadata, t.managed_ledger)
@@ -150,5 +152,7 @@ async def _summary(rt: Runtime, names: list[Any], stats: ProduceStats,
             "entries_offloaded": sum(s.entries for s in segs),
             "last_offloaded": str(segs[-1].end) if segs else None,
         }
+        if t in stats.digests:
+            topics[str(t)]["sent"] = stats.digests[t].to_json()
     return {"seconds": round(seconds, 1), "entries_written": stats.entries,
             "bytes_written": stats.bytes, "topics": topics}
