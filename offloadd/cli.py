@@ -147,6 +147,10 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--metrics-bind", metavar="HOST:PORT",
                     help="serve progress gauges here (default: [metrics] bind, if enabled)")
 
+    from offloadd.lakehouse.command import add_commands
+
+    add_commands(sub, _topic, _positive_int)
+
     sp = sub.add_parser("config", help="configuration tools")
     csub = sp.add_subparsers(dest="config_command", required=True)
     cc = csub.add_parser("check", help="validate a config file (exit 2 if invalid)")
@@ -194,6 +198,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         "gc": _cmd_gc,
         "backfill": _cmd_backfill,
         "config": _cmd_config,
+        "query": _cmd_query,
+        "lakehouse": _cmd_lakehouse,
     }
     return handlers[args.command](args)
 
@@ -420,6 +426,22 @@ def _cmd_backfill(args: argparse.Namespace) -> int:
     settings = _settings(args)
     _setup_logs(settings)
     return backfill_command(settings, args)
+
+
+def _cmd_query(args: argparse.Namespace) -> int:
+    from offloadd.lakehouse.command import cmd_query
+
+    settings = _settings(args)
+    _setup_logs(settings)
+    return cmd_query(settings, args)
+
+
+def _cmd_lakehouse(args: argparse.Namespace) -> int:
+    from offloadd.lakehouse.command import cmd_lakehouse
+
+    settings = _settings(args)
+    _setup_logs(settings)
+    return cmd_lakehouse(settings, args, _run)
 
 
 def _cmd_offload_now(args: argparse.Namespace) -> int:

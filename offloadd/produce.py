@@ -158,13 +158,14 @@ class _Template:
             self.md_tail = b""
             mid = b""
         else:
-            payloads = [_json(k, 0, max(target, 0), filler)]
-            self.plain = payloads[0]
             mid = b"".join(kv(4, a, b) for a, b in props[0])
             key = keys[0]
             if key is not None:
                 mid += ld(6, key)
             self.md_tail = ld(18, key) if ordering and key is not None else b""
+            # the message's fields live in the entry's metadata: they count against the size
+            payloads = [_json(k, 0, max(target - len(mid) - len(self.md_tail), 0), filler)]
+            self.plain = payloads[0]
         self.md_after_time = mid  # MessageMetadata fields 4 and 6 (unbatched only)
         self.digest = b"".join(_U32.pack(len(p)) + p for p in payloads)
         self.packed: dict[Compression, bytes] = {}
