@@ -13,6 +13,7 @@ from offloadd.blobstore.base import BlobStore
 from offloadd.cluster import ClusterOwnership, check_owner_id
 from offloadd.config import Settings
 from offloadd.daemon import Daemon, Ownership, default_owner_id
+from offloadd.errors import ConfigError
 from offloadd.httpserver import MetricsServer
 from offloadd.ledger.base import LedgerSource
 from offloadd.ledger.local import LocalLedgerStore
@@ -36,6 +37,7 @@ class Runtime:
     metrics: Metrics = field(default_factory=Metrics)
     extras: list[Any] = field(default_factory=list)
     server: MetricsServer | None = None
+    lakehouse: Any = None  # a LakehouseFollower when [lakehouse] enabled
 
     @classmethod
     async def open(cls, settings: Settings, *, with_writer: bool = False,
@@ -80,6 +82,26 @@ class Runtime:
         await self.server.start()
         self.extras.append(self.server)
         log.info("metrics on %s/metrics", self.server.url)
+
+    async def start_lakehouse(self, *, optional: bool = False) -> None:
+        """Follow the tier into Iceberg tables when ``[lakehouse] enabled`` (docs/lakehouse.md).
+        ``optional``: without the lakehouse extra, say so and go on (the standalone demo)."""
+        if not self.settings.lakehouse.enabled or self.lakehouse is not None:
+            return
+        from offloadd import lakehouse
+
+        try:
+            lakehouse.require()
+        except ConfigError as exc:
+            if not optional:
+                raise
+            log.warning("lakehouse projection off: %s", exc)
+            return
+        from offloadd.lakehouse.follower import LakehouseFollower
+
+        self.lakehouse = LakehouseFollower(self.settings, self.metadata, self.blobstore)
+        self.lakehouse.start()
+        self.extras.append(self.lakehouse)
 
     async def ready(self) -> tuple[bool, str]:
         """Ready: the daemon runs, the metadata store answers, the blob store is not paused."""

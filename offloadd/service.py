@@ -81,6 +81,7 @@ async def run_service(settings: Settings, config_path: str | None) -> int:
     helpers: list[asyncio.Task[None]] = []
     try:
         await rt.start_metrics()
+        await rt.start_lakehouse()
         interval = notify.watchdog_interval()
         if interval:
             helpers.append(asyncio.create_task(_watchdog(notify, interval)))

@@ -31,6 +31,7 @@ DEMO_OVERRIDES: dict[str, Any] = {
     "offload__max_block_size_bytes": 1024 * 1024,
     "source__rollover_bytes": 3 * 1024 * 1024 // 2,
     "source__rollover_minutes": 0.25,
+    "lakehouse__enabled": True,  # when the lakehouse extra is installed
 }
 
 
@@ -61,6 +62,7 @@ async def run_standalone(settings: Settings, *, duration: float | None, rate: fl
     # the daemon owns SIGTERM/SIGINT handling; stopping it also stops the writer
     try:
         await rt.start_metrics()
+        await rt.start_lakehouse(optional=True)
         writer = rt.local.writer
         progress = asyncio.create_task(_progress(daemon, lambda: stats, t0))
 
@@ -88,7 +90,13 @@ async def run_standalone(settings: Settings, *, duration: float | None, rate: fl
             daemon.request_stop()
         await daemon_task
         progress.cancel()
+        projected = None
+        if rt.lakehouse is not None:  # the tables catch up with everything committed
+            projected = {r.topic: r for r in await rt.lakehouse.catch_up()}
         summary = await _summary(rt, names, stats, time.monotonic() - t0)
+        if projected is not None:
+            summary["lakehouse"] = {t: {"last_position": r.last_position, "error": r.error}
+                                    for t, r in projected.items()}
         summary["drained"] = drained
         log.info("standalone finished: %s", json.dumps(summary))
         return summary

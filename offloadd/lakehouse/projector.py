@@ -106,6 +106,7 @@ class Projector:
         self._catalog = catalog
         self._clock = clock
         self._tables: dict[TopicName, Table] = {}
+        self._stop: asyncio.Event | None = None  # set by run(): a pass ends after its commit
 
     # ---- catalog and tables ----------------------------------------------------------------
     async def catalog(self) -> Catalog:
@@ -142,6 +143,8 @@ class Projector:
         that fails is reported and does not stop the others."""
         reports = []
         for topic in topics if topics is not None else await self.topics():
+            if self._stop is not None and self._stop.is_set():
+                break
             try:
                 reports.append(await self.sync_topic(topic, max_commits=max_commits))
             except OffloaddError as exc:
@@ -195,6 +198,8 @@ class Projector:
                     table = await self._commit(topic, table, pending, rep)
                     pending, size = [], 0
                     if max_commits is not None and rep.commits >= max_commits:
+                        return
+                    if self._stop is not None and self._stop.is_set():
                         return
         if pending:
             await self._commit(topic, table, pending, rep)
@@ -316,6 +321,7 @@ class Projector:
         every ``compact_interval_s``."""
         lh = self.settings.lakehouse
         next_maintenance = self._clock() + lh.compact_interval_s
+        self._stop = stop
         while not stop.is_set():
             try:
                 await self.sync()
