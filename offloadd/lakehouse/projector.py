@@ -29,6 +29,7 @@ import contextlib
 import datetime as dt
 import fnmatch
 import logging
+import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -61,6 +62,7 @@ from offloadd.read.reader import TierReader
 __all__ = ["CompactReport", "Projector", "TopicReport"]
 
 log = logging.getLogger(__name__)
+_RACES = 50  # lost commit races before a topic's pass gives up (it is retried next pass)
 
 
 @dataclass
@@ -155,7 +157,7 @@ class Projector:
     async def sync_topic(self, topic: TopicName, *,
                          max_commits: int | None = None) -> TopicReport:
         rep = TopicReport(str(topic))
-        for _ in range(20):
+        for _ in range(_RACES):
             try:
                 await self._sync_once(topic, rep, max_commits)
                 return rep
@@ -163,8 +165,10 @@ class Projector:
                 rep.conflicts += 1
                 log.info("lakehouse: %s: another writer committed first; resuming from its "
                          "position", topic)
+                # let the winner run ahead: racing it commit for commit would only repeat
+                await asyncio.sleep(random.uniform(0.1, 0.5) * min(rep.conflicts, 4))
                 await self._table(topic, refresh=True)
-        raise OffloaddError(f"lakehouse: {topic}: lost 20 commit races in a row; is another "
+        raise OffloaddError(f"lakehouse: {topic}: lost {_RACES} commit races; is another "
                             "projector writing the same table?")
 
     async def _sync_once(self, topic: TopicName, rep: TopicReport,
@@ -180,12 +184,16 @@ class Projector:
                 if s.complete and (last is None or s.end > last)]
         if not segs:
             return
+        if last is not None and all(li.ledgerId != last.ledger_id for li in info.ledgerInfo):
+            # the ledger of the last projected entry is gone: whatever followed in it is lost
+            rep.lost.append(f"{last.ledger_id}:{last.entry_id + 1}..end of ledger "
+                            f"{last.ledger_id}")
         expected = _after(info, last)
         if expected is not None and segs[0].begin > expected:
-            lost = f"{expected}..before {segs[0].begin}"
-            rep.lost.append(lost)
+            rep.lost.append(f"{expected}..before {segs[0].begin}")
+        for lost in rep.lost:
             log.warning("lakehouse: %s: entries %s were deleted by retention before they were "
-                        "projected; they are not in the table", topic, lost)
+                        "projected (if there were any); they are not in the table", topic, lost)
         start = Position(last.ledger_id, last.entry_id + 1) if last is not None else None
         limit = self.settings.lakehouse.commit_max_bytes
         pending: list[tuple[Position, memoryview]] = []
@@ -305,7 +313,7 @@ class Projector:
             table.refresh()
             snap = table.current_snapshot()
             last = snap.summary[LAST_POSITION] if snap and snap.summary else None
-            flt = LessThan("ledger_id", first)  # type: ignore[call-arg]  # pydantic plugin
+            flt = LessThan("ledger_id", first)  # type: ignore[call-arg, misc]  # pydantic plugin
             if last is None or not any(True for _ in table.scan(row_filter=flt).plan_files()):
                 return False
             table.delete(flt, snapshot_properties={LAST_POSITION: last,

@@ -48,6 +48,10 @@ __all__ = [
 LAST_POSITION = "offloadd.last-position"
 TOPIC_PROPERTY = "offloadd.topic"
 TABLE_PROPERTIES = {
+    # pyiceberg retries a failed commit by re-applying the append on top of whatever won: for
+    # the projection that would add rows another projector already added. A lost race must
+    # reach us, to resume from the winner's position.
+    "commit.retry.num-retries": "0",
     # keep the metadata directory from growing one JSON file per commit forever
     "write.metadata.delete-after-commit.enabled": "true",
     "write.metadata.previous-versions-max": "20",
@@ -139,6 +143,11 @@ def open_table(catalog: Catalog, topic: TopicName, json_fields: dict[str, str] |
                 properties={**TABLE_PROPERTIES, TOPIC_PROPERTY: str(topic)})
         except TableAlreadyExistsError:  # another process created it meanwhile
             table = catalog.load_table(ident)
+    wrong = {k: v for k, v in TABLE_PROPERTIES.items() if table.properties.get(k) != v}
+    if wrong:  # a table created by an older offloadd, or changed by hand
+        with table.transaction() as tx:
+            tx.set_properties(wrong)
+        table = catalog.load_table(ident)
     missing = {k: v for k, v in (json_fields or {}).items()
                if k not in {f.name for f in table.schema().fields}}
     if missing:
