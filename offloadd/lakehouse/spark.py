@@ -92,7 +92,29 @@ class _Reader(DataSourceReader):
 
         t = StaticTable.from_metadata(self.location, self.props)
         tasks = [task for task in t.scan().plan_files() if task.file.file_path == partition.path]
-        yield from ArrowScan(t.metadata, t.io, t.schema(), AlwaysTrue()).to_record_batches(tasks)
+        target = None
+        for batch in ArrowScan(t.metadata, t.io, t.schema(), AlwaysTrue()).to_record_batches(
+                tasks):
+            if target is None:
+                target = _plain_types(batch.schema)
+            yield batch.cast(target)
+
+
+def _plain_types(schema: Any) -> Any:
+    """The scan's Arrow schema as Spark's Arrow reader wants it: 32-bit string and binary
+    offsets (pyiceberg reads large_string / large_binary), every field nullable (the DDL)."""
+    import pyarrow as pa  # type: ignore[import-untyped]
+
+    def plain(t: Any) -> Any:
+        if pa.types.is_large_string(t):
+            return pa.string()
+        if pa.types.is_large_binary(t):
+            return pa.binary()
+        if pa.types.is_map(t):
+            return pa.map_(plain(t.key_type), plain(t.item_type))
+        return t
+
+    return pa.schema([pa.field(f.name, plain(f.type), nullable=True) for f in schema])
 
 
 def read_table(spark: Any, config: str | None, topic: TopicName) -> Any:
