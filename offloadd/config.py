@@ -283,6 +283,16 @@ class LakehouseSettings(_Section):
         default_factory=dict, description="topic → {field: type}: top-level fields of JSON "
         "payloads as columns")
 
+    @field_validator("json_fields")
+    @classmethod
+    def _check_json_topics(cls, v: dict[str, dict[str, str]]) -> dict[str, dict[str, str]]:
+        for name in v:
+            try:
+                TopicName.parse(name)
+            except ConfigError as exc:
+                raise ValueError(str(exc)) from None
+        return v
+
 
 class DaemonSettings(_Section):
     pid_file: Path = Path("./data/offloadd.pid")
