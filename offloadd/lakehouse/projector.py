@@ -149,9 +149,9 @@ class Projector:
                 break
             try:
                 reports.append(await self.sync_topic(topic, max_commits=max_commits))
-            except OffloaddError as exc:
-                log.error("lakehouse: %s: projection failed (retried next pass): %s", topic, exc)
-                reports.append(TopicReport(str(topic), error=str(exc)))
+            except Exception as exc:  # ours, or the catalog's / storage's (e.g. SQLite locked)
+                log.error("lakehouse: %s: projection failed (retried next pass): %r", topic, exc)
+                reports.append(TopicReport(str(topic), error=repr(exc)))
         return reports
 
     async def sync_topic(self, topic: TopicName, *,
@@ -252,8 +252,9 @@ class Projector:
             except CommitFailedException as exc:
                 log.info("lakehouse: %s: maintenance lost a commit race, next time: %s", topic,
                          exc)
-            except OffloaddError as exc:
-                log.error("lakehouse: %s: maintenance failed: %s", topic, exc)
+            except Exception as exc:  # ours, or the catalog's / storage's
+                log.error("lakehouse: %s: maintenance failed (retried next time): %r", topic,
+                          exc)
         return out
 
     def _compact(self, table: Table, rep: CompactReport) -> None:
