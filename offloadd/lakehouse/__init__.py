@@ -25,10 +25,9 @@ __all__ = ["require"]
 
 def require() -> None:
     """A clear error when the extra is not installed."""
-    try:
-        import duckdb  # noqa: F401
-        import pyiceberg  # noqa: F401
-        import sqlalchemy  # noqa: F401
-    except ImportError as exc:
-        raise ConfigError(f"the lakehouse needs the lakehouse extra ({exc.name} is missing): "
-                          "pip install 'offloadd[lakehouse]'") from None
+    import importlib.util
+
+    for name in ("pyiceberg", "pyiceberg_core", "sqlalchemy", "duckdb"):
+        if importlib.util.find_spec(name) is None:  # looked up, not imported: start-up stays
+            raise ConfigError(f"the lakehouse needs the lakehouse extra ({name} is missing): "
+                              "pip install 'offloadd[lakehouse]'")

@@ -112,7 +112,7 @@ def cmd_lakehouse(settings: Settings, args: argparse.Namespace, run: Any) -> int
 
 
 def _tables(settings: Settings, args: argparse.Namespace) -> int:
-    from offloadd.lakehouse.query import _tables as list_tables
+    from offloadd.lakehouse.query import list_tables
     from offloadd.lakehouse.tables import last_position, open_catalog
 
     catalog = open_catalog(settings, create=False)

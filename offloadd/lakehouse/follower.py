@@ -35,7 +35,6 @@ class LakehouseFollower:
     async def catch_up(self) -> list[TopicReport]:
         """Stop following, then project whatever is committed now (a final pass)."""
         await self.stop()
-        self.projector._stop = None
         return await self.projector.sync()
 
     async def stop(self) -> None:

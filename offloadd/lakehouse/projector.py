@@ -331,18 +331,19 @@ class Projector:
         lh = self.settings.lakehouse
         next_maintenance = self._clock() + lh.compact_interval_s
         self._stop = stop
-        while not stop.is_set():
-            try:
-                await self.sync()
-                if self._clock() >= next_maintenance:
-                    next_maintenance = self._clock() + lh.compact_interval_s
-                    await self.maintain()
-            except OffloaddError as exc:
-                log.error("lakehouse: pass failed (retried in %.0fs): %s", lh.interval_s, exc)
-            except Exception:  # a pyiceberg or I/O failure must not end the follower
-                log.exception("lakehouse: pass failed (retried in %.0fs)", lh.interval_s)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), lh.interval_s)
+        try:
+            while not stop.is_set():
+                try:
+                    await self.sync()
+                    if self._clock() >= next_maintenance:
+                        next_maintenance = self._clock() + lh.compact_interval_s
+                        await self.maintain()
+                except Exception:  # a pyiceberg or I/O failure must not end the follower
+                    log.exception("lakehouse: pass failed (retried in %.0fs)", lh.interval_s)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), lh.interval_s)
+        finally:
+            self._stop = None  # later passes (a final catch-up) run to the end
 
 
 def _after(info: Any, last: Position | None) -> Position | None:

@@ -21,7 +21,7 @@ from typing import Any, TextIO
 import duckdb
 from pyiceberg.catalog import Catalog
 
-__all__ = ["QueryResult", "aliases", "run_query"]
+__all__ = ["QueryResult", "aliases", "list_tables", "run_query"]
 
 
 class QueryResult:
@@ -63,7 +63,7 @@ def aliases(identifiers: Iterable[tuple[str, ...]]) -> dict[str, tuple[str, ...]
     return out
 
 
-def _tables(catalog: Catalog) -> list[tuple[str, ...]]:
+def list_tables(catalog: Catalog) -> list[tuple[str, ...]]:
     found: list[tuple[str, ...]] = []
 
     def walk(ns: tuple[str, ...]) -> None:
@@ -79,7 +79,7 @@ def _tables(catalog: Catalog) -> list[tuple[str, ...]]:
 
 
 def run_query(catalog: Catalog, sql: str, max_rows: int | None = None) -> QueryResult:
-    names = aliases(_tables(catalog))
+    names = aliases(list_tables(catalog))
     con = duckdb.connect(":memory:")
     try:
         lowered = sql.lower()

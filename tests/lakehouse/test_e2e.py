@@ -74,11 +74,12 @@ def test_every_message_sent_is_one_row_in_log_order(standalone: Run) -> None:
 
 @pytest.mark.timeout(400)
 def test_query_answers_count_publish_time_range_and_a_key_filter(standalone: Run) -> None:
-    for i, topic in enumerate(TOPICS):
-        rows = table_rows(standalone.settings, topic)
-        times = rows.column("publish_time").to_pylist()
-        (got,) = standalone.query(f"SELECT count(*) AS n, min(publish_time) AS lo, "
-                                  f"max(publish_time) AS hi FROM topic_{i}")
+    per_topic = standalone.query(" UNION ALL ".join(
+        f"SELECT {i} AS topic, count(*) AS n, min(publish_time) AS lo, max(publish_time) AS hi "
+        f"FROM topic_{i}" for i in range(len(TOPICS))) + " ORDER BY topic")
+    assert [r["topic"] for r in per_topic] == list(range(len(TOPICS)))
+    for got, topic in zip(per_topic, TOPICS, strict=True):
+        times = table_rows(standalone.settings, topic).column("publish_time").to_pylist()
         assert got["n"] == standalone.summary["topics"][topic]["sent"]["messages"]
         assert dt.datetime.fromisoformat(got["lo"]) == min(times)
         assert dt.datetime.fromisoformat(got["hi"]) == max(times)
