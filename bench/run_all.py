@@ -120,6 +120,12 @@ def _p9(d: dict[str, Any]) -> list[Row]:
     return [("P9 Spark backfill local[2] ÷ local[1]", "≥ 1.6", f"{r}", r >= 1.6)]
 
 
+def _p10(d: dict[str, Any]) -> list[Row]:
+    p99, goal = d["lag_p99_s"], d["goal_p99_s"]
+    return [(f"P10 lakehouse table lag p99, {d['rate_bytes_per_s'] / 1e6:g} MB/s, 3 topics",
+             f"≤ {goal:g} s", f"{p99} s", p99 <= goal)]
+
+
 def _bk(d: dict[str, Any]) -> list[Row]:
     return [(f"BookKeeper source read ÷ raw socket read, {r['entry_bytes']} B entries",
              "(figure)", f"{r['mib_s_ratio']:.2f}× MiB/s, {r['cpu_ratio']:.2f}× CPU", None)
@@ -146,6 +152,7 @@ SUITE = [
     Bench("P8", "throttle_accuracy.py", (), _p8),
     Bench("P9", "backfill_scaling.py", (), _p9),
     Bench("BK", "bookkeeper_read.py", (), _bk),
+    Bench("P10", "lakehouse_lag.py", ("--seconds", "90"), _p10),
 ]
 
 

@@ -52,6 +52,37 @@ def _finite(text: str) -> float:
     return v
 
 
+def _compressions(text: str) -> tuple[Any, ...]:
+    from offloadd.format.compression import Compression
+
+    try:
+        return tuple(Compression.parse(c) for c in text.split(",") if c.strip())
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _payload_args(sp: argparse.ArgumentParser, *, default_compression: str) -> None:
+    sp.add_argument("--payload", choices=("pulsar", "raw"), default="pulsar",
+                    help="pulsar: Pulsar-format entries (batches of JSON messages with keys, "
+                    "properties, event times), as a broker stores them; raw: random bytes, for "
+                    "benchmarks (default pulsar)")
+    sp.add_argument("--compression", type=_compressions, default=default_compression,
+                    metavar="CODEC[,CODEC...]",
+                    help="pulsar entries: one producer per codec (none, lz4, zlib, zstd, "
+                    f"snappy), used in turn (default {default_compression})")
+    sp.add_argument("--max-batch", type=_positive_int, default=16, metavar="N",
+                    help="pulsar entries: at most this many messages per entry (default 16)")
+
+
+def _shape(args: argparse.Namespace) -> Any:
+    from offloadd.produce import PulsarShape
+
+    codecs = args.compression
+    if isinstance(codecs, str):  # argparse does not convert a string default
+        codecs = _compressions(codecs)
+    return PulsarShape(compression=codecs, max_batch=args.max_batch)
+
+
 def _topic(text: str) -> TopicName:
     try:
         return TopicName.parse(text)
@@ -78,6 +109,16 @@ TOPIC_HELP = "a full topic name, e.g. persistent://public/default/orders"
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
 
+def _common_options(sp: argparse.ArgumentParser, *, config_required: bool = False) -> None:
+    """``--config`` and ``--log-level``, the same on every command."""
+    sp.add_argument("--config", "-c", required=config_required, metavar="FILE",
+                    help="TOML configuration file" + (
+                        "" if config_required else " (default: the embedded standalone "
+                        "set-up under ./data)"))
+    sp.add_argument("--log-level", choices=LOG_LEVELS, type=str.upper,
+                    help="log verbosity on stderr (default: [daemon] log_level, INFO)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="offloadd", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -90,12 +131,7 @@ def build_parser() -> argparse.ArgumentParser:
         # the raw formatter keeps the examples' lines; the description is wrapped here
         sp = sub.add_parser(name, help=help_, description=textwrap.fill(description or help_, 79),
                             epilog=epilog, formatter_class=argparse.RawDescriptionHelpFormatter)
-        sp.add_argument("--config", "-c", required=config_required, metavar="FILE",
-                        help="TOML configuration file" + (
-                            "" if config_required else " (default: the embedded standalone "
-                            "set-up under ./data)"))
-        sp.add_argument("--log-level", choices=LOG_LEVELS, type=str.upper,
-                        help="log verbosity on stderr (default: [daemon] log_level, INFO)")
+        _common_options(sp, config_required=config_required)
         return sp
 
     cmd("run", "run the daemon in the foreground (systemd Type=notify)",
@@ -114,6 +150,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--topics", type=_positive_int, default=3, metavar="K",
                     help="write K topics, persistent://public/default/topic-0 .. topic-(K-1) "
                     "(default 3)")
+    _payload_args(sp, default_compression="lz4,zstd,snappy,zlib,none")
 
     sp = cmd("produce", "the embedded writer alone (history, live load)",
              "  offloadd produce --topic persistent://public/default/orders --bytes 104857600\n"
@@ -129,6 +166,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="total bytes/s across topics (default: as fast as possible)")
     sp.add_argument("--entry-size", type=_positive_int, default=1024, metavar="BYTES",
                     help="payload bytes per entry (default 1024)")
+    _payload_args(sp, default_compression="none")
 
     sp = cmd("status", "per topic: segments by state, lag, last offloaded position",
              "  offloadd status --config /etc/offloadd/offloadd.toml\n"
@@ -220,6 +258,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="serve progress gauges here (default: [metrics] bind if free, else "
                     "the next port)")
 
+    from offloadd.lakehouse.command import add_commands
+
+    add_commands(sub, _topic, _positive_int, _common_options)
+
     sp = sub.add_parser("config", help="configuration tools", description="configuration tools")
     csub = sp.add_subparsers(dest="config_command", required=True, metavar="SUBCOMMAND")
     cc = csub.add_parser("check", help="validate a config file (exit 2 if invalid)",
@@ -272,6 +314,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         "gc": _cmd_gc,
         "backfill": _cmd_backfill,
         "config": _cmd_config,
+        "query": _cmd_query,
+        "lakehouse": _cmd_lakehouse,
     }
     return handlers[args.command](args)
 
@@ -292,7 +336,8 @@ def _cmd_standalone(args: argparse.Namespace) -> int:
     _setup_logs(settings, args)
     summary = _run_dict(run_standalone(settings, duration=args.duration, rate=args.rate,
                                        entry_size=args.entry_size, topics=args.topics,
-                                       config_path=args.config))
+                                       config_path=args.config, payload=args.payload,
+                                       shape=_shape(args)))
     print(json.dumps(summary))
     return 1 if summary.get("drained") is False else 0
 
@@ -347,14 +392,17 @@ def _cmd_produce(args: argparse.Namespace) -> int:
             try:
                 stats = await produce(writer, topics, entry_size=args.entry_size,
                                       total_bytes=args.bytes, rate=args.rate,
-                                      duration=args.duration, stop=stop)
+                                      duration=args.duration, stop=stop,
+                                      payload=args.payload, shape=_shape(args))
             finally:
                 await writer.close()
         finally:
             await md.close()
-        print(json.dumps({"entries": stats.entries, "bytes": stats.bytes,
-                          "seconds": round(stats.seconds, 3),
-                          "topics": [str(t) for t in topics]}))
+        out = {"entries": stats.entries, "bytes": stats.bytes,
+               "seconds": round(stats.seconds, 3), "topics": [str(t) for t in topics]}
+        if stats.digests:
+            out["sent"] = {str(t): d.to_json() for t, d in stats.digests.items()}
+        print(json.dumps(out))
         return 0
 
     try:
@@ -532,6 +580,22 @@ def _cmd_backfill(args: argparse.Namespace) -> int:
 
     _setup_logs(settings, args)
     return backfill_command(settings, args)
+
+
+def _cmd_query(args: argparse.Namespace) -> int:
+    from offloadd.lakehouse.command import cmd_query
+
+    settings = _settings(args)
+    _setup_logs(settings, args)
+    return cmd_query(settings, args)
+
+
+def _cmd_lakehouse(args: argparse.Namespace) -> int:
+    from offloadd.lakehouse.command import cmd_lakehouse
+
+    settings = _settings(args)
+    _setup_logs(settings, args)
+    return cmd_lakehouse(settings, args, _run)
 
 
 def _cmd_offload_now(args: argparse.Namespace) -> int:

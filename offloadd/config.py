@@ -299,6 +299,55 @@ class RetentionSettings(_Section):
     interval_s: float = Field(300.0, gt=0, description="period of the daemon's gc pass")
 
 
+class LakehouseSettings(_Section):
+    """The projection of offloaded messages into Apache Iceberg tables (docs/lakehouse.md)."""
+
+    enabled: bool = Field(False, description="run the projection in the daemon (standalone: "
+                          "on when the lakehouse extra is installed)")
+    path: Path = Field(Path("./data/lakehouse"), description="the SQL catalog's SQLite file "
+                       "and, on the filesystem driver, the warehouse live here")
+    catalog: Literal["sql", "rest"] = Field("sql", description='"sql": pyiceberg\'s SQL '
+                                            'catalog; "rest": an Iceberg REST catalog')
+    catalog_uri: str | None = Field(None, description="sql: an SQLAlchemy URL (default "
+                                    "sqlite:///<path>/catalog.db); rest: the catalog URL")
+    rest_credential: SecretStr | None = Field(None, description="rest: OAuth2 client "
+                                              "credential (a secret)")
+    rest_token: SecretStr | None = Field(None, description="rest: bearer token (a secret)")
+    warehouse: str | None = Field(None, description="default: file://<path>/warehouse on the "
+                                  "filesystem driver, s3://<bucket>/<prefix>lakehouse on aws-s3 "
+                                  "(same endpoint and credentials as the tier)")
+    topics: tuple[str, ...] = Field((), description="topic name patterns (fnmatch) to project; "
+                                    "empty = all")
+    interval_s: float = Field(5.0, gt=0, description="how often the follower looks for newly "
+                              "committed segments")
+    commit_max_bytes: int = Field(32 * MiB, ge=1, description="payload bytes per table commit "
+                                  "(larger backlogs commit in several snapshots)")
+    compact_interval_s: float = Field(300.0, gt=0, description="how often small files are "
+                                      "compacted and old snapshots expired")
+    compact_min_files: int = Field(8, ge=2, description="compact a day partition once it has "
+                                   "this many small files")
+    compact_small_file_bytes: int = Field(16 * MiB, ge=1, description="data files below this "
+                                          "size are small")
+    snapshot_max_age_minutes: float = Field(60.0, gt=0, description="expire snapshots older "
+                                            "than this (the current one is always kept)")
+    delete_with_retention: bool = Field(False, description="delete a topic's rows of ledgers "
+                                        "that retention deleted from the tier; off: the table "
+                                        "keeps them")
+    json_fields: dict[str, dict[str, Literal["string", "long", "double", "boolean"]]] = Field(
+        default_factory=dict, description="topic → {field: type}: top-level fields of JSON "
+        "payloads as columns")
+
+    @field_validator("json_fields")
+    @classmethod
+    def _check_json_topics(cls, v: dict[str, dict[str, str]]) -> dict[str, dict[str, str]]:
+        for name in v:
+            try:
+                TopicName.parse(name)
+            except ConfigError as exc:
+                raise ValueError(str(exc)) from None
+        return v
+
+
 class DaemonSettings(_Section):
     pid_file: Path = Path("./data/offloadd.pid")
     shutdown_deadline_s: float = Field(30.0, gt=0)
@@ -327,6 +376,7 @@ class Settings(BaseSettings):
     metrics: MetricsSettings = Field(default_factory=MetricsSettings)
     daemon: DaemonSettings = Field(default_factory=DaemonSettings)
     retention: RetentionSettings = Field(default_factory=RetentionSettings)
+    lakehouse: LakehouseSettings = Field(default_factory=LakehouseSettings)
 
     @classmethod
     def settings_customise_sources(

@@ -1,22 +1,42 @@
 """``offloadd produce``: the embedded writer alone — history for backfill, a live writer for a
 daemon started with ``run``, load for benchmarks.
 
-Payloads are slices of one random pool (distinct per entry, no per-entry allocation), appended
-in batches paced to the requested byte rate.
+Two kinds of entry, appended in batches paced to the requested byte rate:
+
+- ``pulsar`` (the default): what a Pulsar broker stores — Pulsar-format entries
+  (:mod:`offloadd.format.message`) from a few producers per topic, batches of 1..``max_batch``
+  JSON messages with keys, ordering keys, properties and event times, compressed with each codec
+  of a list in turn, with broker entry metadata (broker timestamp and index). ``--entry-size`` is
+  the entry's size before compression (exact up to a few bytes of varint growth).
+- ``raw``: slices of one random pool (distinct per entry, no per-entry allocation), for
+  benchmarks that measure bytes only.
+
+Per entry, Python work is kept small: message payloads, batch layouts and their compressed forms
+are built once per template (a pool of them, cycled), and each entry only splices its sequence
+id, times and broker index into pre-encoded metadata bytes, then computes its CRC32C.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import os
+import struct
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
 
+import crc32c
+
+from offloadd.format.compression import Compression, compress
+from offloadd.format.message import BROKER_ENTRY_METADATA_MAGIC, CHECKSUM_MAGIC, varint
 from offloadd.ledger.local import LocalLedgerWriter
 from offloadd.model import TopicName
 
 POOL_BYTES = 8 * 1024 * 1024
+TEMPLATE_BYTES = 4 * 1024 * 1024  # the pulsar templates' uncompressed bytes, at most
+PayloadKind = Literal["pulsar", "raw"]
 
 
 def topic_names(k: int, prefix: str = "persistent://public/default/topic-") -> list[TopicName]:
@@ -43,11 +63,231 @@ class PayloadPool:
         return out
 
 
+class EntrySource(Protocol):
+    def take(self, topic: TopicName, n: int) -> tuple[list[bytes | memoryview], int]:
+        """``n`` entries for ``topic`` and their size as accounted against the rate."""
+        ...
+
+
+class RawEntries:
+    """:class:`PayloadPool` slices as entries."""
+
+    def __init__(self, entry_size: int) -> None:
+        self._pool = PayloadPool(entry_size)
+        self._size = entry_size
+
+    def take(self, topic: TopicName, n: int) -> tuple[list[bytes | memoryview], int]:
+        return list(self._pool.take(n)), n * self._size
+
+
+@dataclass(frozen=True)
+class PulsarShape:
+    """What the ``pulsar`` entries look like."""
+
+    compression: tuple[Compression, ...] = (Compression.NONE,)  # one producer per codec
+    max_batch: int = 16  # messages per entry: 1..max_batch, varying
+    broker_metadata: bool = True  # prepend broker entry metadata (timestamp, index)
+
+
+@dataclass
+class TopicDigest:
+    """What a topic was sent: messages, and the SHA-1 over every message payload in log order,
+    each as ``uint32 length (big-endian) + bytes``."""
+
+    messages: int = 0
+    sha1: hashlib._Hash = field(default_factory=hashlib.sha1)
+
+    def to_json(self) -> dict[str, object]:
+        return {"messages": self.messages, "sha1": self.sha1.hexdigest()}
+
+
+_U32 = struct.Struct(">I")
+_REGIONS = (b"eu-west", b"us-east", b"ap-south", b"sa-east")
+
+
+class _Template:
+    """One entry's contents, built once: the (batch) payload, compressed per codec on demand,
+    and the metadata fields that do not change between the entries that reuse it."""
+
+    __slots__ = ("batched", "digest", "md_after_time", "md_tail", "n", "packed", "plain")
+
+    def __init__(self, k: int, target: int, max_batch: int, filler: bytes) -> None:
+        # at least ~128 bytes a message, so that most are whole JSON objects
+        n = 1 + k % max(1, min(max_batch, target // 128))
+        self.n = n
+        self.batched = not (n == 1 and k % 2 == 0)  # some entries are unbatched messages
+        weights = [2 + (k + 3 * i) % 3 for i in range(n)]
+        keys = [None if k % 5 == 4 else f"key-{(k * 7 + i) % 64}".encode() for i in range(n)]
+        props = [((b"source", b"offloadd-produce"),) + (((b"trace", b"t-%d-%d" % (k, i)),)
+                                                        if (k + i) % 3 == 0 else ())
+                 if (k + i) % 2 == 0 else () for i in range(n)]
+        ordering = k % 3 == 0
+
+        def kv(field_no: int, key: bytes, value: bytes) -> bytes:
+            inner = b"\x0a" + varint(len(key)) + key + b"\x12" + varint(len(value)) + value
+            return varint(field_no << 3 | 2) + varint(len(inner)) + inner
+
+        def ld(field_no: int, value: bytes) -> bytes:
+            return varint(field_no << 3 | 2) + varint(len(value)) + value
+
+        if self.batched:
+            heads = []
+            for i in range(n):  # SingleMessageMetadata without payload_size: fields 1, 2
+                head = b"".join(kv(1, a, b) for a, b in props[i])
+                key = keys[i]
+                if key is not None:
+                    head += ld(2, key)
+                heads.append((head, ld(7, key) if ordering and key is not None else b""))
+
+            def layout(sizes: list[int]) -> list[bytes]:
+                return [h + b"\x18" + varint(sz) + t for (h, t), sz in zip(heads, sizes,
+                                                                          strict=True)]
+
+            room = target - sum(4 + len(h) + len(t) + 2 for h, t in heads)
+            sizes = _split(max(room, 0), weights)
+            for _ in range(4):  # payload_size varints grow with the sizes: settle them
+                smms = layout(sizes)
+                over = sum(4 + len(m) + sz for m, sz in zip(smms, sizes, strict=True)) - target
+                if over == 0 or sizes[-1] - over < 0:
+                    break
+                sizes[-1] -= over
+            smms = layout(sizes)
+            payloads = [_json(k, i, sz, filler) for i, sz in enumerate(sizes)]
+            self.plain = b"".join(b"".join((_U32.pack(len(m)), m, p))
+                                  for m, p in zip(smms, payloads, strict=True))
+            self.md_tail = b""
+            mid = b""
+        else:
+            mid = b"".join(kv(4, a, b) for a, b in props[0])
+            key = keys[0]
+            if key is not None:
+                mid += ld(6, key)
+            self.md_tail = ld(18, key) if ordering and key is not None else b""
+            # the message's fields live in the entry's metadata: they count against the size
+            payloads = [_json(k, 0, max(target - len(mid) - len(self.md_tail), 0), filler)]
+            self.plain = payloads[0]
+        self.md_after_time = mid  # MessageMetadata fields 4 and 6 (unbatched only)
+        self.digest = b"".join(_U32.pack(len(p)) + p for p in payloads)
+        self.packed: dict[Compression, bytes] = {}
+
+
+def _split(total: int, weights: list[int]) -> list[int]:
+    """``total`` bytes in parts proportional to ``weights``, summing exactly."""
+    w = sum(weights)
+    sizes = [total * x // w for x in weights]
+    sizes[-1] += total - sum(sizes)
+    return sizes
+
+
+def _json(k: int, i: int, size: int, filler: bytes) -> bytes:
+    """A JSON object of exactly ``size`` bytes (plain filler when that is too small for one)."""
+    head = b'{"id":%d,"customer":"c%03d","amount":%d.%02d,"region":"%s","note":"' % (
+        k * 1000 + i, (k * 31 + i) % 1000, (k * 17 + i * 5) % 500, (k + i) % 100,
+        _REGIONS[(k + i) % len(_REGIONS)])
+    room = size - len(head) - 2
+    if room < 0:
+        return filler[:size]
+    start = ((k * 131 + i) * 8191) % max(1, len(filler) - room)
+    return head + filler[start:start + room] + b'"}'
+
+
+class PulsarEntries:
+    """Pulsar-format entries for :func:`produce` (see the module docstring)."""
+
+    def __init__(self, entry_size: int, shape: PulsarShape | None = None, *,
+                 clock: Callable[[], float] = time.time, seed: bytes | None = None) -> None:
+        self.shape = shape or PulsarShape()
+        if self.shape.max_batch < 1:
+            raise ValueError(f"max_batch={self.shape.max_batch}: must be at least 1")
+        if not self.shape.compression:
+            raise ValueError("no compression given: name at least one (none, lz4, ...)")
+        self.entry_size = entry_size
+        self._clock = clock
+        count = max(1, min(97, TEMPLATE_BYTES // max(entry_size, 1)))
+        # broker metadata ~18, checksum 6, size 4, metadata ~45 bytes (name, times, sizes)
+        overhead = (18 if self.shape.broker_metadata else 0) + 10 + 45
+        raw = seed if seed is not None else os.urandom(max(64 * 1024, 2 * entry_size))
+        filler = _b64ish(raw)
+        self._templates = [_Template(k, entry_size - overhead, self.shape.max_batch, filler)
+                           for k in range(count)]
+        self._next = 0
+        self._producers: dict[TopicName, list[_Producer]] = {}
+        self.digests: dict[TopicName, TopicDigest] = {}
+        self._index: dict[TopicName, int] = {}
+
+    def take(self, topic: TopicName, n: int) -> tuple[list[bytes | memoryview], int]:
+        producers = self._producers.get(topic)
+        if producers is None:
+            producers = self._producers[topic] = [
+                _Producer(f"{topic.local}-{c.name.lower()}", c) for c in self.shape.compression]
+            self.digests[topic] = TopicDigest()
+            self._index[topic] = -1
+        digest = self.digests[topic]
+        now_ms = int(self._clock() * 1000)
+        out: list[bytes | memoryview] = []
+        accounted = 0
+        for j in range(n):
+            t = self._templates[self._next % len(self._templates)]
+            self._next += 1
+            p = producers[self._next % len(producers)]
+            entry, plain_len = self._entry(topic, p, t, now_ms, j)
+            out.append(entry)
+            accounted += plain_len
+            digest.messages += t.n
+            digest.sha1.update(t.digest)
+        return out, accounted
+
+    def _entry(self, topic: TopicName, p: _Producer, t: _Template, now_ms: int,
+               j: int) -> tuple[bytes, int]:
+        codec = p.codec
+        payload = t.packed.get(codec)
+        if payload is None:
+            payload = t.packed[codec] = compress(codec, t.plain)
+        seq = p.seq
+        p.seq += t.n
+        md = b"".join((
+            p.head, varint(seq), b"\x18", varint(now_ms), t.md_after_time, p.codec_field,
+            b"\x48", varint(len(t.plain)),
+            b"\x58" + varint(t.n) if t.batched else b"",
+            b"\x60", varint(now_ms - (seq * 37 + j) % 1000), t.md_tail))
+        body = b"".join((_U32.pack(len(md)), md, payload))
+        parts = [_CHECKSUM_HEAD.pack(CHECKSUM_MAGIC, crc32c.crc32c(body)), body]
+        if self.shape.broker_metadata:
+            self._index[topic] += t.n
+            bem = b"\x08" + varint(now_ms) + b"\x10" + varint(self._index[topic])
+            parts.insert(0, _BROKER_HEAD.pack(BROKER_ENTRY_METADATA_MAGIC, len(bem)) + bem)
+        entry = b"".join(parts)
+        return entry, len(entry) - len(payload) + len(t.plain)
+
+
+_CHECKSUM_HEAD = struct.Struct(">HI")
+_BROKER_HEAD = struct.Struct(">HI")
+
+
+class _Producer:
+    __slots__ = ("codec", "codec_field", "head", "seq")
+
+    def __init__(self, name: str, codec: Compression) -> None:
+        raw = name.encode()
+        self.head = b"\x0a" + varint(len(raw)) + raw + b"\x10"  # field 1, then field 2's tag
+        self.codec = codec
+        self.codec_field = b"\x40" + varint(codec) if codec else b""  # Pulsar omits NONE
+        self.seq = 0
+
+
+def _b64ish(raw: bytes) -> bytes:
+    """Printable, JSON-safe filler that compresses about as well as real text fields."""
+    import base64
+
+    return base64.b64encode(raw)
+
+
 @dataclass
 class ProduceStats:
     entries: int = 0
     bytes: int = 0
     seconds: float = 0.0
+    digests: dict[TopicName, TopicDigest] = field(default_factory=dict)
 
 
 async def produce(writer: LocalLedgerWriter, topics: Sequence[TopicName], *, entry_size: int,
@@ -55,11 +295,22 @@ async def produce(writer: LocalLedgerWriter, topics: Sequence[TopicName], *, ent
                   duration: float | None = None, batch_bytes: int = 256 * 1024,
                   stop: asyncio.Event | None = None,
                   on_batch: Callable[[ProduceStats], None] | None = None,
-                  clock: Callable[[], float] = time.monotonic) -> ProduceStats:
+                  clock: Callable[[], float] = time.monotonic,
+                  payload: PayloadKind = "pulsar", shape: PulsarShape | None = None,
+                  ) -> ProduceStats:
     """Append to ``topics`` round-robin until ``total_bytes`` or ``duration`` (paced at
-    ``rate`` bytes/s when given) or ``stop`` is set."""
-    pool = PayloadPool(entry_size)
+    ``rate`` bytes/s when given) or ``stop`` is set.
+
+    Bytes are counted before compression (what producers sent); ``stats.digests`` holds, for
+    ``pulsar`` entries, what each topic was sent."""
+    source: EntrySource
+    if payload == "raw":
+        source = RawEntries(entry_size)
+    else:
+        source = pulsar = PulsarEntries(entry_size, shape)
     stats = ProduceStats()
+    if payload != "raw":
+        stats.digests = pulsar.digests
     if rate:
         # at most 50 ms of the rate per batch: a slow rate must not wait for a whole batch's
         # worth of time before its first entry (nor write in bursts)
@@ -85,9 +336,10 @@ async def produce(writer: LocalLedgerWriter, topics: Sequence[TopicName], *, ent
                 continue
         topic = topics[i % len(topics)]
         i += 1
-        await writer.append(topic, pool.take(n))  # type: ignore[arg-type]
+        entries, nbytes = source.take(topic, n)
+        await writer.append(topic, entries)  # type: ignore[arg-type]
         stats.entries += n
-        stats.bytes += n * entry_size
+        stats.bytes += nbytes
         await writer.roll_expired()
         if on_batch is not None:
             on_batch(stats)

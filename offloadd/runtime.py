@@ -56,6 +56,7 @@ class Runtime:
     metrics: Metrics = field(default_factory=Metrics)
     extras: list[Any] = field(default_factory=list)
     server: MetricsServer | None = None
+    lakehouse: Any = None  # a LakehouseFollower when [lakehouse] enabled
 
     @classmethod
     async def open(cls, settings: Settings, *, with_writer: bool = False,
@@ -116,6 +117,26 @@ class Runtime:
                 raise ValueError(str(exc)) from None
         done = await self.daemon.offload_now(names, wait=wait, timeout_s=timeout_s)
         return [r.to_json() for r in done]
+
+    async def start_lakehouse(self, *, optional: bool = False) -> None:
+        """Follow the tier into Iceberg tables when ``[lakehouse] enabled`` (docs/lakehouse.md).
+        ``optional``: without the lakehouse extra, say so and go on (the standalone demo)."""
+        if not self.settings.lakehouse.enabled or self.lakehouse is not None:
+            return
+        from offloadd import lakehouse
+
+        try:
+            lakehouse.require()
+        except ConfigError as exc:
+            if not optional:
+                raise
+            log.warning("lakehouse projection off: %s", exc)
+            return
+        from offloadd.lakehouse.follower import LakehouseFollower
+
+        self.lakehouse = LakehouseFollower(self.settings, self.metadata, self.blobstore)
+        self.lakehouse.start()
+        self.extras.append(self.lakehouse)
 
     async def ready(self) -> tuple[bool, str]:
         """Ready: the daemon runs, the metadata store answers, the blob store is not paused."""

@@ -102,6 +102,7 @@ async def _serve(settings: Settings, config_path: str | None, notify: Notifier,
     helpers: list[asyncio.Task[None]] = []
     try:
         await rt.start_metrics()
+        await rt.start_lakehouse()
         interval = notify.watchdog_interval()
         if interval:
             helpers.append(asyncio.create_task(_watchdog(notify, interval)))

@@ -21,7 +21,7 @@ from offloadd.config import Settings
 from offloadd.daemon import Daemon, DaemonState, remove_pid_file, write_pid_file
 from offloadd.errors import OffloaddError
 from offloadd.ledger.local import StoreLock
-from offloadd.produce import ProduceStats, produce, topic_names
+from offloadd.produce import PayloadKind, ProduceStats, PulsarShape, produce, topic_names
 from offloadd.runtime import Runtime
 
 log = logging.getLogger(__name__)
@@ -32,6 +32,7 @@ DEMO_OVERRIDES: dict[str, Any] = {
     "offload__max_block_size_bytes": 1024 * 1024,
     "source__rollover_bytes": 3 * 1024 * 1024 // 2,
     "source__rollover_minutes": 0.25,
+    "lakehouse__enabled": True,  # when the lakehouse extra is installed
 }
 
 
@@ -43,14 +44,16 @@ def load_settings(path: str | None) -> Settings:
 
 async def run_standalone(settings: Settings, *, duration: float | None, rate: float,
                          entry_size: int, topics: int, drain_timeout_s: float = 120.0,
-                         config_path: str | None = None) -> dict[str, Any]:
+                         config_path: str | None = None, payload: PayloadKind = "pulsar",
+                         shape: PulsarShape | None = None) -> dict[str, Any]:
     # the store is this process's alone: it writes every topic and offloads every topic
     # without the ownership layer, so a second writer or daemon on it would lose entries
     locks = await asyncio.to_thread(_lock_store, settings)
     try:
         return await _run_standalone(settings, duration=duration, rate=rate,
                                      entry_size=entry_size, topics=topics,
-                                     drain_timeout_s=drain_timeout_s, config_path=config_path)
+                                     drain_timeout_s=drain_timeout_s, config_path=config_path,
+                                     payload=payload, shape=shape)
     finally:
         for lock in reversed(locks):
             lock.release()
@@ -69,7 +72,8 @@ def _lock_store(settings: Settings) -> list[StoreLock]:
 
 async def _run_standalone(settings: Settings, *, duration: float | None, rate: float,
                           entry_size: int, topics: int, drain_timeout_s: float,
-                          config_path: str | None) -> dict[str, Any]:
+                          config_path: str | None, payload: PayloadKind,
+                          shape: PulsarShape | None) -> dict[str, Any]:
     pid_handle = write_pid_file(settings.daemon.pid_file)  # refuses a second daemon here
     try:
         rt = await Runtime.open(settings, with_writer=True)
@@ -91,6 +95,7 @@ async def _run_standalone(settings: Settings, *, duration: float | None, rate: f
     # the daemon owns SIGTERM/SIGINT handling; stopping it also stops the writer
     try:
         await rt.start_metrics()
+        await rt.start_lakehouse(optional=True)
         writer = rt.local.writer
         progress = asyncio.create_task(_progress(daemon, lambda: stats, t0))
 
@@ -101,7 +106,8 @@ async def _run_standalone(settings: Settings, *, duration: float | None, rate: f
         async def write() -> None:
             nonlocal stats
             stats = await produce(writer, names, entry_size=entry_size, rate=rate,
-                                  duration=duration, stop=stop, on_batch=seen)
+                                  duration=duration, stop=stop, on_batch=seen,
+                                  payload=payload, shape=shape)
 
         writer_task = asyncio.create_task(write())
         while not writer_task.done() and not daemon_task.done() and daemon.state.value in (
@@ -119,7 +125,13 @@ async def _run_standalone(settings: Settings, *, duration: float | None, rate: f
             daemon.request_stop()
         await daemon_task
         progress.cancel()
+        projected = None
+        if rt.lakehouse is not None:  # the tables catch up with everything committed
+            projected = {r.topic: r for r in await rt.lakehouse.catch_up()}
         summary = await _summary(rt, names, stats, time.monotonic() - t0)
+        if projected is not None:
+            summary["lakehouse"] = {t: {"last_position": r.last_position, "error": r.error}
+                                    for t, r in projected.items()}
         summary["drained"] = drained
         log.info("standalone finished: %s", json.dumps(summary))
         return summary
@@ -175,7 +187,7 @@ async def _summary(rt: Runtime, names: list[Any], stats: ProduceStats,
     from offloadd import catalog
     from offloadd.metadata import managed_ledger
 
-    topics = {}
+    topics: dict[str, dict[str, Any]] = {}
     for t in names:
         try:
             info, _ = await managed_ledger.load(rt.metadata, t.managed_ledger)
@@ -188,5 +200,7 @@ async def _summary(rt: Runtime, names: list[Any], stats: ProduceStats,
             "entries_offloaded": sum(s.entries for s in segs),
             "last_offloaded": str(segs[-1].end) if segs else None,
         }
+        if t in stats.digests:
+            topics[str(t)]["sent"] = stats.digests[t].to_json()
     return {"seconds": round(seconds, 1), "entries_written": stats.entries,
             "bytes_written": stats.bytes, "topics": topics}

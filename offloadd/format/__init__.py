@@ -7,6 +7,7 @@ streaming block (PIP-76)   0x26A66D32  ``block.py`` (layout), ``streaming.py`` (
 ledger block (PIP-17)      0xFBDBABCB  ``block.py`` (layout), ``ledger.py`` (writer)
 streaming index            0x3D1FB0BC  ``streaming.py``
 ledger-based index         0xDE47DE47  ``ledger.py``
+Pulsar message (an entry)  0x0E01      ``message.py`` (+ ``compression.py`` codecs)
 =========================  ==========  =============================================
 
 Each module's docstring is the written spec of its layout; ``layout.py`` holds the block-cutting

@@ -326,7 +326,8 @@ ARG_CASES = [
     ("verify-bad-topic", ["verify", "--topic", "a/b/c"], 2, r"is invalid"),
     ("produce-no-amount", ["produce", "--topic", TOPIC], 2, r"needs --bytes N or --duration S"),
     ("produce-oversize-entry", ["produce", "--topic", "persistent://public/default/big",
-                                "--bytes", "7000000", "--entry-size", "6000000"], 1,
+                                "--bytes", "7000000", "--entry-size", "6000000",
+                                "--payload", "raw"], 1,
      r"6000000 bytes, more than max_entry_bytes=5242880; nothing of this batch was written"),
     ("gc-negative-grace", ["gc", "--grace", "-1"], 2, r"--grace must not be negative"),
     # values that parse but can never be right (issue 13, defect 9)

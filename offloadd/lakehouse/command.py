@@ -1,0 +1,145 @@
+"""``offloadd lakehouse …`` and ``offloadd query``: the command-line side of the lakehouse."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import signal
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from offloadd.config import Settings
+from offloadd.model import TopicName
+
+log = logging.getLogger(__name__)
+
+
+def add_commands(sub: Any, topic_type: Any, positive_int: Any,
+                 common: Callable[[argparse.ArgumentParser], None]) -> None:
+    """Register ``query`` and ``lakehouse`` on the CLI's sub-parser set; ``common`` adds the
+    options every command has (``--config``, ``--log-level``)."""
+    sp = sub.add_parser("query", help="SQL over the lakehouse tables (DuckDB), e.g. "
+                        "'SELECT count(*) FROM topic_0'",
+                        description="Run SQL over the topic tables with DuckDB. A topic's table "
+                        "is named by its local name (\"topic-0\" or topic_0) or its full "
+                        "\"tenant.namespace.topic\".")
+    common(sp)
+    sp.add_argument("sql", help="the query, e.g. \"SELECT key, count(*) FROM topic_0 GROUP BY "
+                    "key\"")
+    sp.add_argument("--json", action="store_true", help="one JSON array of row objects")
+    sp.add_argument("--max-rows", type=positive_int, help="print at most this many rows")
+
+    sp = sub.add_parser("lakehouse", help="the Iceberg projection of offloaded messages")
+    lsub = sp.add_subparsers(dest="lakehouse_command", required=True, metavar="SUBCOMMAND",
+                            help="sync, maintain or tables")
+    s = lsub.add_parser("sync", help="project committed segments into the tables, then exit "
+                        "(or --follow)")
+    common(s)
+    s.add_argument("--topic", type=topic_type, action="append", metavar="TOPIC",
+                   help="only this topic (repeatable), e.g. persistent://public/default/orders")
+    s.add_argument("--follow", action="store_true", help="keep following until SIGTERM/SIGINT")
+    s.add_argument("--max-commits", type=positive_int, help="per topic, then stop")
+    s.add_argument("--maintain", action="store_true", help="then compact and expire snapshots")
+    s = lsub.add_parser("maintain", help="compact small files, expire old snapshots (and apply "
+                        "retention when configured)")
+    common(s)
+    s.add_argument("--topic", type=topic_type, action="append", metavar="TOPIC",
+                   help="only this topic (repeatable), e.g. persistent://public/default/orders")
+    s = lsub.add_parser("tables", help="the tables: rows, files, last projected position")
+    common(s)
+    s.add_argument("--json", action="store_true", help="one JSON document instead of a table")
+
+
+def cmd_query(settings: Settings, args: argparse.Namespace) -> int:
+    from offloadd import lakehouse
+
+    lakehouse.require()
+    from offloadd.lakehouse.query import run_query
+    from offloadd.lakehouse.tables import open_catalog
+
+    catalog = open_catalog(settings, create=False)
+    import duckdb
+
+    try:
+        res = run_query(catalog, args.sql, args.max_rows)
+    except duckdb.Error as exc:
+        print(f"offloadd: query failed: {exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(res.to_json(), indent=1))
+    else:
+        res.render(sys.stdout)
+    return 0
+
+
+def cmd_lakehouse(settings: Settings, args: argparse.Namespace, run: Any) -> int:
+    from offloadd import lakehouse
+
+    lakehouse.require()
+    if args.lakehouse_command == "tables":
+        return _tables(settings, args)
+
+    async def go() -> int:
+        from offloadd import wiring
+        from offloadd.lakehouse.projector import Projector
+
+        md = await wiring.open_metadata(settings)
+        try:
+            bs = await wiring.open_blobstore(settings)
+            try:
+                proj = Projector(settings, md, bs)
+                topics: list[TopicName] | None = args.topic
+                if args.lakehouse_command == "maintain":
+                    out: list[dict[str, Any]] = [r.to_json() for r in await proj.maintain(topics)]
+                    print(json.dumps(out, indent=1))
+                    return 0
+                if args.follow:
+                    stop = asyncio.Event()
+                    loop = asyncio.get_running_loop()
+                    for sig in (signal.SIGTERM, signal.SIGINT):
+                        loop.add_signal_handler(sig, stop.set)
+                    await proj.run(stop)
+                    return 0
+                reps = await proj.sync(topics, max_commits=args.max_commits)
+                result: dict[str, Any] = {"topics": [r.to_json() for r in reps]}
+                if args.maintain:
+                    result["maintenance"] = [r.to_json() for r in await proj.maintain(topics)]
+                print(json.dumps(result, indent=1))
+                return 1 if any(r.error for r in reps) else 0
+            finally:
+                await bs.close()
+        finally:
+            await md.close()
+
+    code: int = run(go())
+    return code
+
+
+def _tables(settings: Settings, args: argparse.Namespace) -> int:
+    from offloadd.lakehouse.query import list_tables
+    from offloadd.lakehouse.tables import last_position, open_catalog
+
+    catalog = open_catalog(settings, create=False)
+    out = []
+    for ident in list_tables(catalog):
+        table = catalog.load_table(ident)
+        snap = table.current_snapshot()
+        summary = snap.summary if snap is not None else None
+        out.append({
+            "table": ".".join(ident),
+            "location": table.location(),
+            "rows": int(summary["total-records"] or 0) if summary else 0,
+            "data_files": int(summary["total-data-files"] or 0) if summary else 0,
+            "snapshots": len(table.metadata.snapshots),
+            "last_position": str(p) if (p := last_position(table)) else None,
+        })
+    if args.json:
+        print(json.dumps(out, indent=1))
+    else:
+        for t in out:
+            print(f"{t['table']}: {t['rows']} rows in {t['data_files']} files, "
+                  f"{t['snapshots']} snapshots, last position {t['last_position']}")
+    return 0

@@ -1,0 +1,372 @@
+"""The projection: committed segments → one Iceberg table per topic, exactly once.
+
+For each topic::
+
+    table ──▶ last projected position (snapshot summary, offloadd.last-position)
+    catalog (ManagedLedgerInfo) ──▶ committed segments past it
+    TierReader ──▶ entries ──▶ RowBuilder (decode) ──▶ append + summary{last position} (one commit)
+
+Exactly once: the rows and the position they end at are one atomic catalog commit (the SQL
+catalog's compare-and-set on the table's metadata location; the REST catalog's commit
+requirements). A crash before the commit leaves only unreferenced data files; after it, the next
+run starts past the recorded position. A concurrent projector of the same table loses the
+compare-and-set, reloads, and resumes from the winner's position.
+
+Maintenance (every ``compact_interval_s``): per day partition with at least
+``compact_min_files`` files smaller than ``compact_small_file_bytes``, those files are rewritten
+as one (sorted by position) in a single replace commit; snapshots older than
+``snapshot_max_age_minutes`` are expired (the current one always stays). With
+``delete_with_retention``, rows of ledgers that retention deleted from the tier are deleted from
+the table too; by default the table keeps them.
+
+Blocking pyiceberg calls run in worker threads; the tier is read with the async reader.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import fnmatch
+import logging
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa  # type: ignore[import-untyped]
+from pyiceberg.catalog import Catalog
+from pyiceberg.exceptions import CommitFailedException
+from pyiceberg.expressions import LessThan
+from pyiceberg.io.pyarrow import ArrowScan, _dataframe_to_data_files
+from pyiceberg.table import Table
+
+from offloadd import catalog as segments_catalog
+from offloadd.blobstore.base import BlobStore
+from offloadd.config import Settings
+from offloadd.errors import NotFound, OffloaddError
+from offloadd.lakehouse.rows import RowBuilder
+from offloadd.lakehouse.tables import (
+    LAST_POSITION,
+    last_position,
+    open_catalog,
+    open_table,
+    summary_properties,
+)
+from offloadd.metadata import managed_ledger
+from offloadd.metadata.base import MetadataStore
+from offloadd.model import Position, TopicName
+from offloadd.read.reader import TierReader
+
+__all__ = ["CompactReport", "Projector", "TopicReport"]
+
+log = logging.getLogger(__name__)
+_RACES = 50  # lost commit races before a topic's pass gives up (it is retried next pass)
+
+
+@dataclass
+class TopicReport:
+    topic: str
+    rows: int = 0
+    entries: int = 0
+    commits: int = 0
+    undecodable: int = 0
+    conflicts: int = 0
+    last_position: str | None = None
+    lost: list[str] = field(default_factory=list)  # ranges retention deleted before projection
+    error: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+@dataclass
+class CompactReport:
+    topic: str
+    files_rewritten: int = 0
+    files_written: int = 0
+    snapshots_expired: int = 0
+    rows_deleted_with_retention: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+class _Conflict(Exception):
+    """Another writer committed to the table first."""
+
+
+class Projector:
+    def __init__(self, settings: Settings, metadata: MetadataStore, blobstore: BlobStore, *,
+                 catalog: Catalog | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.settings = settings
+        self.metadata = metadata
+        self.reader = TierReader(metadata, blobstore,
+                                 prefetch=settings.offload.read_prefetch_blocks)
+        self._catalog = catalog
+        self._clock = clock
+        self._tables: dict[TopicName, Table] = {}
+        self._stop: asyncio.Event | None = None  # set by run(): a pass ends after its commit
+
+    # ---- catalog and tables ----------------------------------------------------------------
+    async def catalog(self) -> Catalog:
+        if self._catalog is None:
+            self._catalog = await asyncio.to_thread(open_catalog, self.settings)
+        return self._catalog
+
+    def _json_fields(self, topic: TopicName) -> dict[str, str]:
+        return dict(self.settings.lakehouse.json_fields.get(str(topic), {}))
+
+    async def _table(self, topic: TopicName, *, refresh: bool = False) -> Table:
+        table = self._tables.get(topic)
+        if table is None:
+            cat = await self.catalog()
+            table = await asyncio.to_thread(open_table, cat, topic, self._json_fields(topic))
+            self._tables[topic] = table
+        elif refresh:
+            await asyncio.to_thread(table.refresh)
+        return table
+
+    async def topics(self) -> list[TopicName]:
+        pats = self.settings.lakehouse.topics
+        out = []
+        for name in await managed_ledger.list_names(self.metadata):
+            topic = TopicName.from_managed_ledger(name)
+            if not pats or any(fnmatch.fnmatchcase(str(topic), p) for p in pats):
+                out.append(topic)
+        return out
+
+    # ---- projection ------------------------------------------------------------------------
+    async def sync(self, topics: list[TopicName] | None = None,
+                   *, max_commits: int | None = None) -> list[TopicReport]:
+        """Project every committed segment not yet in its table; one report per topic. A topic
+        that fails is reported and does not stop the others."""
+        reports = []
+        for topic in topics if topics is not None else await self.topics():
+            if self._stop is not None and self._stop.is_set():
+                break
+            try:
+                reports.append(await self.sync_topic(topic, max_commits=max_commits))
+            except Exception as exc:  # ours, or the catalog's / storage's (e.g. SQLite locked)
+                log.error("lakehouse: %s: projection failed (retried next pass): %r", topic, exc)
+                reports.append(TopicReport(str(topic), error=repr(exc)))
+        return reports
+
+    async def sync_topic(self, topic: TopicName, *,
+                         max_commits: int | None = None) -> TopicReport:
+        rep = TopicReport(str(topic))
+        for _ in range(_RACES):
+            try:
+                await self._sync_once(topic, rep, max_commits)
+                return rep
+            except _Conflict:
+                rep.conflicts += 1
+                log.info("lakehouse: %s: another writer committed first; resuming from its "
+                         "position", topic)
+                # let the winner run ahead: racing it commit for commit would only repeat
+                await asyncio.sleep(random.uniform(0.1, 0.5) * min(rep.conflicts, 4))
+                await self._table(topic, refresh=True)
+        raise OffloaddError(f"lakehouse: {topic}: lost {_RACES} commit races; is another "
+                            "projector writing the same table?")
+
+    async def _sync_once(self, topic: TopicName, rep: TopicReport,
+                         max_commits: int | None) -> None:
+        table = await self._table(topic, refresh=True)
+        last = await asyncio.to_thread(last_position, table)
+        rep.last_position = str(last) if last else None
+        try:
+            info, _ = await managed_ledger.load(self.metadata, topic.managed_ledger)
+        except NotFound:
+            return
+        segs = [s for s in segments_catalog.segments(info)
+                if s.complete and (last is None or s.end > last)]
+        if not segs:
+            return
+        if last is not None and all(li.ledgerId != last.ledger_id for li in info.ledgerInfo):
+            # the ledger of the last projected entry is gone: whatever followed in it is lost
+            rep.lost.append(f"{last.ledger_id}:{last.entry_id + 1}..end of ledger "
+                            f"{last.ledger_id}")
+        expected = _after(info, last)
+        if expected is not None and segs[0].begin > expected:
+            rep.lost.append(f"{expected}..before {segs[0].begin}")
+        for lost in rep.lost:
+            log.warning("lakehouse: %s: entries %s were deleted by retention before they were "
+                        "projected (if there were any); they are not in the table", topic, lost)
+        start = Position(last.ledger_id, last.entry_id + 1) if last is not None else None
+        limit = self.settings.lakehouse.commit_max_bytes
+        pending: list[tuple[Position, memoryview]] = []
+        size = 0
+        for seg in segs:
+            async for e in self.reader.read_segment(seg, start):
+                pending.append((e.position, e.payload))
+                size += len(e.payload)
+                if size >= limit:
+                    table = await self._commit(topic, table, pending, rep)
+                    pending, size = [], 0
+                    if max_commits is not None and rep.commits >= max_commits:
+                        return
+                    if self._stop is not None and self._stop.is_set():
+                        return
+        if pending:
+            await self._commit(topic, table, pending, rep)
+
+    async def _commit(self, topic: TopicName, table: Table,
+                      entries: list[tuple[Position, memoryview]], rep: TopicReport) -> Table:
+        def work() -> tuple[int, int]:
+            builder = RowBuilder(str(topic), table.schema(), self._json_fields(topic))
+            for pos, raw in entries:
+                builder.add(pos, raw)
+            last, undecodable = builder.last, builder.undecodable
+            assert last is not None
+            rows = builder.table()
+            try:
+                table.append(rows, snapshot_properties=summary_properties(
+                    last, **{"offloadd.entries": len(entries)}))
+            except CommitFailedException as exc:
+                raise _Conflict(str(exc)) from exc
+            return rows.num_rows, undecodable
+
+        rows, undecodable = await asyncio.to_thread(work)
+        rep.rows += rows
+        rep.entries += len(entries)
+        rep.undecodable += undecodable
+        rep.commits += 1
+        rep.last_position = str(entries[-1][0])
+        log.debug("lakehouse: %s: committed %d rows up to %s", topic, rows, entries[-1][0])
+        return table
+
+    # ---- maintenance -----------------------------------------------------------------------
+    async def maintain(self, topics: list[TopicName] | None = None) -> list[CompactReport]:
+        out = []
+        for topic in topics if topics is not None else await self.topics():
+            try:
+                table = await self._table(topic, refresh=True)
+                rep = CompactReport(str(topic))
+                if self.settings.lakehouse.delete_with_retention:
+                    await self._delete_with_retention(topic, table, rep)
+                await asyncio.to_thread(self._compact, table, rep)
+                await asyncio.to_thread(self._expire, table, rep)
+                out.append(rep)
+            except CommitFailedException as exc:
+                log.info("lakehouse: %s: maintenance lost a commit race, next time: %s", topic,
+                         exc)
+            except Exception as exc:  # ours, or the catalog's / storage's
+                log.error("lakehouse: %s: maintenance failed (retried next time): %r", topic,
+                          exc)
+        return out
+
+    def _compact(self, table: Table, rep: CompactReport) -> None:
+        lh = self.settings.lakehouse
+        table.refresh()
+        snap = table.current_snapshot()
+        if snap is None:
+            return
+        groups: dict[str, list[Any]] = {}
+        for task in table.scan().plan_files():
+            f = task.file
+            if f.file_size_in_bytes < lh.compact_small_file_bytes:
+                groups.setdefault(str(f.partition), []).append(task)
+        last = snap.summary[LAST_POSITION] if snap.summary is not None else None
+        for part, tasks in sorted(groups.items()):
+            if len(tasks) < lh.compact_min_files or last is None:
+                continue
+            scan = ArrowScan(table.metadata, table.io, table.schema(), _always_true())
+            rows = scan.to_table(tasks).sort_by(
+                [("ledger_id", "ascending"), ("entry_id", "ascending"),
+                 ("batch_index", "ascending")])
+            props = {LAST_POSITION: last, "offloadd.compacted-files": str(len(tasks))}
+            with table.transaction() as tx, \
+                    tx.update_snapshot(snapshot_properties=props).overwrite() as ow:
+                for task in tasks:
+                    ow.delete_data_file(task.file)
+                written = list(_dataframe_to_data_files(
+                    table_metadata=tx.table_metadata, write_uuid=ow.commit_uuid, df=rows,
+                    io=table.io))
+                for data_file in written:
+                    ow.append_data_file(data_file)
+            rep.files_rewritten += len(tasks)
+            rep.files_written += len(written)
+            log.info("lakehouse: %s: compacted %d small files of partition %s into %d",
+                     rep.topic, len(tasks), part, len(written))
+            table.refresh()
+
+    def _expire(self, table: Table, rep: CompactReport) -> None:
+        age = self.settings.lakehouse.snapshot_max_age_minutes * 60
+        cutoff = dt.datetime.fromtimestamp(self._clock() - age, tz=dt.UTC)
+        before = len(table.metadata.snapshots)
+        table.maintenance.expire_snapshots().older_than(cutoff).commit()
+        table.refresh()
+        rep.snapshots_expired = before - len(table.metadata.snapshots)
+
+    async def _delete_with_retention(self, topic: TopicName, table: Table,
+                                     rep: CompactReport) -> None:
+        try:
+            info, _ = await managed_ledger.load(self.metadata, topic.managed_ledger)
+        except NotFound:
+            return
+        if not len(info.ledgerInfo):
+            return
+        first = min(li.ledgerId for li in info.ledgerInfo)
+
+        def work() -> bool:
+            table.refresh()
+            snap = table.current_snapshot()
+            last = snap.summary[LAST_POSITION] if snap and snap.summary else None
+            flt = LessThan("ledger_id", first)  # type: ignore[call-arg]  # pydantic plugin
+            if last is None or not any(True for _ in table.scan(row_filter=flt).plan_files()):
+                return False
+            table.delete(flt, snapshot_properties={LAST_POSITION: last,
+                                                   "offloadd.retention-before-ledger":
+                                                   str(first)})
+            return True
+
+        rep.rows_deleted_with_retention = await asyncio.to_thread(work)
+
+    # ---- the follower ----------------------------------------------------------------------
+    async def run(self, stop: asyncio.Event) -> None:
+        """Follow the tier until ``stop``: a projection pass every ``interval_s``, maintenance
+        every ``compact_interval_s``."""
+        lh = self.settings.lakehouse
+        next_maintenance = self._clock() + lh.compact_interval_s
+        self._stop = stop
+        try:
+            while not stop.is_set():
+                try:
+                    await self.sync()
+                    if self._clock() >= next_maintenance:
+                        next_maintenance = self._clock() + lh.compact_interval_s
+                        await self.maintain()
+                except Exception:  # a pyiceberg or I/O failure must not end the follower
+                    log.exception("lakehouse: pass failed (retried in %.0fs)", lh.interval_s)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), lh.interval_s)
+        finally:
+            self._stop = None  # later passes (a final catch-up) run to the end
+
+
+def _after(info: Any, last: Position | None) -> Position | None:
+    """The position right after ``last`` among the ledgers still listed (None: unknown)."""
+    if last is None:
+        return None
+    ledgers = [(li.ledgerId, li.entries if li.HasField("entries") else None)
+               for li in info.ledgerInfo]
+    for lid, entries in ledgers:
+        if lid == last.ledger_id and (entries is None or last.entry_id + 1 < entries):
+            return Position(lid, last.entry_id + 1)
+        if lid > last.ledger_id and entries != 0:
+            return Position(lid, 0)
+    return None
+
+
+def _always_true() -> Any:
+    from pyiceberg.expressions import AlwaysTrue
+
+    return AlwaysTrue()
+
+
+def arrow_rows(table: Table) -> pa.Table:
+    """Every row of ``table`` in log order (tests and tools)."""
+    return table.scan().to_arrow().sort_by(
+        [("ledger_id", "ascending"), ("entry_id", "ascending"), ("batch_index", "ascending")])

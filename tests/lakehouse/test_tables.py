@@ -1,0 +1,48 @@
+"""Catalog and warehouse properties follow the configuration (no service needed)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from offloadd import config
+from offloadd.errors import ConfigError
+from offloadd.lakehouse.tables import catalog_properties, open_catalog, warehouse_location
+
+
+def test_default_is_a_sqlite_catalog_with_the_warehouse_beside_it(tmp_path: Path) -> None:
+    s = config.load(None, lakehouse__path=str(tmp_path / "lh"))
+    props = catalog_properties(s)
+    assert props["type"] == "sql"
+    assert props["uri"] == f"sqlite:///{tmp_path / 'lh' / 'catalog.db'}"
+    assert props["warehouse"] == (tmp_path / "lh" / "warehouse").as_uri()
+
+
+def test_s3_warehouse_uses_the_tiers_endpoint_and_credentials(tmp_path: Path) -> None:
+    s = config.load(None, blobstore__driver="aws-s3", blobstore__bucket="b",
+                    blobstore__prefix="p/q/", blobstore__endpoint="http://127.0.0.1:9",
+                    blobstore__access_key_id="AK", blobstore__secret_access_key="SK",
+                    lakehouse__path=str(tmp_path))
+    props = catalog_properties(s)
+    assert warehouse_location(s) == props["warehouse"] == "s3://b/p/q/lakehouse"
+    assert (props["s3.endpoint"], props["s3.access-key-id"], props["s3.secret-access-key"]) == (
+        "http://127.0.0.1:9", "AK", "SK")
+
+
+def test_rest_catalog_by_configuration() -> None:
+    s = config.load(None, lakehouse__catalog="rest", lakehouse__catalog_uri="http://cat:8181",
+                    lakehouse__rest_token="tok", lakehouse__warehouse="s3://w/h")
+    props = catalog_properties(s)
+    assert (props["type"], props["uri"], props["token"], props["warehouse"]) == (
+        "rest", "http://cat:8181", "tok", "s3://w/h")
+    assert "tok" in config.secret_values(s)  # redacted from logs like every secret
+    with pytest.raises(ConfigError, match="needs catalog_uri"):
+        catalog_properties(config.load(None, lakehouse__catalog="rest"))
+
+
+def test_read_only_commands_do_not_create_a_catalog(tmp_path: Path) -> None:
+    s = config.load(None, lakehouse__path=str(tmp_path / "none"))
+    with pytest.raises(ConfigError, match="nothing was projected yet"):
+        open_catalog(s, create=False)
+    assert not (tmp_path / "none").exists()
