@@ -142,6 +142,13 @@ class BlobstoreSettings(_Section):
     max_pool_connections: int = Field(32, ge=1)
     connect_timeout_s: float = Field(10.0, gt=0)
     read_timeout_s: float = Field(60.0, gt=0)
+    request_timeout_s: float = Field(
+        30.0, gt=0, description="deadline of one store operation, all retries and waits "
+        "included (also an endpoint that never answers Expect: 100-continue); /readyz turns "
+        "503 within twice this when the store stops answering (docs/s3.md)")
+    min_transfer_rate_bytes_per_s: float = Field(
+        1048576.0, gt=0, description="an operation that moves N bytes gets N / this more "
+        "seconds on top of request_timeout_s (large blocks over slow links)")
     max_attempts: int = Field(8, ge=1)
     read_endpoints: tuple[ReadEndpointSettings, ...] = Field(
         (), description="replicated read endpoints [{url, zone}], tried local zone first")
@@ -257,6 +264,11 @@ class DaemonSettings(_Section):
     offload_now_topics: tuple[str, ...] = Field(
         (), description="topic patterns (fnmatch) SIGUSR1 closes when `offloadd offload-now` "
         "names none; empty = all topics")
+    lag_interval_s: float = Field(2.0, gt=0, le=60, description="how often each topic's lag "
+                                  "(committed position to the source's LAC) is measured")
+    status_interval_s: float = Field(30.0, gt=0, description="a topic's offload status record "
+                                     "in the metadata store is written on every state change "
+                                     "and otherwise at most this often")
 
 
 class Settings(BaseSettings):
