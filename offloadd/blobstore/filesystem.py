@@ -222,7 +222,7 @@ class FilesystemBlobStore:
             try:
                 result = await asyncio.wait_for(asyncio.shield(future), budget)
             except TimeoutError:
-                health.record_failure()
+                health.record_stall()
                 said = (f"{what}: no answer from the filesystem within {budget:.1f}s (deadline: "
                         "[blobstore] request_timeout_s); the disk or mount may be hung")
                 log.warning("%s", said)

@@ -29,13 +29,14 @@ RECOVERING lets writers through; their outcomes (and further probes) decide the 
 Stalls. A store that hangs instead of failing (accepts connections, answers nothing) produces
 no failure until each request's own deadline passes, and a light load may never add up to
 ``min_samples`` of them. So the driver also tells the component when each request starts and
-ends (:meth:`~StoreHealth.request_started` / :meth:`~StoreHealth.request_finished`) and whether
-a failure was an answer (an HTTP error) or silence (a reset, a timeout). While not PAUSED, the
-prober doubles as a watchdog: once a request has waited ``stall_after_s`` and nothing at all was
-answered for ``stall_after_s``, it sends one probe, and if that is not answered either (the
-driver bounds it by the same request deadline) the circuit trips at once. With
-``stall_after_s`` equal to the driver's request deadline, a frozen store with work waiting
-trips the circuit within two deadlines of the moment it stopped answering.
+ends (:meth:`~StoreHealth.request_started` / :meth:`~StoreHealth.request_finished`), whether
+a failure was an answer (an HTTP error) or silence (a reset, a timeout), and every missed
+deadline (:meth:`~StoreHealth.record_stall`). While not PAUSED, the prober doubles as a
+watchdog: once nothing at all was answered for ``stall_after_s`` while a request waited that
+long or missed its deadline, it sends one probe, and if that is not answered either (the driver
+bounds it by the same request deadline) the circuit trips at once. With ``stall_after_s`` equal
+to the driver's request deadline, a frozen store with work under way trips the circuit within
+two deadlines of the moment it stopped answering.
 
 Refusals. A definite answer that says the store will not do this for us (no such bucket,
 access denied, bad credentials...) proves the store is up, so it counts as a success for the
@@ -134,6 +135,7 @@ class StoreHealth:
         self._since = clock()
         self._last_probe = self._since
         self._last_answer = self._since  # clock() when the store last answered anything
+        self._last_stall = float("-inf")  # clock() of the last missed deadline
         self._outstanding: dict[int, float] = {}  # request ticket -> clock() at its start
         self._tickets = 0
         self._refused: dict[str, tuple[str, float]] = {}  # op -> (reason, wall time)
@@ -163,6 +165,14 @@ class StoreHealth:
         otherwise it was silence (a reset, a timeout, a missed deadline)."""
         if answered:
             self._last_answer = self._clock()
+        self._record(False)
+
+    def record_stall(self) -> None:
+        """A request missed its deadline without an answer: a failure, and evidence for the
+        stall watchdog even though the request no longer waits."""
+        now = self._clock()
+        self._last_stall = now
+        self._nudge.set()
         self._record(False)
 
     def record_refused(self, op: str, reason: str) -> None:
@@ -298,14 +308,18 @@ class StoreHealth:
         return max(0.0, self._clock() - self._last_answer)
 
     def stall_check_in(self) -> float:
-        """Seconds until the watchdog's condition could hold (0: it holds now): a request has
-        waited ``stall_after_s`` and nothing was answered for as long. ``inf``: no request is
-        waiting, or there is no watchdog."""
+        """Seconds until the watchdog's condition could hold (0: it holds now): nothing was
+        answered for ``stall_after_s``, and a request has waited as long or one missed its
+        deadline in that silence. ``inf``: neither, or there is no watchdog."""
         after = self.policy.stall_after_s
-        if after is None or not self._outstanding:
+        if after is None:
             return float("inf")
-        oldest = min(self._outstanding.values())
-        return max(0.0, max(oldest, self._last_answer) + after - self._clock())
+        due = float("inf")
+        if self._outstanding:
+            due = max(min(self._outstanding.values()), self._last_answer) + after
+        if self._last_stall > self._last_answer:
+            due = min(due, self._last_answer + after)
+        return max(0.0, due - self._clock()) if due != float("inf") else due
 
     def refusal(self) -> tuple[str, str, float] | None:
         """The latest refusal still standing: (operation, reason, wall time), or None."""

@@ -617,7 +617,7 @@ class S3BlobStore:
                     err = _translate(exc, op, self._where(key))
                     err.__cause__ = exc
                 elif ep.primary:
-                    self._health.record_failure()  # silence: the worst kind of failure
+                    self._health.record_stall()  # silence: the worst kind of failure
                     raise missed("no answer before the deadline") from None
                 else:
                     err = Retriable(f"S3 {op} {self._where(key)}: read endpoint {ep.url} did "
