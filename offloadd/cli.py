@@ -79,8 +79,11 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--rate", type=_positive_float, help="total bytes/s")
     sp.add_argument("--entry-size", type=_positive_int, default=1024)
 
-    sp = cmd("status", "per topic: segments by state, lag, last offloaded position")
+    sp = cmd("status", "per topic: failing or not, last error, lag, segments by state; "
+             "exit 0 all well, 1 a topic is failing, 3 data was lost to retention")
     sp.add_argument("--json", action="store_true")
+    sp.add_argument("--topic", type=_topic, action="append",
+                    help="only this topic (repeatable), e.g. persistent://public/default/orders")
 
     sp = cmd("read", "print offloaded entries: ledger:entry<TAB>base64 per line")
     sp.add_argument("--topic", type=_topic, required=True)
@@ -247,18 +250,18 @@ def _cmd_produce(args: argparse.Namespace) -> int:
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
-    from offloadd.status import collect, render_text
+    from offloadd.status import collect, exit_code, render_text
 
     settings = _settings(args)
     _setup_logs(settings)
 
     async def go() -> int:
-        st = await collect(settings)
+        st = await collect(settings, args.topic)
         if args.json:
             print(json.dumps(st, indent=2))
         else:
             print(render_text(st))
-        return 0
+        return exit_code(st)
 
     return _run(go())
 

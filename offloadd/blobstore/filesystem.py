@@ -220,7 +220,8 @@ class FilesystemBlobStore:
         try:
             future = loop.run_in_executor(self._workers, fn, *args)
             try:
-                result = await asyncio.wait_for(asyncio.shield(future), budget)
+                async with asyncio.timeout(budget):
+                    result = await asyncio.shield(future)
             except TimeoutError:
                 health.record_stall()
                 said = (f"{what}: no answer from the filesystem within {budget:.1f}s (deadline: "
@@ -248,7 +249,8 @@ class FilesystemBlobStore:
         loop = asyncio.get_running_loop()
         future = loop.run_in_executor(self._workers, os.stat, self.root)
         try:
-            await asyncio.wait_for(asyncio.shield(future), self.request_timeout_s)
+            async with asyncio.timeout(self.request_timeout_s):
+                await asyncio.shield(future)
         except FileNotFoundError:
             return  # a root not made yet: the filesystem answered
         except (OSError, TimeoutError) as e:

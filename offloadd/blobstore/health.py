@@ -353,7 +353,8 @@ class StoreHealth:
             return
         timeout = self.policy.pause_timeout_s if timeout_s is None else timeout_s
         try:
-            await asyncio.wait_for(self._writable.wait(), max(0.0, timeout))
+            async with asyncio.timeout(max(0.0, timeout)):  # (not wait_for: see recorder.py)
+                await self._writable.wait()
         except TimeoutError:
             raise Retriable(
                 f"store unavailable: writes paused since its error rate reached "
