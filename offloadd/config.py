@@ -141,7 +141,7 @@ class BlobstoreSettings(_Section):
     ca_bundle: str | None = None
     max_pool_connections: int = Field(32, ge=1)
     connect_timeout_s: float = Field(10.0, gt=0)
-    read_timeout_s: float = Field(60.0, gt=0)
+    read_timeout_s: float = Field(20.0, gt=0)
     request_timeout_s: float = Field(
         30.0, gt=0, description="deadline of one store operation, all retries and waits "
         "included (also an endpoint that never answers Expect: 100-continue); /readyz turns "
@@ -652,8 +652,10 @@ _DOCS: dict[str, str] = {
     "blobstore.verify_tls": "check the endpoint's TLS certificate",
     "blobstore.ca_bundle": "PEM file of CAs to trust for the endpoint",
     "blobstore.max_pool_connections": "HTTP connections kept per endpoint",
-    "blobstore.connect_timeout_s": "per request",
-    "blobstore.read_timeout_s": "per request",
+    "blobstore.connect_timeout_s": "per attempt: connecting",
+    "blobstore.read_timeout_s": "per attempt: the longest wait for the next bytes of an "
+                                "answer, then the attempt is retried on a fresh connection "
+                                "(keep it below request_timeout_s)",
     "blobstore.max_attempts": "tries per request before the error reaches the offloader",
     "offload.mode": "streaming segments (PIP-76) or whole ledgers (PIP-17)",
     "offload.max_size_per_segment_mbytes": "a streaming segment closes at this size",

@@ -140,7 +140,7 @@ class S3Options:
     ca_bundle: str | None = None
     max_pool_connections: int = 32
     connect_timeout_s: float = 10.0
-    read_timeout_s: float = 60.0
+    read_timeout_s: float = 20.0  # per attempt; below request_timeout_s so a retry fits
     request_timeout_s: float = 30.0  # overall deadline of one operation, retries included...
     min_transfer_rate_bytes_per_s: float = 1024 * 1024  # ...plus its bytes at this rate
     parts_in_flight: int = 4  # not used here: the uploader reads it
@@ -575,10 +575,10 @@ class S3BlobStore:
         tries = 0
         last: OffloaddError | None = None
 
-        def missed(why: str) -> Retriable:
+        def missed(why: str, level: int = logging.WARNING) -> Retriable:
             said = (f"S3 {op} {self._where(key)}: {why} (deadline {budget:.1f}s: [blobstore] "
                     "request_timeout_s)" + (f"; last error: {last}" if last is not None else ""))
-            log.warning("%s", said)
+            log.log(level, "%s", said)
             return Retriable(said)
 
         while True:
@@ -590,7 +590,9 @@ class S3BlobStore:
                         min(paused_until, deadline) - loop.time())
                 except Retriable:
                     if loop.time() >= deadline - 1e-3:
-                        raise missed("the store's circuit was still open at the deadline") from None
+                        # the circuit's own WARNING said why already: no line per operation
+                        raise missed("the store's circuit was still open at the deadline",
+                                     logging.DEBUG) from None
                     raise
             if tries and already_done is not None:
                 try:
@@ -670,7 +672,7 @@ class S3BlobStore:
                     raise Retriable(f"{err} (gave up after {attempts} attempts)") from err
             delay = self._backoff(max(attempts, 1))
             if loop.time() + delay >= deadline:
-                raise missed("still failing at the deadline") from err
+                raise missed("still failing, and another try would pass the deadline") from err
             log.debug("retrying %s %s in %.2fs: %s", op, self._where(key), delay, err)
             await asyncio.sleep(delay)
 

@@ -280,25 +280,34 @@ def test_status_tells_the_truth_about_a_failing_topic_and_remembers_it(
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(240)
-def test_a_42_second_freeze_with_default_deadlines_is_logged_and_opens_the_circuit(
+@pytest.mark.timeout(300)
+def test_a_42_second_freeze_with_default_deadlines_is_logged_and_counted(
         tmp_path: Path, s3_bucket: MotoBucket, proxy: FaultProxy) -> None:
-    """The issue's own case: defaults (request_timeout_s = 30) and a 42 s freeze."""
+    """The issue's own case: default deadlines (request_timeout_s = 30) and a 42 s freeze,
+    which used to leave no trace at all. Now a WARNING names the stalled request and the
+    topic's failing attempts count before the freeze ends; afterwards all is well again.
+    (The circuit needs up to 2 × 30 s to open: within a 42 s freeze it may or may not.)"""
     port = free_port()
     cfg = s3_config(tmp_path, proxy.url, s3_bucket.name, BODY, metrics_port=port)
     d = DaemonProcess(tmp_path, cfg)
-    writer = produce(tmp_path, cfg, "--topic", TOPIC, "--duration", "80", "--rate", "30000")
+    writer = produce(tmp_path, cfg, "--topic", TOPIC, "--duration", "60", "--rate", "30000")
     try:
         d.wait_logged("offloadd ready", 30)
         wait_for(lambda: bool(live_topic(port, TOPIC).get("last_committed")), 45, "a commit")
         proxy.freeze("silent", seconds=42)
         frozen_at = time.monotonic()
-        wait_for(lambda: get(port, "/readyz")[0] == 503, 70, "/readyz to turn 503")
-        assert time.monotonic() - frozen_at < 42 + 2
-        assert any("deadline" in w for w in warnings(d))
-        wait_for(lambda: get(port, "/readyz")[0] == 200, 60, "/readyz to recover")
+        wait_for(lambda: any("deadline" in w for w in warnings(d)), 41, "a WARNING")
+        wait_for(lambda: (live_topic(port, TOPIC).get("failed_attempts") or 0) > 0,
+                 42 - (time.monotonic() - frozen_at), "a failed attempt during the freeze")
+        assert proxy.frozen
+        wait_for(lambda: not proxy.frozen, 30, "the end of the freeze")
+        assert writer.wait(60) == 0
+        wait_for(lambda: get(port, "/readyz")[0] == 200 and
+                 (live_topic(port, TOPIC).get("lag") or {}).get("entries") == 0, 90,
+                 "recovery and the backlog committed")
     finally:
-        writer.kill()
-        writer.wait(10)
+        if writer.poll() is None:
+            writer.kill()
+            writer.wait(10)
         proxy.thaw(release="reset")
         assert d.stop() == 0, d.log_path.read_text()[-4000:]
