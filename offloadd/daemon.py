@@ -23,12 +23,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from offloadd import catalog
 from offloadd.blobstore.base import BlobStore
 from offloadd.blobstore.health import StoreHealth
 from offloadd.config import Settings
 from offloadd.errors import OffloaddError
 from offloadd.ledger.base import LedgerSource
-from offloadd.metadata import offload_status
+from offloadd.metadata import managed_ledger, offload_status
 from offloadd.metadata.base import MetadataStore
 from offloadd.metrics import Metrics
 from offloadd.model import LedgerDesc, TopicName
@@ -295,7 +296,16 @@ class Daemon:
                     ledgers = self._ledgers_seen.get(topic, [])
                     if not ledgers:
                         return
-                lag = await self.lag_monitor.sample(topic, ledgers, off.last_committed)
+                committed = off.last_committed
+                if not off.recovered:  # recovery may be stuck on the store: ask the catalog
+                    try:
+                        info, _ = await managed_ledger.load(self.metadata, topic.managed_ledger)
+                    except OffloaddError as exc:
+                        log.debug("lag of %s: catalog unreadable (%s)", topic, exc)
+                        return
+                    done = [seg for seg in catalog.segments(info) if seg.complete]
+                    committed = done[-1].end if done else None
+                lag = await self.lag_monitor.sample(topic, ledgers, committed)
                 off.lag = lag
                 off.probe.lag(lag.entries, lag.bytes, lag.seconds)
 
@@ -304,8 +314,7 @@ class Daemon:
             for gone in set(self._ledgers_seen) - set(self.topics):
                 del self._ledgers_seen[gone]
                 self.lag_monitor.forget(gone)
-            running = [(t, r.offloader) for t, r in self.topics.items()
-                       if r.offloader.recovered and not r.task.done()]
+            running = [(t, r.offloader) for t, r in self.topics.items() if not r.task.done()]
             if running:
                 results = await asyncio.gather(*(one(t, off) for t, off in running),
                                                return_exceptions=True)

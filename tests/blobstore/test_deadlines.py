@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import socket
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -101,6 +102,62 @@ OPS: list[tuple[str, str, Op]] = [
     ("DeleteObject", "warm", _delete),
     ("ListObjectsV2", "", _list),
 ]
+
+
+class TestTheFreezingProxy:
+    """The fixture itself: what a client on a raw socket sees of each freeze mode."""
+
+    @staticmethod
+    def _put_with_expect(proxy: FaultProxy) -> socket.socket:
+        sock = socket.create_connection(("127.0.0.1", proxy.port), timeout=5)
+        sock.sendall(b"PUT /bucket/key HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\n"
+                     b"Expect: 100-continue\r\n\r\n")
+        return sock
+
+    @staticmethod
+    def _silent_for(sock: socket.socket, seconds: float) -> bool:
+        """Nothing at all (no byte, no close) arrives for ``seconds``."""
+        sock.settimeout(seconds)
+        try:
+            sock.recv(100)
+        except TimeoutError:
+            return True
+        return False
+
+    def test_silent_never_answers_100_continue(self, proxy: FaultProxy) -> None:
+        proxy.freeze("silent")
+        with self._put_with_expect(proxy) as sock:
+            assert self._silent_for(sock, 1.0)
+            assert proxy.held == 1 and proxy.injected["freeze"] == 1
+
+    def test_body_answers_100_continue_then_nothing(self, proxy: FaultProxy) -> None:
+        proxy.freeze("body")
+        with self._put_with_expect(proxy) as sock:
+            assert sock.recv(100).startswith(b"HTTP/1.1 100 Continue")
+            sock.sendall(b"data")
+            assert self._silent_for(sock, 1.0)
+
+    def test_a_timed_freeze_ends_by_itself_and_serves_what_it_held(
+            self, proxy: FaultProxy, s3_bucket: MotoBucket) -> None:
+        proxy.freeze("silent", seconds=1.0)
+        with socket.create_connection(("127.0.0.1", proxy.port), timeout=10) as sock:
+            sock.sendall(f"HEAD /{s3_bucket.name} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+            t0 = time.monotonic()
+            answer = sock.recv(100)
+            assert answer.startswith(b"HTTP/1.1 ") and time.monotonic() - t0 >= 0.5
+        assert not proxy.frozen
+
+    def test_thaw_with_reset_drops_held_connections(self, proxy: FaultProxy) -> None:
+        proxy.freeze("silent")
+        with self._put_with_expect(proxy) as sock:
+            t0 = time.monotonic()
+            while proxy.held == 0:
+                assert time.monotonic() - t0 < 5
+                time.sleep(0.01)
+            proxy.thaw(release="reset")
+            sock.settimeout(5)
+            with pytest.raises(ConnectionResetError):
+                sock.recv(100)
 
 
 class TestS3:

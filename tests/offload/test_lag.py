@@ -207,3 +207,66 @@ class TestMonitorWithATopicTask:
             hang.set()
             await asyncio.wait_for(task, 10)
             await store.close()
+
+
+class TestDaemonLagLoop:
+    """The daemon's own loop reports lag for a topic whose recovery is stuck on the store."""
+
+    async def test_lag_is_reported_while_recovery_redoes_a_segment_on_a_hung_store(
+            self, tmp_path: Path) -> None:
+        from offloadd.config import Settings
+        from offloadd.daemon import Daemon
+        from offloadd.metrics import Metrics
+
+        hang = asyncio.Event()
+
+        async def hold() -> None:
+            await hang.wait()
+
+        hung_ops = {"complete"}  # first the completion hangs, later the parts too
+
+        def fault(op: str, key: str) -> object:
+            return hold() if op in hung_ops else None
+
+        md = MemoryMetadataStore()
+        store = LocalLedgerStore(tmp_path / "ledgers", md, RolloverPolicy(max_entries=50))
+        blob = MemoryBlobStore(fault)
+        for _ in range(80):
+            await store.writer.append(TOPIC, [b"y" * 200])
+        # a first owner assigns a segment and dies while completing it: an ASSIGNED record
+        env = OffloadEnv(source=store.source, metadata=md, blobstore=blob,
+                         buffer=OffloadBuffer(8 << 20), retry_base_s=0.01, retry_max_s=0.05,
+                         idle_poll_s=0.05)
+        first = TopicOffloader(TOPIC, env, lambda: TopicPolicy(RollPolicy(4 * KiB, 600, KiB)),
+                               NoFence())
+        task = asyncio.create_task(first.run())
+        async with asyncio.timeout(20):
+            while first.segment_state is None or first.segment_state.value != "assigned":
+                await asyncio.sleep(0.02)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        hung_ops.add("put_part")
+
+        settings = Settings(metrics={"enabled": False},
+                            daemon={"lag_interval_s": 0.1, "status_interval_s": 0.2})
+        metrics = Metrics()
+        daemon = Daemon(settings, source=store.source, metadata=md, blobstore=blob,
+                        probe_factory=lambda t: metrics.topic(t.ns, str(t)), metrics=metrics)
+        running = asyncio.create_task(daemon.run(install_signals=False))
+        try:
+            async with asyncio.timeout(20):
+                while TOPIC not in daemon.topics or daemon.topics[TOPIC].offloader.lag is None:
+                    await asyncio.sleep(0.05)
+            off = daemon.topics[TOPIC].offloader
+            assert not off.recovered  # still redoing the assigned segment on the hung store
+            lag = off.lag
+            assert lag is not None and (lag.entries, lag.bytes) == (80, 16_000)
+            scraped = {s.name: s.value for fam in metrics.registry.collect()
+                       for s in fam.samples if s.labels.get("topic") == str(TOPIC)}
+            assert scraped["offloadd_lag_entries"] == 80
+            assert scraped["offloadd_lag_bytes"] == 16_000
+        finally:
+            hang.set()
+            daemon.request_stop()
+            await asyncio.wait_for(running, 30)
+            await store.close()
