@@ -110,7 +110,7 @@ class _Workers(concurrent.futures.Executor):
         future: concurrent.futures.Future[T] = concurrent.futures.Future()
         with self._lock:
             if self._closed:
-                raise RuntimeError("the store's workers are shut down")
+                raise Fatal("the filesystem store is closed")
             self._unfinished += 1
             if self._unfinished > self._threads and self._threads < self._size:
                 self._threads += 1

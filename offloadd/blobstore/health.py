@@ -382,13 +382,17 @@ class StoreHealth:
                     continue
                 stalled = self.stall_check_in() == 0
                 silent, waiting = self.silent_for(), self.waiting
+                missed = self._last_stall > self._last_answer
+                asked = self._clock()
                 ok = await self._try(probe)
-                if stalled and not ok and not self._paused():  # (it may have tripped meanwhile)
+                # trip only if nothing at all answered meanwhile, and not tripped already
+                if stalled and not ok and self._last_answer < asked and not self._paused():
                     self._record(False)
                     self._transition(
                         HealthState.PAUSED, self._clock(),
-                        f"answered nothing for {silent:.1f}s while {waiting} request(s) waited, "
-                        "and a probe got no answer either (stalled)")
+                        f"answered nothing for {silent:.1f}s ({waiting} request(s) waiting"
+                        f"{', a deadline missed' if missed else ''}) and a probe got no answer "
+                        "either (stalled)")
                     continue
                 self.record_probe(ok)
                 continue
