@@ -168,14 +168,19 @@ def build_parser() -> argparse.ArgumentParser:
                     help="payload bytes per entry (default 1024)")
     _payload_args(sp, default_compression="none")
 
-    sp = cmd("status", "per topic: segments by state, lag, last offloaded position",
+    sp = cmd("status", "per topic: failing or not, last error, lag, segments by state",
              "  offloadd status --config /etc/offloadd/offloadd.toml\n"
+             "  offloadd status --topic persistent://public/default/orders\n"
              "  offloadd status --json | jq '.topics[] | {topic, lag}'\n",
-             description="Per topic: segments by state, lag, last offloaded position, owner. "
-             "Reads the metadata store (read-only; it must exist) and the running daemon's "
-             "/status when it answers.")
+             description="Per topic: failing or not and the last error, lag (entries, bytes, "
+             "seconds), segments by state, last offloaded position, owner. Reads the metadata "
+             "store (read-only; it must exist) and the running daemon's /status when it "
+             "answers. Exit 0 when all is well, 1 when a topic is failing, 3 when data was "
+             "lost to retention.")
     sp.add_argument("--json", action="store_true",
                     help="one JSON document on stdout instead of text (for scripts)")
+    sp.add_argument("--topic", type=_topic, action="append", metavar="TOPIC",
+                    help="only this topic (repeatable), e.g. persistent://public/default/orders")
 
     sp = cmd("read", "print offloaded entries: LEDGER:ENTRY<TAB>base64 per line",
              "  offloadd read --topic persistent://public/default/orders --count 5\n"
@@ -412,18 +417,18 @@ def _cmd_produce(args: argparse.Namespace) -> int:
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
-    from offloadd.status import collect, render_text
+    from offloadd.status import collect, exit_code, render_text
 
     settings = _settings(args)
     _setup_logs(settings, args)
 
     async def go() -> int:
-        st = await collect(settings)
+        st = await collect(settings, args.topic)
         if args.json:
             print(json.dumps(st, indent=2))
         else:
             print(render_text(st))
-        return 0
+        return exit_code(st)
 
     return _run(go())
 

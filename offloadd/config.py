@@ -159,7 +159,14 @@ class BlobstoreSettings(_Section):
     ca_bundle: str | None = None
     max_pool_connections: int = Field(32, ge=1)
     connect_timeout_s: float = Field(10.0, gt=0)
-    read_timeout_s: float = Field(60.0, gt=0)
+    read_timeout_s: float = Field(20.0, gt=0)
+    request_timeout_s: float = Field(
+        30.0, gt=0, description="deadline of one store operation, all retries and waits "
+        "included (also an endpoint that never answers Expect: 100-continue); /readyz turns "
+        "503 within twice this when the store stops answering (docs/s3.md)")
+    min_transfer_rate_bytes_per_s: float = Field(
+        1048576.0, gt=0, description="an operation that moves N bytes gets N / this more "
+        "seconds on top of request_timeout_s (large blocks over slow links)")
     max_attempts: int = Field(8, ge=1)
     min_part_size_bytes: int = Field(
         S3_MIN_PART_SIZE, ge=0,
@@ -360,6 +367,11 @@ class DaemonSettings(_Section):
     offload_now_topics: tuple[str, ...] = Field(
         (), description="topic patterns (fnmatch) SIGUSR1 closes when `offloadd offload-now` "
         "names none; empty = all topics")
+    lag_interval_s: float = Field(2.0, gt=0, le=60, description="how often each topic's lag "
+                                  "(committed position to the source's LAC) is measured")
+    status_interval_s: float = Field(30.0, gt=0, description="a topic's offload status record "
+                                     "in the metadata store is written on every state change "
+                                     "and otherwise at most this often")
 
 
 class Settings(BaseSettings):
@@ -831,8 +843,10 @@ _DOCS: dict[str, str] = {
     "blobstore.verify_tls": "check the endpoint's TLS certificate",
     "blobstore.ca_bundle": "PEM file of CAs to trust for the endpoint",
     "blobstore.max_pool_connections": "HTTP connections kept per endpoint",
-    "blobstore.connect_timeout_s": "per request",
-    "blobstore.read_timeout_s": "per request",
+    "blobstore.connect_timeout_s": "per attempt: connecting",
+    "blobstore.read_timeout_s": "per attempt: the longest wait for the next bytes of an "
+                                "answer, then the attempt is retried on a fresh connection "
+                                "(keep it below request_timeout_s)",
     "blobstore.max_attempts": "tries per request before the error reaches the offloader",
     "offload.mode": "streaming segments (PIP-76) or whole ledgers (PIP-17)",
     "offload.max_size_per_segment_mbytes": "a streaming segment closes at this size",

@@ -25,17 +25,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from offloadd import logs
+from offloadd import catalog, logs
 from offloadd.blobstore.base import BlobStore
+from offloadd.blobstore.health import StoreHealth
 from offloadd.config import Settings
 from offloadd.errors import OffloaddError
 from offloadd.ledger.base import LedgerSource
 from offloadd.ledger.metered import MeteredSource, SourceReadProbe
+from offloadd.metadata import managed_ledger, offload_status
 from offloadd.metadata.base import MetadataStore
 from offloadd.metrics import Metrics
 from offloadd.model import LedgerDesc, Position, TopicName
 from offloadd.offload.buffer import OffloadBuffer
 from offloadd.offload.commit import Fence, NoFence
+from offloadd.offload.lag import LagMonitor
+from offloadd.offload.recorder import StatusRecorder
 from offloadd.offload.roller import RollPolicy
 from offloadd.offload.threshold import TailLog, Thresholds
 from offloadd.offload.throttle import Throttle
@@ -129,6 +133,8 @@ def _tail(ledgers: Sequence[LedgerDesc]) -> Position | None:
 class _Running:
     task: asyncio.Task[None]
     offloader: TopicOffloader
+    recorder: StatusRecorder | None = None
+    lost: bool = False  # ownership ended under it: the status record is the successor's
 
 
 ProbeFactory = Callable[[TopicName], TopicProbe]
@@ -172,6 +178,8 @@ class Daemon:
         self._discovery_interval = discovery_interval_s
         self._bg: set[asyncio.Future[None]] = set()  # releases still running
         self.ready = False
+        self.lag_monitor = LagMonitor(source)
+        self._ledgers_seen: dict[TopicName, list[LedgerDesc]] = {}
         self._on_stopping: Callable[[], None] | None = None
         self._reloading: asyncio.Task[None] | None = None
 
@@ -356,6 +364,7 @@ class Daemon:
         self.state = DaemonState.RUNNING
         gc_task = asyncio.create_task(self._gc_loop(), name="gc")
         check_task = asyncio.create_task(self._read_check_loop(), name="read check")
+        lag_task = asyncio.create_task(self._lag_loop(), name="lag")
         try:
             first = True
             while not self._stop.is_set():
@@ -381,6 +390,8 @@ class Daemon:
         finally:
             gc_task.cancel()
             check_task.cancel()
+            lag_task.cancel()
+            await asyncio.gather(lag_task, check_task, return_exceptions=True)
             for sig in installed:
                 loop.remove_signal_handler(sig)
             self.state = DaemonState.STOPPED
@@ -430,6 +441,51 @@ class Daemon:
                     log.debug("topic %s: segment %s reads back", topic, seg.uid)
             for gone in set(checked) - set(self.topics):
                 del checked[gone]
+
+    async def _lag_loop(self) -> None:
+        """Every ``[daemon] lag_interval_s``: each running topic's lag, from its last committed
+        position to the source's LAC (offload/lag.py). Independent of the topic tasks, so the
+        figures keep moving while uploads fail or the store hangs."""
+        limit = asyncio.Semaphore(16)  # source calls in flight at once
+
+        async def one(topic: TopicName, off: TopicOffloader) -> None:
+            async with limit:
+                interval = self.settings.daemon.lag_interval_s
+                try:
+                    async with asyncio.timeout(max(interval * 5, 10.0)):
+                        ledgers = await self.source.ledgers(topic)
+                    self._ledgers_seen[topic] = ledgers
+                except (OffloaddError, TimeoutError) as exc:
+                    # the last list we had still gives growing seconds: better than a freeze
+                    log.debug("lag of %s: source unavailable (%s)", topic, exc)
+                    ledgers = self._ledgers_seen.get(topic, [])
+                    if not ledgers:
+                        return
+                committed = off.last_committed
+                if not off.recovered:  # recovery may be stuck on the store: ask the catalog
+                    try:
+                        info, _ = await managed_ledger.load(self.metadata, topic.managed_ledger)
+                    except OffloaddError as exc:
+                        log.debug("lag of %s: catalog unreadable (%s)", topic, exc)
+                        return
+                    done = [seg for seg in catalog.segments(info) if seg.complete]
+                    committed = done[-1].end if done else None
+                lag = await self.lag_monitor.sample(topic, ledgers, committed)
+                off.lag = lag
+                off.probe.lag(lag.entries, lag.bytes, lag.seconds)
+
+        while True:
+            await asyncio.sleep(self.settings.daemon.lag_interval_s)
+            for gone in set(self._ledgers_seen) - set(self.topics):
+                del self._ledgers_seen[gone]
+                self.lag_monitor.forget(gone)
+            running = [(t, r.offloader) for t, r in self.topics.items() if not r.task.done()]
+            if running:
+                results = await asyncio.gather(*(one(t, off) for t, off in running),
+                                               return_exceptions=True)
+                for (topic, _), res in zip(running, results, strict=True):
+                    if isinstance(res, Exception):  # a bug must not stop the figures for good
+                        log.error("lag of %s not measured: %r", topic, res)
 
     def _signal_trigger(self, trigger_file: Path | None) -> None:
         """SIGUSR1: all topics, or those ``offloadd offload-now --topic`` wrote down."""
@@ -488,6 +544,7 @@ class Daemon:
             if r is None or r.task.done():
                 continue
             if how is Revoke.LOST:
+                r.lost = True
                 if not r.task.cancelling():
                     log.warning("topic %s: ownership lost; stopping now, committing nothing",
                                 topic)
@@ -505,12 +562,38 @@ class Daemon:
             if fence is None:
                 continue
             probe = self._probe_factory(topic) if self._probe_factory else None
-            off = TopicOffloader(topic, self.env, self._policy_fn(topic), fence, probe)
+            recorder = await self._recorder(topic, fence)
+            off = TopicOffloader(topic, self.env, self._policy_fn(topic), fence, probe,
+                                 status=recorder)
             # every line the task logs carries its topic as a field (offloadd.logs)
             task = asyncio.create_task(off.run(), name=f"offload {topic}",
                                        context=logs.context_with(topic=str(topic)))
-            self.topics[topic] = _Running(task, off)
+            self.topics[topic] = _Running(task, off, recorder)
             log.info("offloading topic %s", topic)
+
+    async def _recorder(self, topic: TopicName, fence: Fence) -> StatusRecorder:
+        """The topic's persisted offload status, continued from what its last owner wrote."""
+        ml = topic.managed_ledger
+        try:
+            previous = await offload_status.read(self.metadata, ml)
+        except OffloaddError as exc:  # unreadable: start afresh rather than not at all
+            log.warning("topic %s: previous offload status unreadable (%s)", topic, exc)
+            previous = None
+        owner = getattr(self.ownership, "owner_id", None) or default_owner_id()
+        recorder = StatusRecorder(self.metadata, ml, fence, owner,
+                                  interval_s=self.settings.daemon.status_interval_s,
+                                  initial=previous)
+        recorder.start()
+        return recorder
+
+    def _let_go(self, r: _Running) -> None:
+        """The topic's task ended: record that this owner stopped, in the background."""
+        if r.recorder is None:
+            return
+        if not r.lost:
+            r.recorder.stopped()
+        self._bg.add(t := asyncio.ensure_future(r.recorder.close()))
+        t.add_done_callback(self._bg.discard)
 
     def _reap(self) -> None:
         for topic, r in list(self.topics.items()):
@@ -521,6 +604,7 @@ class Daemon:
                     log.error("topic %s task ended: %r", topic, exc)
                 if self.metrics is not None:
                     self.metrics.forget_topic(topic.ns, str(topic))
+                self._let_go(r)
                 self._bg.add(t := asyncio.ensure_future(self.ownership.release(topic)))
                 t.add_done_callback(self._bg.discard)
 
@@ -543,6 +627,10 @@ class Daemon:
                     log.warning("%d topic task(s) still abandoning after %.0fs; exiting "
                                 "anyway (offloadd gc sweeps what they leave)", len(stuck),
                                 ABANDON_GRACE_S)
+        for r in self.topics.values():
+            self._let_go(r)
+        if self._bg:  # status records are written before ownership is given up
+            await asyncio.wait(list(self._bg), timeout=ABANDON_GRACE_S)
         for topic in list(self.topics):
             await self.ownership.release(topic)
         self.topics.clear()
@@ -550,10 +638,13 @@ class Daemon:
     def status(self) -> dict[str, Any]:
         health = getattr(self.blobstore, "health", None)
         circuit = getattr(getattr(health, "state", None), "value", "healthy")
+        ready, reason = health.readiness() if isinstance(health, StoreHealth) else (True, "")
         return {
             "state": self.state.value,
             "pid": os.getpid(),
             "store_circuit": circuit,
+            "store_ready": ready,
+            "store_reason": reason,
             "throttle": {"bytes_per_s": self.throttle.rate, "waiting": self.throttle.waiting},
             "buffer": {"used": self.buffer.used, "cap": self.buffer.cap},
             "topics": {str(t): dict(r.offloader.status()) for t, r in self.topics.items()},

@@ -293,7 +293,8 @@ class TopicProbe:
             self._child(self._m._segments, state).set(n)
 
     def lag(self, entries: int, nbytes: int, seconds: float) -> None:
-        """How far offload trails the topic's last confirmed entry."""
+        """How far the tier trails the topic: from the last committed position to the source's
+        LAC (measured by the daemon's lag loop, :mod:`offloadd.offload.lag`)."""
         self._child(self._m._lag_entries).set(entries)
         self._child(self._m._lag_bytes).set(nbytes)
         self._child(self._m._lag_seconds).set(seconds)
@@ -302,6 +303,10 @@ class TopicProbe:
         """The last position committed to the tier."""
         self._child(self._m._last_ledger).set(ledger)
         self._child(self._m._last_entry).set(entry)
+
+    def last_commit_time(self, seconds: float) -> None:
+        """Wall-clock time (seconds since the epoch) of the topic's last commit to the tier."""
+        self._child(self._m._last_commit_ts).set(seconds)
 
 
 class Metrics:
@@ -405,7 +410,7 @@ class Metrics:
         )
         self._lag_entries = Gauge(
             "offloadd_lag_entries",
-            "Entries confirmed in the topic but not yet committed to the tier.",
+            "Entries confirmed in the topic (up to its LAC) but not yet committed to the tier.",
             _TOPIC_LABELS,
             registry=r,
         )
@@ -417,7 +422,8 @@ class Metrics:
         )
         self._lag_seconds = Gauge(
             "offloadd_lag_seconds",
-            "Age of the oldest entry not yet committed to the tier.",
+            "Age of the oldest entry not yet committed to the tier (an upper bound; 0 when "
+            "nothing is uncommitted).",
             _TOPIC_LABELS,
             registry=r,
         )
@@ -436,6 +442,13 @@ class Metrics:
         self._last_entry = Gauge(
             "offloadd_last_offloaded_entry",
             "Entry id of the last position committed to the tier.",
+            _TOPIC_LABELS,
+            registry=r,
+        )
+        self._last_commit_ts = Gauge(
+            "offloadd_last_commit_timestamp_seconds",
+            "Unix time of the topic's last commit to the tier (from the catalog after a "
+            "restart).",
             _TOPIC_LABELS,
             registry=r,
         )

@@ -15,6 +15,7 @@ Metadata paths (relative to the store's root/chroot):
 ``/managed-ledgers/<ml name>``             ``ManagedLedgerInfo`` (DESIGN §6)
 ``/offloadd/topics/<ml name>``             the daemon's per-topic state (epoch, owner)
 ``/offloadd/owners/<ml name>``             ephemeral owner node
+``/offloadd/status/<ml name>``             the owner's offload status of the topic (JSON)
 ``/offloadd/segments/<ml name>/<uuid>``    retention's record of a committed segment
 ``/offloadd/deletions/<uuid>``             pending deletion records
 ``/offloadd/ledger-id``                    global ledger-id counter of the embedded store
@@ -42,6 +43,10 @@ def topic_state_path(ml_name: str) -> str:
 
 def owner_path(ml_name: str) -> str:
     return f"{OFFLOADD_ROOT}/owners/{ml_name}"
+
+
+def offload_status_path(ml_name: str) -> str:
+    return f"{OFFLOADD_ROOT}/status/{ml_name}"
 
 
 def deletion_path(uid: uuid.UUID) -> str:

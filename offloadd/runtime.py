@@ -11,6 +11,7 @@ from typing import Any
 
 from offloadd import wiring
 from offloadd.blobstore.base import BlobStore
+from offloadd.blobstore.health import StoreHealth
 from offloadd.cluster import ClusterOwnership, check_owner_id
 from offloadd.config import Settings
 from offloadd.daemon import Daemon, Ownership, default_owner_id
@@ -139,7 +140,9 @@ class Runtime:
         self.extras.append(self.lakehouse)
 
     async def ready(self) -> tuple[bool, str]:
-        """Ready: the daemon runs, the metadata store answers, the blob store is not paused."""
+        """Ready: the daemon runs, the metadata store answers, the blob store's circuit is not
+        open (it opens within two request deadlines of the store going silent) and the store
+        refuses nothing (no such bucket, access denied...: see StoreHealth.readiness)."""
         if not self.daemon.ready:
             return False, f"daemon is {self.daemon.state.value}"
         try:
@@ -147,9 +150,10 @@ class Runtime:
         except Exception as exc:
             return False, f"metadata store unreachable: {exc}"
         health = getattr(self.blobstore, "health", None)
-        state = getattr(getattr(health, "state", None), "value", "healthy")
-        if state != "healthy":
-            return False, f"blob store circuit is {state}"
+        if isinstance(health, StoreHealth):
+            ok, why = health.readiness()
+            if not ok:
+                return False, why
         return True, f"offloading {len(self.daemon.topics)} topic(s)"
 
     async def close(self) -> None:

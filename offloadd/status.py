@@ -1,22 +1,46 @@
-"""``offloadd status``: per topic, segments by state, lag and the last offloaded position,
-owner and fencing epoch; the cluster's live members. Read from the metadata store and the source
-(no daemon needed). Never shows a secret."""
+"""``offloadd status``: per topic, whether offload works, how far it trails, what failed last.
+
+Read from the metadata store and the source, so it works with no daemon running:
+
+* the catalog: segments by state, the last committed position and when it was committed;
+* the topic's persisted offload status (``/offloadd/status/<ml>``, written by its owner:
+  :mod:`offloadd.metadata.offload_status`): ``ok`` / ``failing`` / ``stopped``, failing attempts
+  and since when, the last error and its time, the last success;
+* lag from the last committed position to the source's LAC (:func:`offloadd.offload.lag.measure`;
+  without the daemon's LAC history the age is its ledger's, an upper bound);
+* data lost to retention (sidecar mode), owner and fencing epoch, the cluster's members.
+
+When the daemon answers on its metrics endpoint, its live view of the topics it owns wins
+(``/status``): its lag is the figure its ``/metrics`` exports at the same moment, and its failing
+attempts are current.
+
+Exit codes (:func:`exit_code`): 0 every topic offloads; 1 a topic is failing (its last attempt
+or its recovery failed and nothing succeeded since, per the daemon or the persisted record), or
+its metadata cannot be read; 3 data was lost to retention; 2 is left to configuration errors.
+Never shows a secret.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import time
 import urllib.request
+from collections.abc import Sequence
 from dataclasses import asdict
+from datetime import UTC, datetime
 from typing import Any
 
 from offloadd import catalog, cluster, wiring
 from offloadd.config import Settings
 from offloadd.errors import OffloaddError
 from offloadd.ledger.bookkeeper.layout import lost_ledgers
-from offloadd.metadata import managed_ledger, ownership
+from offloadd.metadata import managed_ledger, offload_status, ownership
 from offloadd.metadata.base import MetadataStore
 from offloadd.model import Position, TopicName
+from offloadd.offload.lag import committed_payload_bytes, measure
+
+EXIT_OK, EXIT_FAILING, EXIT_DATA_LOST = 0, 1, 3
 
 
 async def ownership_status(md: MetadataStore, topic: TopicName) -> dict[str, Any]:
@@ -34,8 +58,16 @@ async def ownership_status(md: MetadataStore, topic: TopicName) -> dict[str, Any
     return out
 
 
-async def topic_status(md: MetadataStore, source: Any, topic: TopicName) -> dict[str, Any]:
+async def topic_status(md: MetadataStore, source: Any, topic: TopicName,
+                       now_ms: int | None = None) -> dict[str, Any]:
+    now_ms = now_ms if now_ms is not None else int(time.time() * 1000)
     out: dict[str, Any] = {"topic": str(topic), **await ownership_status(md, topic)}
+    try:
+        rec = await offload_status.read(md, topic.managed_ledger)
+        out["status"] = rec.as_dict() if rec is not None else None
+    except OffloaddError as exc:
+        out["status"] = None
+        out["status_error"] = str(exc)
     try:
         info, _ = await managed_ledger.load(md, topic.managed_ledger)
     except OffloaddError as exc:
@@ -45,43 +77,80 @@ async def topic_status(md: MetadataStore, source: Any, topic: TopicName) -> dict
     done = [s for s in segs if s.complete]
     out["segments"] = {"offloaded": len(done), "assigned": len(segs) - len(done)}
     out["ledgers"] = len(info.ledgerInfo)
-    last = done[-1].end if done else None
+    last: Position | None = done[-1].end if done else None
     out["last_offloaded"] = str(last) if last else None
+    out["last_commit_ms"] = done[-1].offloaded_ms or None if done else None
     out["entries_offloaded"] = sum(s.entries for s in done)
     lost = lost_ledgers(info)
     if lost:  # sidecar mode: entries Pulsar's retention deleted before offloadd took them
         out["data_lost"] = [{"ledger": x.ledger_id, "first": x.first, "last": x.last,
                              "entries": x.entries} for x in lost]
-    lag_entries = 0
-    lag_bytes = 0
     try:
-        for d in await source.ledgers(topic):
-            if last is None or d.ledger_id > last.ledger_id:
-                lag_entries += d.entries
-                lag_bytes += d.size
-            elif d.ledger_id == last.ledger_id:
-                lag_entries += max(d.last_entry_id - last.entry_id, 0)
-        out["lag"] = {"entries": lag_entries, "bytes_at_least": lag_bytes}
+        ledgers = await source.ledgers(topic)
+        cbytes = await committed_payload_bytes(source, last) if last is not None else None
+        lag = measure(ledgers, last, now_ms, committed_bytes=cbytes)
+        out["lag"] = {**lag.as_dict(), "measured_by": "status"}
     except OffloaddError as exc:
         out["lag"] = {"error": str(exc)}
     return out
 
 
-async def collect(settings: Settings) -> dict[str, Any]:
+def _merge_live(t: dict[str, Any], live: dict[str, Any]) -> None:
+    """The running daemon's view of a topic it owns: current attempts, error, lag."""
+    t["live"] = live
+    if isinstance(live.get("lag"), dict):
+        t["lag"] = {**live["lag"], "measured_by": "daemon"}
+
+
+def failing(t: dict[str, Any]) -> bool:
+    """The topic's last attempt (or recovery) failed and nothing succeeded since; or its
+    metadata cannot be read."""
+    if "error" in t:
+        return True
+    live = t.get("live")
+    if live is not None:
+        return bool(live.get("failed_attempts"))
+    rec = t.get("status")
+    return bool(rec and rec.get("failed_attempts"))
+
+
+def exit_code(st: dict[str, Any]) -> int:
+    topics = st["topics"]
+    if any(t.get("data_lost") for t in topics):
+        return EXIT_DATA_LOST
+    if any(failing(t) for t in topics):
+        return EXIT_FAILING
+    return EXIT_OK
+
+
+async def collect(settings: Settings, topics: Sequence[TopicName] | None = None
+                  ) -> dict[str, Any]:
     md = await wiring.open_metadata(settings, read_only=True)  # status never writes
     src = wiring.open_source(settings, md)
     try:
-        names = await managed_ledger.list_names(md)
-        topics = [await topic_status(md, src, TopicName.from_managed_ledger(n)) for n in names]
+        names = [TopicName.from_managed_ledger(n) for n in await managed_ledger.list_names(md)]
+        if topics:
+            wanted = set(topics)
+            missing = [str(t) for t in topics if t not in set(names)]
+            if missing:
+                raise OffloaddError(f"no such topic in the metadata store: "
+                                    f"{', '.join(missing)}")
+            names = [n for n in names if n in wanted]
+        now_ms = int(time.time() * 1000)
+        out_topics = [await topic_status(md, src, n, now_ms) for n in names]
         members = [asdict(m) for m in await cluster.read_members(md)]
     finally:
         await src.close()
         await md.close()
     out: dict[str, Any] = {"metadata": _redact_url(settings.metadata.url),
                            "driver": settings.blobstore.driver, "members": members,
-                           "topics": topics}
+                           "topics": out_topics}
     if settings.metrics.enabled:
         out["daemon"] = await asyncio.to_thread(_daemon_status, settings.metrics.bind)
+        live = (out["daemon"] or {}).get("topics") or {}
+        for t in out_topics:
+            if isinstance(live.get(t["topic"]), dict):
+                _merge_live(t, live[t["topic"]])
     return out
 
 
@@ -104,30 +173,83 @@ def _redact_url(url: str) -> str:
     return f"{head.split('//')[0]}//***@{tail}" if sep else url
 
 
+def _when(ms: object) -> str:
+    if not isinstance(ms, int | float) or not ms:
+        return "-"
+    return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _size(n: object) -> str:
+    if not isinstance(n, int | float):
+        return "?"
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} TiB"  # pragma: no cover
+
+
+def _lag_text(lag: dict[str, Any]) -> str:
+    if "error" in lag:
+        return f"lag unknown ({lag['error']})"
+    estimated = "" if lag.get("bytes_exact", True) else " (estimated)"
+    return (f"lag {lag.get('entries', '?')} entries, {_size(lag.get('bytes'))}{estimated}, "
+            f"{lag.get('seconds', 0):.0f} s")
+
+
 def render_text(st: dict[str, Any]) -> str:
     lines = [f"metadata {st['metadata']}  driver {st['driver']}"]
     d = st.get("daemon")
     if d:
+        store = d.get("store_circuit")
+        if d.get("store_ready") is False:
+            store = f"{store}, NOT READY: {d.get('store_reason')}"
         lines.append(f"daemon pid {d.get('pid')} {d.get('state')}: store circuit "
-                     f"{d.get('store_circuit')}, buffer {d['buffer']['used']}/"
+                     f"{store}, buffer {d['buffer']['used']}/"
                      f"{d['buffer']['cap']} bytes, {len(d.get('topics', {}))} topic(s) owned")
+    elif "daemon" in st:
+        lines.append("daemon: not answering (status below is what the metadata store holds)")
     if st.get("members"):
         lines.append("members " + ", ".join(m["owner"] for m in st["members"]))
     for t in st["topics"]:
-        owner = (f" owner {t.get('owner') or '-'} epoch {t['epoch']}"
+        owner = (f"; owner {t.get('owner') or '-'} epoch {t['epoch']}"
                  if t.get("epoch") is not None else "")
         if "error" in t:
             lines.append(f"{t['topic']}: ERROR {t['error']}{owner}")
             continue
-        seg = t["segments"]
-        lag = t.get("lag", {})
         if t.get("data_lost"):
             lines.append(f"{t['topic']}: DATA LOST TO RETENTION: " + ", ".join(
                 f"{x['ledger']}:{x['first']}..{x['last']}" for x in t["data_lost"]))
-        lines.append(
-            f"{t['topic']}: offloaded {seg['offloaded']} assigned {seg['assigned']} "
-            f"last {t['last_offloaded']} lag {lag.get('entries', '?')} entries{owner}")
+        lines.extend(_topic_lines(t, owner))
     return "\n".join(lines)
 
 
-__all__ = ["Position", "collect", "render_text", "topic_status"]
+def _topic_lines(t: dict[str, Any], owner: str) -> list[str]:
+    seg = t["segments"]
+    live, rec = t.get("live"), t.get("status") or {}
+    attempts = (live or rec).get("failed_attempts") or 0
+    if failing(t):
+        since = f" since {_when(rec.get('failing_since_ms'))}" if rec.get(
+            "failing_since_ms") else ""
+        state = f"FAILING ({attempts} failed attempt{'s' if attempts != 1 else ''}{since})"
+    elif live is not None:
+        state = "ok"
+    elif rec.get("state") == "stopped":
+        state = "stopped"
+    else:
+        state = rec.get("state") or "never offloaded by a daemon"
+    last = t["last_offloaded"] or "-"
+    at = f" at {_when(t.get('last_commit_ms'))}" if t.get("last_commit_ms") else ""
+    out = [f"{t['topic']}: {state}; offloaded {seg['offloaded']} assigned {seg['assigned']} "
+           f"last {last}{at}; {_lag_text(t.get('lag', {}))}{owner}"]
+    if failing(t):
+        error = (live or {}).get("last_error") or rec.get("last_error")
+        if error:
+            when = rec.get("last_error_ms") if rec.get("last_error") == error else None
+            out.append(f"  last error{f' at {_when(when)}' if when else ''}: {error}")
+    return out
+
+
+__all__ = ["EXIT_DATA_LOST", "EXIT_FAILING", "EXIT_OK", "Position", "collect", "exit_code",
+           "failing", "render_text", "topic_status"]

@@ -68,11 +68,22 @@ async def open_blobstore(settings: Settings,
                          on_circuit: Callable[[str], None] | None = None) -> BlobStore:
     """The configured tier; ``on_circuit`` hears the store-health circuit's state names."""
     bs = settings.blobstore
+    from offloadd.blobstore.health import HealthPolicy, StoreHealth
+
+    # the stall watchdog's patience is the request deadline (docs/s3.md, "Stalls")
+    policy = HealthPolicy(window_s=bs.health_window_s, high=bs.health_high, low=bs.health_low,
+                          pause_timeout_s=bs.health_pause_timeout_s,
+                          stall_after_s=bs.request_timeout_s)
+    health = StoreHealth(policy, on_change=(
+        (lambda old, new: on_circuit(new.value)) if on_circuit is not None else None))
+    if on_circuit is not None:
+        on_circuit(health.state.value)
     if bs.driver == "filesystem":
         from offloadd.blobstore.filesystem import FilesystemBlobStore
 
-        return FilesystemBlobStore(bs.path)
-    from offloadd.blobstore.health import HealthPolicy
+        return FilesystemBlobStore(
+            bs.path, request_timeout_s=bs.request_timeout_s,
+            min_transfer_rate_bytes_per_s=bs.min_transfer_rate_bytes_per_s, health=health)
     from offloadd.blobstore.s3 import ReadEndpoint, S3BlobStore, S3Options
 
     def secret(v: SecretStr | None) -> str | None:
@@ -84,18 +95,11 @@ async def open_blobstore(settings: Settings,
         session_token=secret(bs.session_token), sse=bs.sse, sse_kms_key_id=bs.sse_kms_key_id,
         verify_tls=bs.verify_tls, ca_bundle=bs.ca_bundle,
         max_pool_connections=bs.max_pool_connections, connect_timeout_s=bs.connect_timeout_s,
-        read_timeout_s=bs.read_timeout_s, parts_in_flight=settings.offload.blocks_in_flight,
-        max_attempts=bs.max_attempts,
+        read_timeout_s=bs.read_timeout_s, request_timeout_s=bs.request_timeout_s,
+        min_transfer_rate_bytes_per_s=bs.min_transfer_rate_bytes_per_s,
+        parts_in_flight=settings.offload.blocks_in_flight, max_attempts=bs.max_attempts,
         read_endpoints=tuple(ReadEndpoint(e.url, e.zone) for e in bs.read_endpoints),
-        local_zone=bs.local_zone,
-        health=HealthPolicy(window_s=bs.health_window_s, high=bs.health_high,
-                            low=bs.health_low, pause_timeout_s=bs.health_pause_timeout_s))
-    from offloadd.blobstore.health import StoreHealth
-
-    health = StoreHealth(opts.health, on_change=(
-        (lambda old, new: on_circuit(new.value)) if on_circuit is not None else None))
-    if on_circuit is not None:
-        on_circuit(health.state.value)
+        local_zone=bs.local_zone, health=policy)
     return await S3BlobStore.open(opts, health=health)
 
 

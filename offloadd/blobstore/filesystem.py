@@ -19,26 +19,44 @@ and mtime but not metadata (as S3's listing); ``head()`` reads the sidecar.
 Keys must be relative, without empty, ``.`` or ``..`` components, and may not start with
 ``.uploads`` or ``.meta``. ``OSError`` maps to ``NotFound`` (ENOENT), ``Retriable`` (disk full,
 I/O error, try again) or ``Fatal`` (permissions, read-only, anything else).
+
+Deadlines and health. File I/O runs in this store's own worker threads (daemon threads: a call
+stuck on a hung mount neither starves the event loop's default executor, which the ledger source
+uses, nor holds up the process's exit). Every operation has one deadline, ``request_timeout_s``
+plus its bytes at ``min_transfer_rate_bytes_per_s``; one that misses it fails as ``Retriable``
+naming the operation and the key (the thread may still finish its call later; an upload's file
+descriptor is closed only once no thread uses it). Outcomes feed a
+:class:`~offloadd.blobstore.health.StoreHealth` as the S3 driver's do: errors the disk answered
+(disk full, I/O error) and missed deadlines count as failures, ``Fatal`` answers (permissions, a
+read-only mount) as refusals, and its watchdog probes the root (``stat``) when the disk stops
+answering. The circuit reports (``/readyz``, metrics); it does not hold writes back.
 """
 
 from __future__ import annotations
 
 import asyncio
 import builtins
+import concurrent.futures
 import contextlib
 import errno
 import json
+import logging
 import os
+import queue
 import stat
+import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Mapping
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from offloadd.blobstore.base import Buffers, ObjectInfo
+from offloadd.blobstore.health import HealthPolicy, StoreHealth
 from offloadd.blobstore.memory import check_parts, check_range
-from offloadd.errors import Fatal, NotFound, OffloaddError, Retriable
+from offloadd.errors import ConfigError, Fatal, NotFound, OffloaddError, Retriable
+
+log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
@@ -73,11 +91,57 @@ def _translate(e: OSError, what: str) -> OffloaddError:
     return Fatal(f"{what}: {e}")
 
 
-async def _in_thread(what: str, fn: Callable[..., T], *args: object) -> T:
-    try:
-        return await asyncio.to_thread(fn, *args)
-    except OSError as e:
-        raise _translate(e, what) from e
+class _Workers(concurrent.futures.Executor):
+    """Up to ``size`` daemon threads, started on demand. Not ThreadPoolExecutor: its threads
+    are joined at interpreter exit, so one call stuck on a hung mount would hang the exit."""
+
+    def __init__(self, size: int, name: str) -> None:
+        self._size = size
+        self._name = name
+        self._queue: queue.SimpleQueue[tuple[concurrent.futures.Future[Any],
+                                             Callable[[], Any]] | None] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._threads = 0
+        self._unfinished = 0  # submitted, not yet done (queued or running)
+        self._closed = False
+
+    def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any
+               ) -> concurrent.futures.Future[T]:
+        future: concurrent.futures.Future[T] = concurrent.futures.Future()
+        with self._lock:
+            if self._closed:
+                raise Fatal("the filesystem store is closed")
+            self._unfinished += 1
+            if self._unfinished > self._threads and self._threads < self._size:
+                self._threads += 1
+                threading.Thread(target=self._work, name=f"{self._name}-{self._threads}",
+                                 daemon=True).start()
+            self._queue.put((future, lambda: fn(*args, **kwargs)))
+        return future
+
+    def _work(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            future, call = item
+            try:
+                if future.set_running_or_notify_cancel():
+                    try:
+                        result = call()
+                    except BaseException as exc:
+                        future.set_exception(exc)
+                    else:
+                        future.set_result(result)
+            finally:
+                with self._lock:
+                    self._unfinished -= 1
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        with self._lock:
+            self._closed = True
+            for _ in range(self._threads):
+                self._queue.put(None)
 
 
 def _check_key(key: str) -> None:
@@ -122,9 +186,75 @@ def _fsync_dir(path: Path) -> None:
 class FilesystemBlobStore:
     name = "filesystem"
 
-    def __init__(self, root: str | Path) -> None:
+    def __init__(self, root: str | Path, *, request_timeout_s: float = 30.0,
+                 min_transfer_rate_bytes_per_s: float = 1024 * 1024,
+                 health: StoreHealth | None = None, workers: int = 16) -> None:
+        if not (request_timeout_s > 0 and min_transfer_rate_bytes_per_s > 0 and workers >= 1):
+            raise ConfigError("filesystem store: request_timeout_s and "
+                              "min_transfer_rate_bytes_per_s must be > 0, workers >= 1")
         self.root = Path(root).absolute()
         self._uploads: set[FilesystemUpload] = set()
+        self.request_timeout_s = request_timeout_s
+        self.min_transfer_rate_bytes_per_s = min_transfer_rate_bytes_per_s
+        self._health = health or StoreHealth(HealthPolicy(stall_after_s=request_timeout_s))
+        if self._health.name is None:
+            self._health.name = f"file://{self.root}"
+        self._workers = _Workers(workers, "fs-blobstore")
+        self._prober: asyncio.Task[None] | None = None
+
+    @property
+    def health(self) -> StoreHealth:
+        return self._health
+
+    async def _run(self, op: str, what: str, fn: Callable[..., T], *args: object,
+                   nbytes: int = 0) -> T:
+        """``fn(*args)`` in a worker thread within the operation's deadline; errors translated
+        and recorded in the store's health (see the module docstring)."""
+        loop = asyncio.get_running_loop()
+        if self._prober is None:
+            self._prober = loop.create_task(self._health.run_prober(self._probe),
+                                            name=f"fs-prober-{self.root}")
+        budget = self.request_timeout_s + nbytes / self.min_transfer_rate_bytes_per_s
+        health = self._health
+        ticket = health.request_started()
+        try:
+            future = loop.run_in_executor(self._workers, fn, *args)
+            try:
+                async with asyncio.timeout(budget):
+                    result = await asyncio.shield(future)
+            except TimeoutError:
+                health.record_stall()
+                said = (f"{what}: no answer from the filesystem within {budget:.1f}s (deadline: "
+                        "[blobstore] request_timeout_s); the disk or mount may be hung")
+                log.warning("%s", said)
+                raise Retriable(said) from None
+            except OSError as e:
+                err = _translate(e, what)
+                if isinstance(err, Fatal):
+                    health.record_refused(op, str(err))
+                elif isinstance(err, Retriable):
+                    health.record_failure(answered=True)
+                else:
+                    health.record_success()
+                raise err from e
+            except NotFound:
+                health.record_success()
+                raise
+            health.record_success(op)
+            return result
+        finally:
+            health.request_finished(ticket)
+
+    async def _probe(self) -> None:
+        loop = asyncio.get_running_loop()
+        future = loop.run_in_executor(self._workers, os.stat, self.root)
+        try:
+            async with asyncio.timeout(self.request_timeout_s):
+                await asyncio.shield(future)
+        except FileNotFoundError:
+            return  # a root not made yet: the filesystem answered
+        except (OSError, TimeoutError) as e:
+            raise Retriable(f"filesystem store {self.root}: {e or 'no answer'}") from None
 
     def driver_properties(self) -> Mapping[str, str]:
         return {"managedLedgerOffloadDriver": self.name, "fileSystemURI": self.root.as_uri()}
@@ -140,7 +270,8 @@ class FilesystemBlobStore:
     async def start_upload(self, key: str, metadata: Mapping[str, str]) -> FilesystemUpload:
         _check_key(key)
         upload = FilesystemUpload(self, key, dict(metadata))
-        await _in_thread(f"starting upload of {key} under {self.root}", upload.open_sync)
+        await self._run("start_upload", f"starting upload of {key} under {self.root}",
+                        upload.open_sync)
         self._uploads.add(upload)
         return upload
 
@@ -154,18 +285,18 @@ class FilesystemBlobStore:
 
     async def get_range(self, key: str, start: int, end: int) -> bytes:
         check_range(key, start, end)
-        return await _in_thread(f"reading {key} [{start}, {end}) under {self.root}",
-                                self._read_sync, key, start, end)
+        return await self._run("get_range", f"reading {key} [{start}, {end}) under {self.root}",
+                               self._read_sync, key, start, end, nbytes=end - start)
 
     async def head(self, key: str) -> ObjectInfo:
-        return await _in_thread(f"head of {key} under {self.root}", self._head_sync, key)
+        return await self._run("head", f"head of {key} under {self.root}", self._head_sync, key)
 
     async def delete(self, key: str) -> None:
-        await _in_thread(f"deleting {key} under {self.root}", self._delete_sync, key)
+        await self._run("delete", f"deleting {key} under {self.root}", self._delete_sync, key)
 
     async def list(self, prefix: str = "") -> AsyncIterator[ObjectInfo]:
-        infos = await _in_thread(f"listing {prefix!r} under {self.root}",
-                                 self._list_sync, prefix)
+        infos = await self._run("list", f"listing {prefix!r} under {self.root}",
+                                self._list_sync, prefix)
         for info in infos:
             yield info
 
@@ -175,12 +306,20 @@ class FilesystemBlobStore:
         Uploads of this instance are never swept; another process's live upload touches its
         file on every part, so a threshold well above the slowest part's time is safe.
         """
-        return await _in_thread(f"sweeping {self.root / _UPLOADS}", self._sweep_sync,
-                                older_than_s)
+        return await self._run("sweep", f"sweeping {self.root / _UPLOADS}", self._sweep_sync,
+                               older_than_s)
 
     async def close(self) -> None:
-        for upload in list(self._uploads):
-            await upload.abort()
+        try:
+            for upload in list(self._uploads):
+                with contextlib.suppress(Retriable):  # a hung disk: the sweep removes it later
+                    await upload.abort()
+        finally:
+            if self._prober is not None:
+                self._prober.cancel()
+                await asyncio.gather(self._prober, return_exceptions=True)
+                self._prober = None
+            self._workers.shutdown(wait=False)
 
     # -- blocking halves, run in worker threads ------------------------------------------
 
@@ -280,23 +419,62 @@ class FilesystemUpload:
         self._fd = -1
         self._in_flight = 0
         self._state = "open"
+        # Threads using self._fd right now. A thread that outlives its deadline still holds the
+        # descriptor: closing it under the thread would let the number be reused by another
+        # open() and the late write land in the wrong file. So the last user closes it.
+        self._fd_lock = threading.Lock()
+        self._fd_users = 0
+        self._discard = False  # aborted while a thread held the fd: the last user cleans up
 
     def open_sync(self) -> None:
         self.temp_path.parent.mkdir(parents=True, exist_ok=True)
-        self._fd = os.open(self.temp_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        fd = os.open(self.temp_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        with self._fd_lock:
+            if self._discard:  # aborted before the open finished (a late thread)
+                os.close(fd)
+                self.temp_path.unlink(missing_ok=True)
+                return
+            self._fd = fd
+
+    def _use_fd(self) -> int:
+        with self._fd_lock:
+            if self._fd < 0 or self._discard:
+                raise Fatal(f"upload of {self.key} is no longer open")
+            self._fd_users += 1
+            return self._fd
+
+    def _release_fd(self) -> None:
+        with self._fd_lock:
+            self._fd_users -= 1
+            if self._fd_users == 0 and self._discard:
+                self._close_and_remove_locked()
+
+    def _close_and_remove_locked(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+        self.temp_path.unlink(missing_ok=True)
+
+    def _write_sync(self, views: list[memoryview], offset: int) -> None:
+        fd = self._use_fd()
+        try:
+            _pwritev_all(fd, views, offset)
+        finally:
+            self._release_fd()
 
     async def put_part(self, part_number: int, offset: int, data: Buffers) -> None:
         self._check_open()
         if part_number < 1 or offset < 0:
             raise Fatal(f"upload of {self.key}: bad part {part_number} at offset {offset}")
         views = _as_bytes_views(data)
+        nbytes = sum(v.nbytes for v in views)
         self._in_flight += 1
         try:
-            await _in_thread(f"writing part {part_number} of {self.key}",
-                             _pwritev_all, self._fd, views, offset)
+            await self._store._run("put_part", f"writing part {part_number} of {self.key}",
+                                   self._write_sync, views, offset, nbytes=nbytes)
         finally:
             self._in_flight -= 1
-        self._parts[part_number] = (offset, sum(v.nbytes for v in views))
+        self._parts[part_number] = (offset, nbytes)
 
     async def complete(self) -> ObjectInfo:
         self._check_open()
@@ -306,8 +484,9 @@ class FilesystemUpload:
         size = check_parts(self.key, self._parts)
         self._state = "completing"
         try:
-            info = await _in_thread(f"completing upload of {self.key} under "
-                                    f"{self._store.root}", self._complete_sync, size)
+            info = await self._store._run("complete", f"completing upload of {self.key} "
+                                          f"under {self._store.root}", self._complete_sync,
+                                          size, nbytes=size)
         except BaseException:
             self._state = "failed"  # abort() still cleans up
             raise
@@ -316,11 +495,18 @@ class FilesystemUpload:
         return info
 
     def _complete_sync(self, size: int) -> ObjectInfo:
-        # A re-sent part may have been shorter than the first attempt: cut any tail.
-        os.ftruncate(self._fd, size)
-        os.fsync(self._fd)
-        os.close(self._fd)
-        self._fd = -1
+        fd = self._use_fd()
+        try:
+            # A re-sent part may have been shorter than the first attempt: cut any tail.
+            os.ftruncate(fd, size)
+            os.fsync(fd)
+        finally:
+            self._release_fd()
+        with self._fd_lock:
+            if self._discard:
+                raise Fatal(f"upload of {self.key} was aborted while completing")
+            os.close(self._fd)
+            self._fd = -1
         target = self._store.data_path(self.key)
         meta = self._store.meta_path(self.key)
         meta_temp = self.temp_path.with_suffix(".meta")
@@ -350,13 +536,13 @@ class FilesystemUpload:
             return
         self._state = "aborted"
         self._store._uploads.discard(self)
-        await _in_thread(f"aborting upload of {self.key}", self._abort_sync)
+        await self._store._run("abort", f"aborting upload of {self.key}", self._abort_sync)
 
     def _abort_sync(self) -> None:
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
-        self.temp_path.unlink(missing_ok=True)
+        with self._fd_lock:
+            self._discard = True
+            if self._fd_users == 0:
+                self._close_and_remove_locked()
 
     def _check_open(self) -> None:
         if self._state != "open":

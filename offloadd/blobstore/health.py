@@ -26,6 +26,24 @@ into ``Retriable``) instead of hammering a failing store, and only probes reach 
 while the state is not HEALTHY, so the circuit closes by itself once the store answers again.
 RECOVERING lets writers through; their outcomes (and further probes) decide the rest.
 
+Stalls. A store that hangs instead of failing (accepts connections, answers nothing) produces
+no failure until each request's own deadline passes, and a light load may never add up to
+``min_samples`` of them. So the driver also tells the component when each request starts and
+ends (:meth:`~StoreHealth.request_started` / :meth:`~StoreHealth.request_finished`), whether
+a failure was an answer (an HTTP error) or silence (a reset, a timeout), and every missed
+deadline (:meth:`~StoreHealth.record_stall`). While not PAUSED, the prober doubles as a
+watchdog: once nothing at all was answered for ``stall_after_s`` while a request waited that
+long or missed its deadline, it sends one probe, and if that is not answered either (the driver
+bounds it by the same request deadline) the circuit trips at once. With ``stall_after_s`` equal
+to the driver's request deadline, a frozen store with work under way trips the circuit within
+two deadlines of the moment it stopped answering.
+
+Refusals. A definite answer that says the store will not do this for us (no such bucket,
+access denied, bad credentials...) proves the store is up, so it counts as a success for the
+circuit; but nothing will work until an operator acts. The driver reports it with
+:meth:`~StoreHealth.record_refused` (per operation); the next success of that operation clears
+it. :meth:`~StoreHealth.readiness` folds both into the answer ``/readyz`` gives.
+
 The component does no I/O and reads time only through the injected ``clock``; ``on_change(old,
 new)`` is called synchronously on every transition (metrics, status), and every transition is
 logged as ``store health <old> -> <new>: <name> ...`` (the trip to PAUSED at WARNING, the way
@@ -64,6 +82,9 @@ class HealthPolicy:
     max_samples: int = 1024  # memory bound on the window
     probe_interval_s: float = 5.0  # time between probes while not HEALTHY
     pause_timeout_s: float = 60.0  # how long one operation may wait for the store in total
+    # A request waiting this long while the store answered nothing for as long triggers a probe;
+    # an unanswered probe trips the circuit. None: no watchdog (drivers set their deadline).
+    stall_after_s: float | None = 30.0
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.low < self.high <= 1.0:
@@ -74,6 +95,8 @@ class HealthPolicy:
             raise ConfigError(
                 "store health: window_s and probe_interval_s must be > 0, pause_timeout_s >= 0"
             )
+        if self.stall_after_s is not None and not self.stall_after_s > 0:
+            raise ConfigError(f"store health: stall_after_s must be > 0, got {self.stall_after_s}")
         if not 1 <= self.min_samples <= self.max_samples:
             raise ConfigError(
                 f"store health: need 1 <= min_samples <= max_samples, got {self.min_samples}"
@@ -111,10 +134,16 @@ class StoreHealth:
         self._state = HealthState.HEALTHY
         self._since = clock()
         self._last_probe = self._since
+        self._last_answer = self._since  # clock() when the store last answered anything
+        self._last_stall = float("-inf")  # clock() of the last missed deadline
+        self._outstanding: dict[int, float] = {}  # request ticket -> clock() at its start
+        self._tickets = 0
+        self._refused: dict[str, tuple[str, float]] = {}  # op -> (reason, wall time)
         # Two events, not one Condition: waiters and the prober wait on opposite edges.
         self._writable = asyncio.Event()
         self._writable.set()
         self._unhealthy = asyncio.Event()
+        self._nudge = asyncio.Event()  # wakes the watchdog: a request started, a transition
 
     # -- recording ---------------------------------------------------------------------------
 
@@ -122,16 +151,56 @@ class StoreHealth:
     def state(self) -> HealthState:
         return self._state
 
-    def record_success(self) -> None:
+    def record_success(self, op: str | None = None) -> None:
+        """A request was answered and did what was asked (or got a definite answer that proves
+        the store up, such as 404). ``op``: a real success of that operation, which clears its
+        refusal (:meth:`record_refused`)."""
+        self._last_answer = self._clock()
+        if op is not None and self._refused.pop(op, None) is not None:
+            log.info("store health: %s accepts %s again", self.name or "the store", op)
         self._record(True)
 
-    def record_failure(self) -> None:
+    def record_failure(self, *, answered: bool = False) -> None:
+        """A transient failure. ``answered``: the store sent an answer (a 5xx, a throttle);
+        otherwise it was silence (a reset, a timeout, a missed deadline)."""
+        if answered:
+            self._last_answer = self._clock()
         self._record(False)
+
+    def record_stall(self) -> None:
+        """A request missed its deadline without an answer: a failure, and evidence for the
+        stall watchdog even though the request no longer waits."""
+        now = self._clock()
+        self._last_stall = now
+        self._nudge.set()
+        self._record(False)
+
+    def record_refused(self, op: str, reason: str) -> None:
+        """A definite refusal that needs an operator (no such bucket, access denied...): the
+        store is up, but ``op`` will keep failing until someone acts."""
+        self._last_answer = self._clock()
+        if op not in self._refused:
+            log.warning("store health: %s refuses %s: %s", self.name or "the store", op, reason)
+        self._refused[op] = (reason, time.time())
+        self._record(True)
+
+    def request_started(self) -> int:
+        """Note a request going out; give the ticket to :meth:`request_finished`."""
+        self._tickets += 1
+        if not self._outstanding:
+            self._nudge.set()  # the first one brings the watchdog's next check in from never
+        self._outstanding[self._tickets] = self._clock()
+        return self._tickets
+
+    def request_finished(self, ticket: int) -> None:
+        self._outstanding.pop(ticket, None)
 
     def record_probe(self, ok: bool) -> None:
         """A probe's outcome: the only way out of PAUSED."""
         now = self._clock()
         self._last_probe = now
+        if ok:
+            self._last_answer = now
         if self._state is HealthState.PAUSED:
             if not ok:
                 return
@@ -169,9 +238,10 @@ class StoreHealth:
         elif self._state is HealthState.RECOVERING and rate <= self.policy.low:
             self._transition(HealthState.HEALTHY, now)
 
-    def _transition(self, new: HealthState, now: float) -> None:
+    def _transition(self, new: HealthState, now: float, why: str | None = None) -> None:
         rate, samples = self._failures / max(len(self._samples), 1), len(self._samples)
         old, self._state, self._since = self._state, new, now
+        self._nudge.set()
         if new is HealthState.PAUSED:
             self._writable.clear()
             self._last_probe = now  # first probe one interval after the trip
@@ -186,7 +256,11 @@ class StoreHealth:
             self._failures = 0
         # Operators grep for "store health"; the trip is a WARNING, the way back INFO.
         name = self.name or "the store"
-        if new is HealthState.PAUSED:
+        if new is HealthState.PAUSED and why is not None:
+            log.warning("store health %s -> %s: %s %s; writes wait (at most %.0fs each), probing "
+                        "every %.0fs", old.value, new.value, name, why,
+                        self.policy.pause_timeout_s, self.policy.probe_interval_s)
+        elif new is HealthState.PAUSED:
             log.warning(
                 "store health %s -> %s: %s failed %.0f%% of the last %d requests (the last %d "
                 "in a row); writes wait (at most %.0fs each), probing every %.0fs", old.value,
@@ -221,6 +295,52 @@ class StoreHealth:
             return float("inf")
         return max(0.0, self._last_probe + self.policy.probe_interval_s - self._clock())
 
+    def _paused(self) -> bool:
+        return self._state is HealthState.PAUSED
+
+    @property
+    def waiting(self) -> int:
+        """Requests under way right now."""
+        return len(self._outstanding)
+
+    def silent_for(self) -> float:
+        """Seconds since the store last answered anything."""
+        return max(0.0, self._clock() - self._last_answer)
+
+    def stall_check_in(self) -> float:
+        """Seconds until the watchdog's condition could hold (0: it holds now): nothing was
+        answered for ``stall_after_s``, and a request has waited as long or one missed its
+        deadline in that silence. ``inf``: neither, or there is no watchdog."""
+        after = self.policy.stall_after_s
+        if after is None:
+            return float("inf")
+        due = float("inf")
+        if self._outstanding:
+            due = max(min(self._outstanding.values()), self._last_answer) + after
+        if self._last_stall > self._last_answer:
+            due = min(due, self._last_answer + after)
+        return max(0.0, due - self._clock()) if due != float("inf") else due
+
+    def refusal(self) -> tuple[str, str, float] | None:
+        """The latest refusal still standing: (operation, reason, wall time), or None."""
+        if not self._refused:
+            return None
+        op, (reason, since) = max(self._refused.items(), key=lambda kv: kv[1][1])
+        return op, reason, since
+
+    def readiness(self) -> tuple[bool, str]:
+        """What ``/readyz`` says about this store: not ready while the circuit is open or an
+        operation is refused; RECOVERING is ready (writes flow again)."""
+        name = self.name or "the store"
+        if self._state is HealthState.PAUSED:
+            return False, (f"blob store circuit is {self._state.value}: {name} failing or not "
+                           f"answering for {self._clock() - self._since:.0f}s")
+        refused = self.refusal()
+        if refused is not None:
+            op, reason, _ = refused
+            return False, f"blob store refuses {op}: {reason}"
+        return True, f"blob store circuit is {self._state.value}"
+
     # -- waiting -----------------------------------------------------------------------------
 
     async def wait_until_healthy(self, timeout_s: float | None = None) -> None:
@@ -233,7 +353,8 @@ class StoreHealth:
             return
         timeout = self.policy.pause_timeout_s if timeout_s is None else timeout_s
         try:
-            await asyncio.wait_for(self._writable.wait(), max(0.0, timeout))
+            async with asyncio.timeout(max(0.0, timeout)):  # (not wait_for: see recorder.py)
+                await self._writable.wait()
         except TimeoutError:
             raise Retriable(
                 f"store unavailable: writes paused since its error rate reached "
@@ -246,20 +367,60 @@ class StoreHealth:
         *,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
-        """Probe the store while it is not HEALTHY; runs until cancelled.
+        """Probe the store while it is not HEALTHY, and watch for stalls; runs until cancelled.
 
-        ``probe`` raises (anything) when the store does not answer properly.
+        ``probe`` raises (anything) when the store does not answer properly; it must bound its
+        own wait (the driver's request deadline).
         """
         while True:
-            await self._unhealthy.wait()
+            if self._state is not HealthState.PAUSED:
+                due = self.stall_check_in()
+                if self._state is HealthState.RECOVERING:  # regular probes as well
+                    due = min(due, self.next_probe_in())
+                if due > 0:
+                    await self._sleep_or_nudge(due, sleep)
+                    continue
+                stalled = self.stall_check_in() == 0
+                silent, waiting = self.silent_for(), self.waiting
+                missed = self._last_stall > self._last_answer
+                asked = self._clock()
+                ok = await self._try(probe)
+                # trip only if nothing at all answered meanwhile, and not tripped already
+                if stalled and not ok and self._last_answer < asked and not self._paused():
+                    self._record(False)
+                    self._transition(
+                        HealthState.PAUSED, self._clock(),
+                        f"answered nothing for {silent:.1f}s ({waiting} request(s) waiting"
+                        f"{', a deadline missed' if missed else ''}) and a probe got no answer "
+                        "either (stalled)")
+                    continue
+                self.record_probe(ok)
+                continue
             delay = self.next_probe_in()
             if delay > 0:
                 await sleep(delay)
                 continue
-            try:
-                await probe()
-            except Exception as exc:  # any failure of the probe is the answer "not yet"
-                log.debug("store probe failed: %s", exc)
-                self.record_probe(False)
-            else:
-                self.record_probe(True)
+            self.record_probe(await self._try(probe))
+
+    async def _try(self, probe: Callable[[], Awaitable[None]]) -> bool:
+        try:
+            await probe()
+        except Exception as exc:  # any failure of the probe is the answer "not yet"
+            log.debug("store probe failed: %s", exc)
+            return False
+        return True
+
+    async def _sleep_or_nudge(self, delay: float,
+                              sleep: Callable[[float], Awaitable[None]]) -> None:
+        """Sleep ``delay`` (may be ``inf``), but wake early when a request starts or the state
+        changes: either may bring the next check forward."""
+        self._nudge.clear()
+        waits: list[asyncio.Future[object]] = [asyncio.ensure_future(self._nudge.wait())]
+        if delay != float("inf"):
+            waits.append(asyncio.ensure_future(sleep(delay)))
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waits:
+                w.cancel()
+            await asyncio.gather(*waits, return_exceptions=True)

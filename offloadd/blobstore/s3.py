@@ -12,13 +12,27 @@ Requests and retries
   becomes ``Fatal`` with a message saying what to check. No botocore or aiohttp exception leaves
   this module.
 
+Deadlines
+  Every operation has one overall deadline: ``request_timeout_s``, plus ``nbytes /
+  min_transfer_rate_bytes_per_s`` for the bytes it moves (a part, an object, a ranged read). It
+  covers everything the operation waits for — a connection from the pool, an endpoint that never
+  answers ``Expect: 100-continue`` (botocore sends it on ``PutObject`` and ``UploadPart``, and no
+  socket timeout runs while the body waits for it), sending, the answer, every retry and
+  backoff, and waiting for a paused circuit. An operation that misses it fails as ``Retriable``
+  naming the operation, the key and the deadline, is logged at WARNING, and counts as an
+  unanswered failure for the store's health. The prober's ``HeadBucket`` has the plain
+  ``request_timeout_s`` deadline.
+
 Store health
-  Every primary-endpoint outcome is recorded in a :class:`~offloadd.blobstore.health.StoreHealth`.
-  While it is PAUSED, write operations (create, part, complete, put, delete) wait for it instead of
-  sending requests, and a background prober sends one ``HeadBucket`` per ``probe_interval_s``
-  until the store answers. Failures seen while the circuit is not HEALTHY do not use up an
-  operation's ``max_attempts``; the policy's ``pause_timeout_s`` bounds that operation instead
-  (then ``Retriable``).
+  Every primary-endpoint outcome is recorded in a :class:`~offloadd.blobstore.health.StoreHealth`,
+  with every request's start and end (its stall watchdog) and whether a failure was an answer or
+  silence. While it is PAUSED, write operations (create, part, complete, put, delete) wait for it
+  instead of sending requests, and a background prober sends one ``HeadBucket`` per
+  ``probe_interval_s`` until the store answers. Failures seen while the circuit is not HEALTHY
+  do not use up an operation's ``max_attempts``; the policy's ``pause_timeout_s`` (and the
+  operation's deadline) bound that operation instead (then ``Retriable``). Answers that need an
+  operator (``NoSuchBucket``, ``AccessDenied``, bad credentials, ``EntityTooSmall``...) are
+  reported as refusals, which make the store not ready until that operation succeeds again.
 
 Integrity
   Every part and every ``put`` carries ``x-amz-checksum-crc32c``, computed here with the
@@ -126,7 +140,9 @@ class S3Options:
     ca_bundle: str | None = None
     max_pool_connections: int = 32
     connect_timeout_s: float = 10.0
-    read_timeout_s: float = 60.0
+    read_timeout_s: float = 20.0  # per attempt; below request_timeout_s so a retry fits
+    request_timeout_s: float = 30.0  # overall deadline of one operation, retries included...
+    min_transfer_rate_bytes_per_s: float = 1024 * 1024  # ...plus its bytes at this rate
     parts_in_flight: int = 4  # not used here: the uploader reads it
     max_attempts: int = 8
     retry_base_s: float = 0.2
@@ -151,12 +167,18 @@ class S3Options:
             raise bad("session_token needs access_key_id and secret_access_key")
         if self.max_attempts < 1 or self.parts_in_flight < 1 or self.max_pool_connections < 1:
             raise bad("max_attempts, parts_in_flight and max_pool_connections must be >= 1")
-        if min(self.connect_timeout_s, self.read_timeout_s, self.retry_base_s) <= 0:
-            raise bad("connect_timeout_s, read_timeout_s and retry_base_s must be > 0")
+        if not min(self.connect_timeout_s, self.read_timeout_s, self.retry_base_s,
+                   self.request_timeout_s, self.min_transfer_rate_bytes_per_s) > 0:
+            raise bad("connect_timeout_s, read_timeout_s, request_timeout_s, "
+                      "min_transfer_rate_bytes_per_s and retry_base_s must be > 0")
         if self.retry_max_s < self.retry_base_s:
             raise bad("retry_max_s must be >= retry_base_s")
         if any(not ep.url for ep in self.read_endpoints):
             raise bad("every read endpoint needs a url")
+
+    def deadline_s(self, nbytes: int = 0) -> float:
+        """The overall deadline of one operation that moves ``nbytes``."""
+        return self.request_timeout_s + nbytes / self.min_transfer_rate_bytes_per_s
 
     def __repr__(self) -> str:
         parts = []
@@ -252,6 +274,31 @@ _TRANSIENT_CODES = _THROTTLING | frozenset(
     }
 )
 _NOT_FOUND_CODES = frozenset({"NoSuchKey", "NotFound", "404"})
+# Definite answers that will not change until an operator acts: the store is up, but refuses.
+_REFUSALS = frozenset(
+    {
+        "AccessDenied",
+        "AllAccessDisabled",
+        "InvalidAccessKeyId",
+        "SignatureDoesNotMatch",
+        "ExpiredToken",
+        "InvalidToken",
+        "NoSuchBucket",
+        "AuthorizationHeaderMalformed",
+        "PermanentRedirect",
+        "RequestTimeTooSkewed",
+        "EntityTooSmall",
+        "InvalidArgument",
+    }
+)
+
+
+def _is_refusal(exc: BaseException) -> bool:
+    if isinstance(exc, SSLError | NoCredentialsError | PartialCredentialsError
+                  | CredentialRetrievalError):
+        return True
+    code = _error_code(exc)
+    return code in _REFUSALS or code.startswith("KMS.")
 _HINTS = {
     "AccessDenied": "check that the credentials' policy allows this operation on the bucket "
     "(and the KMS key when sse = aws:kms)",
@@ -430,7 +477,9 @@ class S3BlobStore:
         except _BACKEND_ERRORS as exc:
             await stack.aclose()
             raise _translate(exc, "open", options.bucket) from None
-        health = health or StoreHealth(options.health)
+        # the stall watchdog's patience is the request deadline (see health.py, "Stalls")
+        health = health or StoreHealth(dataclasses.replace(
+            options.health, stall_after_s=options.request_timeout_s))
         if health.name is None:
             health.name = f"s3://{options.bucket}/{options.prefix}".rstrip("/")
         store = cls(options, stack, primary, replicas, health)
@@ -506,50 +555,100 @@ class S3BlobStore:
         write: bool = False,
         read: bool = False,
         already_done: Callable[[], Awaitable[T | None]] | None = None,
+        nbytes: int = 0,
     ) -> T:
-        """One S3 operation with retries, store-health gating and endpoint choice.
+        """One S3 operation with retries, store-health gating, endpoint choice and one overall
+        deadline (``S3Options.deadline_s(nbytes)``; see the module docstring).
 
         ``write``: wait while the store's circuit is open. ``read``: may use a read endpoint.
         ``already_done``: before each retry, may answer for an attempt whose reply was lost.
+        ``nbytes``: what the operation moves, for its deadline.
         """
         if self._state is not _State.OPEN:
             raise Fatal(f"S3 {op} {self._where(key)}: the store is closed")
         loop = asyncio.get_running_loop()
+        budget = self._options.deadline_s(nbytes)
+        deadline = loop.time() + budget
         attempts = 0  # attempts that count against max_attempts
-        deadline: float | None = None  # set once the store's health holds this operation up
+        paused_until: float | None = None  # set once the store's health holds this op up
         skip: set[int] = set()
         tries = 0
+        last: OffloaddError | None = None
+
+        def missed(why: str, level: int = logging.WARNING) -> Retriable:
+            said = (f"S3 {op} {self._where(key)}: {why} (deadline {budget:.1f}s: [blobstore] "
+                    "request_timeout_s)" + (f"; last error: {last}" if last is not None else ""))
+            log.log(level, "%s", said)
+            return Retriable(said)
+
         while True:
             if write and self._health.state is HealthState.PAUSED:
-                if deadline is None:
-                    deadline = loop.time() + self._health.policy.pause_timeout_s
-                await self._health.wait_until_healthy(deadline - loop.time())
+                if paused_until is None:
+                    paused_until = loop.time() + self._health.policy.pause_timeout_s
+                try:
+                    await self._health.wait_until_healthy(
+                        min(paused_until, deadline) - loop.time())
+                except Retriable:
+                    if loop.time() >= deadline - 1e-3:
+                        # the circuit's own WARNING said why already: no line per operation
+                        raise missed("the store's circuit was still open at the deadline",
+                                     logging.DEBUG) from None
+                    raise
             if tries and already_done is not None:
-                done = await already_done()
+                try:
+                    async with asyncio.timeout_at(deadline):
+                        done = await already_done()
+                except TimeoutError:
+                    raise missed("no answer before the deadline") from None
                 if done is not None:
                     return done
             ep = self._pick(read, skip)
             tries += 1
             ep.pending += 1
+            ticket = self._health.request_started() if ep.primary else 0
             err: OffloaddError
+            # A replica may use at most half of what is left: the primary needs time too.
+            until = deadline if ep.primary else loop.time() + (deadline - loop.time()) / 2
+            timer = asyncio.timeout_at(until)
+            answered = False
             try:
-                result = await fn(ep.client)
+                async with timer:
+                    result = await fn(ep.client)
+            except TimeoutError as exc:
+                if not timer.expired():  # a socket timeout of botocore's, not our deadline
+                    err = _translate(exc, op, self._where(key))
+                    err.__cause__ = exc
+                elif ep.primary:
+                    self._health.record_stall()  # silence: the worst kind of failure
+                    raise missed("no answer before the deadline") from None
+                else:
+                    err = Retriable(f"S3 {op} {self._where(key)}: read endpoint {ep.url} did "
+                                    "not answer in time")
             except OffloaddError as exc:
                 err = exc
             except _BACKEND_ERRORS as exc:
                 err = _translate(exc, op, self._where(key))
                 err.__cause__ = exc
+                answered = isinstance(exc, ClientError)
+                if ep.primary and not isinstance(err, Retriable | NotFound) and _is_refusal(exc):
+                    self._health.record_refused(op, str(err))
+                    raise err from None
             else:
                 if ep.primary:
-                    self._health.record_success()
+                    self._health.record_success(op)
                 return result
             finally:
                 ep.pending -= 1
+                if ticket:
+                    self._health.request_finished(ticket)
 
             transient = isinstance(err, Retriable)
             if ep.primary:
                 # Any non-transient answer proves the store is up and answering.
-                (self._health.record_failure if transient else self._health.record_success)()
+                if transient:
+                    self._health.record_failure(answered=answered)
+                else:
+                    self._health.record_success()
             if not ep.primary:
                 # A replica that fails, or has not seen the object yet: another server may
                 # answer, so fail over at once; the primary, never skipped, has the last word.
@@ -558,11 +657,12 @@ class S3BlobStore:
                 continue
             if not transient:
                 raise err
+            last = err
             if write and self._health.state is not HealthState.HEALTHY:
                 now = loop.time()
-                if deadline is None:
-                    deadline = now + self._health.policy.pause_timeout_s
-                elif now >= deadline:
+                if paused_until is None:
+                    paused_until = now + self._health.policy.pause_timeout_s
+                elif now >= paused_until:
                     raise Retriable(
                         f"{err} (store degraded for {self._health.policy.pause_timeout_s:.0f}s)"
                     ) from err
@@ -571,12 +671,18 @@ class S3BlobStore:
                 if attempts >= self._options.max_attempts:
                     raise Retriable(f"{err} (gave up after {attempts} attempts)") from err
             delay = self._backoff(max(attempts, 1))
+            if loop.time() + delay >= deadline:
+                raise missed("still failing, and another try would pass the deadline") from err
             log.debug("retrying %s %s in %.2fs: %s", op, self._where(key), delay, err)
             await asyncio.sleep(delay)
 
     async def _probe(self) -> None:
         try:
-            await self._primary.client.head_bucket(Bucket=self._options.bucket)
+            async with asyncio.timeout(self._options.request_timeout_s):
+                await self._primary.client.head_bucket(Bucket=self._options.bucket)
+        except TimeoutError as exc:
+            raise Retriable(f"S3 HeadBucket {self._where(None)}: no answer within "
+                            f"{self._options.request_timeout_s:.1f}s") from exc
         except _BACKEND_ERRORS as exc:
             err = _translate(exc, "HeadBucket", self._where(None))
             if isinstance(err, Retriable):
@@ -656,7 +762,7 @@ class S3BlobStore:
                 **self._sse(),
             )
 
-        await self._call("PutObject", key, put, write=True)
+        await self._call("PutObject", key, put, write=True, nbytes=len(body))
         return ObjectInfo(key, len(body), dict(metadata), time.time())
 
     async def get_range(self, key: str, start: int, end: int) -> bytes:
@@ -689,7 +795,7 @@ class S3BlobStore:
                 data = data[start:end]  # a server that ignored Range sent the whole object
             return data
 
-        return await self._call("GetObject", key, get, read=True)
+        return await self._call("GetObject", key, get, read=True, nbytes=end - start)
 
     async def head(self, key: str) -> ObjectInfo:
         async def head(client: Any) -> ObjectInfo:
@@ -826,7 +932,7 @@ class S3MultipartUpload:
                 raise
             return str(resp["ETag"])
 
-        etag = await store._call("UploadPart", self.key, upload, write=True)
+        etag = await store._call("UploadPart", self.key, upload, write=True, nbytes=len(body))
         self._parts[part_number] = _Part(part_number, offset, len(body), etag, checksum)
 
     async def complete(self) -> ObjectInfo:

@@ -44,6 +44,7 @@ from offloadd.model import LedgerDesc, LedgerState, Position, TopicName
 from offloadd.offload import commit, roller
 from offloadd.offload.buffer import OffloadBuffer
 from offloadd.offload.commit import Fence
+from offloadd.offload.lag import Lag
 from offloadd.offload.objects import index_metadata, object_metadata
 from offloadd.offload.roller import RollPolicy, RollReason
 from offloadd.offload.state import SegmentState
@@ -71,9 +72,19 @@ class TopicProbe(Protocol):
     def segment_states(self, assigned: int, offloaded: int, failed: int) -> None: ...
     def lag(self, entries: int, nbytes: int, seconds: float) -> None: ...
     def last_offloaded(self, ledger_id: int, entry_id: int) -> None: ...
+    def last_commit_time(self, seconds: float) -> None: ...
     def metadata_write(self) -> None: ...
     def ledger_reading_max_bytes(self, n: int) -> None: ...
     def data_lost(self, ledger_id: int) -> None: ...
+
+
+class StatusSink(Protocol):
+    """Where a topic task reports outcomes for its persisted offload status
+    (:class:`offloadd.offload.recorder.StatusRecorder`)."""
+
+    def succeeded(self, position: Position, segment: str, when_ms: int | None = None) -> None: ...
+    def failed(self, error: str, attempts: int, when_ms: int | None = None) -> None: ...
+    def cleared(self) -> None: ...
 
 
 class NullProbe:
@@ -85,6 +96,7 @@ class NullProbe:
     def segment_states(self, assigned: int, offloaded: int, failed: int) -> None: pass
     def lag(self, entries: int, nbytes: int, seconds: float) -> None: pass
     def last_offloaded(self, ledger_id: int, entry_id: int) -> None: pass
+    def last_commit_time(self, seconds: float) -> None: pass
     def metadata_write(self) -> None: pass
     def ledger_reading_max_bytes(self, n: int) -> None: pass
     def data_lost(self, ledger_id: int) -> None: pass
@@ -162,12 +174,14 @@ class TopicOffloader:
     """Streams one topic into the tier. Long-lived; states NEW → RUNNING → STOPPING → STOPPED."""
 
     def __init__(self, topic: TopicName, env: OffloadEnv, policy: Callable[[], TopicPolicy],
-                 fence: Fence, probe: TopicProbe | None = None) -> None:
+                 fence: Fence, probe: TopicProbe | None = None,
+                 status: StatusSink | None = None) -> None:
         self.topic = topic
         self.env = env
         self._policy = policy
         self.fence = fence
         self.probe: TopicProbe = probe or NullProbe()
+        self.status_sink = status
         self.state = TaskState.NEW
         self._manual = asyncio.Event()
         self._stop = asyncio.Event()
@@ -177,7 +191,11 @@ class TopicOffloader:
         self._bytes_before: dict[int, int] = {}  # ledger -> payload bytes before our position
         self.position: Position | None = None  # next position to offload
         self.last_committed: Position | None = None
+        self.last_commit_ms: int | None = None  # wall time of the last commit, if known
+        self.recovered = False  # last_committed is known (recovery read the catalog)
+        self.lag: Lag | None = None  # the lag loop's latest measurement (offload/lag.py)
         self.failed_attempts = 0
+        self._recovery_failures = 0  # failures since the last good recovery that were its own
         self.segment_state: SegmentState | None = None
         self.committed_segments = 0
         self.last_error: str | None = None
@@ -231,11 +249,22 @@ class TopicOffloader:
         while True:
             try:
                 await self._recover()
+                if self._recovery_failures and self._recovery_failures == self.failed_attempts:
+                    # only recovery had failed, and now it worked: the topic is not failing
+                    self.failed_attempts = 0
+                    self.last_error = None
+                    if self.status_sink is not None:
+                        self.status_sink.cleared()
+                self._recovery_failures = 0
                 return
             except Fenced:
                 raise
             except OffloaddError as exc:
                 self.last_error = str(exc)
+                self.failed_attempts += 1  # a topic that cannot even recover is failing
+                self._recovery_failures += 1
+                if self.status_sink is not None:
+                    self.status_sink.failed(self.last_error, self.failed_attempts)
                 log.error("topic %s: recovery failed: %s (retrying in %.1fs)",
                           self.topic, exc, delay)
                 if await self._sleep_or_stop(delay):
@@ -274,7 +303,11 @@ class TopicOffloader:
         if done:
             self.last_committed = done[-1].end
             self.probe.last_offloaded(*done[-1].end)
+            if done[-1].offloaded_ms > 0:
+                self.last_commit_ms = done[-1].offloaded_ms
+                self.probe.last_commit_time(done[-1].offloaded_ms / 1000)
         self.position = catalog.next_position(info)
+        self.recovered = True
         self._publish_states(catalog.segments(info))
 
     async def _step(self) -> bool:
@@ -305,7 +338,6 @@ class TopicOffloader:
                                 if tail is not None and reason in (RollReason.TIME,
                                                                    RollReason.MANUAL)
                                 else att.end)
-        self._report_lag(source_ledgers, pos)
         if self._policy().mode == "ledger" and not stopping:
             return await self._step_ledger_mode(pos, desc, att)
 
@@ -508,8 +540,9 @@ class TopicOffloader:
                               index=index)
         await env.blobstore.put(streaming_index_key(att.uid, env.key_prefix), [index], meta)
         log.debug("segment %s: index written; committing", att.uid)
+        done_ms = env.wall_ms()
         await commit.apply(env.metadata, self.topic.managed_ledger,
-                           lambda info: catalog.mark_offloaded(info, att.uid, env.wall_ms()),
+                           lambda info: catalog.mark_offloaded(info, att.uid, done_ms),
                            self.fence, on_write=self.probe.metadata_write)
         self.segment_state = SegmentState.OFFLOADED
         self._attempt = None
@@ -517,7 +550,7 @@ class TopicOffloader:
         self.committed_segments += 1
         self.failed_attempts = 0
         self.last_error = None
-        self.probe.last_offloaded(*self.last_committed)
+        self._committed(done_ms, att.uid)
         self.probe.segment_committed(sum(r.count for r in ranges), att.upload.length,
                                      env.clock() - t0)
         log.info("topic %s: segment %s offloaded: %s..%s (%d ledgers, %d bytes)", self.topic,
@@ -648,15 +681,16 @@ class TopicOffloader:
         imeta = index_metadata(self.topic.managed_ledger, data_length=upload.length,
                                index=index)
         await env.blobstore.put(ledger_index_key(uid, ledger_id, env.key_prefix), [index], imeta)
+        done_ms = env.wall_ms()
         await commit.apply(env.metadata, self.topic.managed_ledger,
-                           lambda info: catalog.complete_ledger(info, ledger_id, uid,
-                                                                env.wall_ms()),
+                           lambda info: catalog.complete_ledger(info, ledger_id, uid, done_ms),
                            self.fence, on_write=self.probe.metadata_write)
         self.segment_state = SegmentState.OFFLOADED
         self.last_committed = Position(ledger_id, desc.last_entry_id)
         self.committed_segments += 1
         self.failed_attempts = 0
-        self.probe.last_offloaded(*self.last_committed)
+        self.last_error = None
+        self._committed(done_ms, uid)
         self.probe.segment_committed(desc.entries, upload.length, env.clock() - t0)
         log.info("topic %s: ledger %d offloaded whole as %s (%d bytes)", self.topic, ledger_id,
                  uid, upload.length)
@@ -716,6 +750,8 @@ class TopicOffloader:
         """A failed attempt: abort it, back off, then redo the same positions."""
         self.failed_attempts += 1
         self.last_error = str(exc)
+        if self.status_sink is not None:
+            self.status_sink.failed(self.last_error, self.failed_attempts)
         self.probe.offload_error()
         self.probe.write_storage_error()
         att = self._attempt
@@ -749,27 +785,14 @@ class TopicOffloader:
         self.probe.segment_states(assigned - failed if assigned >= failed else 0, offloaded,
                                   failed)
 
-    def _report_lag(self, ledgers: Sequence[LedgerDesc], pos: Position | None) -> None:
-        if pos is None or not ledgers:
-            return
-        entries = 0
-        nbytes = 0
-        oldest_ms: int | None = None
-        for d in ledgers:
-            if d.ledger_id < pos.ledger_id:
-                continue
-            if d.ledger_id == pos.ledger_id:
-                n = max(d.last_entry_id - pos.entry_id + 1, 0)
-                before = self._bytes_before.get(d.ledger_id)
-                nbytes += (d.size - before) if before is not None else 0
-            else:
-                n = d.entries
-                nbytes += d.size
-            entries += n
-            if n and oldest_ms is None:
-                oldest_ms = d.ctime_ms
-        seconds = max(0.0, (self.env.wall_ms() - oldest_ms) / 1000) if oldest_ms else 0.0
-        self.probe.lag(entries, nbytes, seconds if entries else 0.0)
+    def _committed(self, when_ms: int, uid: uuid.UUID) -> None:
+        """A segment was committed at ``when_ms``: report it."""
+        assert self.last_committed is not None
+        self.last_commit_ms = when_ms
+        self.probe.last_offloaded(*self.last_committed)
+        self.probe.last_commit_time(when_ms / 1000)
+        if self.status_sink is not None:
+            self.status_sink.succeeded(self.last_committed, str(uid), when_ms)
 
     def status(self) -> Mapping[str, object]:
         return {
@@ -779,4 +802,6 @@ class TopicOffloader:
             "open_segment_bytes": self._attempt.frame_bytes if self._attempt else 0,
             "failed_attempts": self.failed_attempts,
             "last_error": self.last_error,
+            "last_commit_ms": self.last_commit_ms,
+            "lag": self.lag.as_dict() if self.lag is not None else None,
         }

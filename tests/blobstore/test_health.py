@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 import pytest
 
@@ -204,3 +205,138 @@ class TestProber:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
         assert calls == 0
+
+
+STALL = HealthPolicy(window_s=10.0, high=0.5, low=0.2, min_samples=4, probe_interval_s=2.0,
+                     stall_after_s=3.0)
+
+
+async def spin_until(cond: Callable[[], bool], rounds: int = 500) -> None:
+    for _ in range(rounds):
+        if cond():
+            return
+        await asyncio.sleep(0)
+
+
+class TestStallWatchdog:
+    """A store that stops answering trips the circuit although no request has failed yet."""
+
+    async def test_silence_with_a_request_waiting_and_an_unanswered_probe_trips(self) -> None:
+        health, clock, changes = make(STALL)
+        probes: list[float] = []
+
+        async def probe() -> None:
+            probes.append(clock.now)
+            raise TimeoutError("no answer")
+
+        start = clock.now
+        health.request_started()  # ...and never finishes: the store is frozen
+        task = asyncio.create_task(health.run_prober(probe, sleep=clock.sleep))
+        try:
+            await spin_until(lambda: health.state is HealthState.PAUSED)
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        assert changes == [(HealthState.HEALTHY, HealthState.PAUSED)]
+        # the first probe went out once the request had waited stall_after_s in silence
+        assert probes and probes[0] == start + STALL.stall_after_s
+        ok, why = health.readiness()
+        assert not ok and "degraded-paused" in why
+
+    async def test_a_slow_request_on_a_store_that_answers_probes_does_not_trip(self) -> None:
+        health, clock, changes = make(STALL)
+        probes = 0
+
+        async def probe() -> None:
+            nonlocal probes
+            probes += 1
+
+        health.request_started()  # a big upload that takes its time
+        task = asyncio.create_task(health.run_prober(probe, sleep=clock.sleep))
+        try:
+            await spin_until(lambda: probes >= 3)
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        assert probes >= 3 and changes == []
+        assert health.state is HealthState.HEALTHY and health.readiness()[0]
+
+    async def test_answers_keep_the_watchdog_quiet(self) -> None:
+        health, clock, _ = make(STALL)
+        probes = 0
+
+        async def probe() -> None:
+            nonlocal probes
+            probes += 1
+
+        async def tick(seconds: float) -> None:  # time moves only as the loop below says
+            await asyncio.sleep(0)
+
+        health.request_started()
+        task = asyncio.create_task(health.run_prober(probe, sleep=tick))
+        try:
+            for i in range(20):  # something answers every second: never silent for 3 s
+                clock.now += 1.0
+                for _ in range(5):
+                    await asyncio.sleep(0)  # the watchdog looks before the next answer
+                if i % 4 == 0:
+                    health.record_failure(answered=True)  # a 503 SlowDown is an answer too
+                else:
+                    health.record_success()
+                await asyncio.sleep(0)
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        assert probes == 0 and health.state is HealthState.HEALTHY
+
+    async def test_no_request_waiting_means_no_watchdog_probe(self) -> None:
+        health, clock, _ = make(STALL)
+        calls = 0
+
+        async def probe() -> None:
+            nonlocal calls
+            calls += 1
+
+        t = health.request_started()
+        health.request_finished(t)
+        clock.now += 100
+        task = asyncio.create_task(health.run_prober(probe, sleep=clock.sleep))
+        for _ in range(50):
+            await asyncio.sleep(0)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        assert calls == 0 and health.waiting == 0
+
+    def test_unanswered_failures_count_like_any_failure(self) -> None:
+        health, _, _ = make(STALL)
+        for _ in range(STALL.min_samples):
+            health.record_failure()  # missed deadlines
+        assert health.state is HealthState.PAUSED
+
+
+class TestRefusals:
+    """A refusal that needs an operator makes the store not ready until that operation works."""
+
+    def test_a_refusal_is_not_a_circuit_failure_but_makes_the_store_not_ready(self) -> None:
+        health, _, changes = make()
+        for _ in range(10):
+            health.record_refused("PutObject", "S3 PutObject s3://b/k: NoSuchBucket (HTTP 404)")
+        assert health.state is HealthState.HEALTHY and changes == []
+        ok, why = health.readiness()
+        assert not ok and "refuses PutObject" in why and "NoSuchBucket" in why
+
+    def test_success_of_another_operation_does_not_clear_it(self) -> None:
+        health, _, _ = make()
+        health.record_refused("PutObject", "AccessDenied")
+        health.record_success("HeadObject")
+        health.record_success()
+        assert not health.readiness()[0]
+
+    def test_success_of_the_refused_operation_clears_it(self) -> None:
+        health, _, _ = make()
+        health.record_refused("PutObject", "AccessDenied")
+        health.record_refused("UploadPart", "AccessDenied")
+        health.record_success("PutObject")
+        assert health.refusal() is not None and health.refusal()[0] == "UploadPart"  # type: ignore[index]
+        health.record_success("UploadPart")
+        assert health.readiness() == (True, "blob store circuit is healthy")

@@ -1,0 +1,115 @@
+"""A topic's offload status, kept in the metadata store so it outlives the daemon.
+
+One small JSON node per managed ledger, written only by the topic's owner::
+
+    /offloadd/status/<ml>   {"v": 1, "state": "ok" | "failing" | "stopped", "owner": "...",
+                             "updated_ms": ..., "failed_attempts": N, "failing_since_ms": ...,
+                             "last_success_ms": ..., "last_success_position": "L:E",
+                             "last_segment": "<uuid>", "last_error": "...",
+                             "last_error_ms": ...}
+
+``state``: ``ok`` while the last attempt (or recovery) succeeded, ``failing`` from the first
+failure until the next commit, ``stopped`` when the owner let the topic go (a graceful stop or a
+hand-over); ``failed_attempts`` and the last error are kept when it stops, so a topic that was
+failing when its daemon stopped still says so. Pulsar's ``offload-status`` forgets all of this
+on a restart; ``offloadd status`` reads it with no daemon running.
+
+Writes carry the owner's fence (``guard_ops``): a daemon that lost the topic cannot overwrite
+its successor's record. They are throttled by the writer (:mod:`offloadd.offload.recorder`):
+every state change at once, otherwise at most once per ``[daemon] status_interval_s``.
+Unknown keys are ignored when reading, so later versions may add some.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+from offloadd.errors import Conflict, FormatError, NotFound
+from offloadd.metadata.base import CreateOp, MetadataStore, Op, SetOp
+from offloadd.paths import offload_status_path
+
+__all__ = ["OffloadStatus", "read", "write"]
+
+STATES = ("ok", "failing", "stopped")
+_ERROR_CHARS = 2000  # one error message; the node stays small whatever a backend says
+
+
+@dataclass(frozen=True)
+class OffloadStatus:
+    state: str = "ok"
+    owner: str = ""
+    updated_ms: int = 0
+    failed_attempts: int = 0
+    failing_since_ms: int | None = None
+    last_success_ms: int | None = None
+    last_success_position: str | None = None
+    last_segment: str | None = None
+    last_error: str | None = None
+    last_error_ms: int | None = None
+
+    def encode(self) -> bytes:
+        doc: dict[str, Any] = {"v": 1, **asdict(self)}
+        if doc["last_error"] is not None:
+            doc["last_error"] = doc["last_error"][:_ERROR_CHARS]
+        return json.dumps(doc, sort_keys=True).encode()
+
+    @classmethod
+    def decode(cls, data: bytes, where: str) -> OffloadStatus:
+        try:
+            doc = json.loads(data)
+            if not isinstance(doc, dict) or doc.get("state") not in STATES:
+                raise ValueError(f"state must be one of {', '.join(STATES)}")
+            known = {f.name for f in fields(cls)}
+            return cls(**{k: v for k, v in doc.items() if k in known})
+        except (ValueError, TypeError) as exc:
+            raise FormatError(where, 0, f"offload status is not the expected JSON ({exc})") \
+                from exc
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+async def read(store: MetadataStore, ml_name: str) -> OffloadStatus | None:
+    """The topic's recorded status; None if no owner ever wrote one."""
+    path = offload_status_path(ml_name)
+    try:
+        node = await store.get(path)
+    except NotFound:
+        return None
+    return OffloadStatus.decode(node.data, path)
+
+
+async def write(store: MetadataStore, ml_name: str, status: OffloadStatus,
+                guard: Sequence[Op] = ()) -> None:
+    """Replace the record (creating it the first time), in one transaction with ``guard``.
+
+    ``Conflict`` when the guard failed (another owner) — the caller checks its fence."""
+    path = offload_status_path(ml_name)
+    data = status.encode()
+    for _ in range(3):
+        try:
+            if guard:
+                await store.multi([*guard, SetOp(path, data)])
+            else:
+                await store.set(path, data)
+            return
+        except NotFound:
+            pass  # first write for this topic: create it (parents too) below
+        parent = path.rsplit("/", 1)[0]
+        with contextlib.suppress(Conflict):
+            await store.create(parent, b"", make_parents=True)
+        try:
+            if guard:
+                await store.multi([*guard, CreateOp(path, data)])
+            else:
+                await store.create(path, data)
+            return
+        except Conflict:
+            if not await store.exists(path):
+                raise  # the guard failed, not the create
+    raise Conflict(f"{path}: could not write the offload status")
+

@@ -1,0 +1,168 @@
+"""Keeps a topic's offload status record (:mod:`offloadd.metadata.offload_status`) up to date.
+
+The topic task reports what happens (:meth:`StatusRecorder.succeeded`, :meth:`~.failed`,
+:meth:`~.stopped`); the recorder folds it into one :class:`OffloadStatus` and writes it from a
+task of its own, so a slow or unreachable metadata store never holds the offload up:
+
+* a change of ``state`` (``ok`` → ``failing``, ``failing`` → ``ok``, → ``stopped``) is written at
+  once;
+* anything else (another commit, another failed attempt) at most once per ``interval_s``, the
+  latest state winning — a busy topic costs one write per interval, not one per segment;
+* a write that fails is retried at the next interval; ``Fenced`` (another owner holds the
+  topic) ends the recorder: the successor writes from then on.
+
+:meth:`close` writes what is pending (bounded by ``close_timeout_s``) and stops the task.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import time
+from collections.abc import Callable
+
+from offloadd.errors import Conflict, Fenced, OffloaddError
+from offloadd.metadata import offload_status
+from offloadd.metadata.base import MetadataStore
+from offloadd.metadata.offload_status import OffloadStatus
+from offloadd.model import Position
+from offloadd.offload.commit import Fence
+
+__all__ = ["StatusRecorder"]
+
+log = logging.getLogger(__name__)
+
+
+class StatusRecorder:
+    def __init__(self, store: MetadataStore, ml_name: str, fence: Fence, owner: str, *,
+                 interval_s: float = 30.0, close_timeout_s: float = 5.0,
+                 wall_ms: Callable[[], int] = lambda: int(time.time() * 1000),
+                 clock: Callable[[], float] = time.monotonic,
+                 initial: OffloadStatus | None = None) -> None:
+        self._store = store
+        self._ml = ml_name
+        self._fence = fence
+        self._interval = interval_s
+        self._close_timeout = close_timeout_s
+        self._wall_ms = wall_ms
+        self._clock = clock
+        base = initial or OffloadStatus()
+        # A new owner keeps what is known of the past (the last success, a failing streak: as
+        # far as anyone knows the topic is still failing until an attempt says otherwise).
+        state = base.state if base.state != "stopped" else \
+            ("failing" if base.failed_attempts else "ok")
+        self.status = dataclasses.replace(base, owner=owner, state=state, updated_ms=0)
+        self._written: OffloadStatus | None = None
+        self._written_at = float("-inf")
+        self._urgent = True  # the first record of an owner goes out at once
+        self._dirty = asyncio.Event()
+        self._dirty.set()
+        self._task: asyncio.Task[None] | None = None
+        self._fenced = False
+        self.writes = 0
+
+    # -- what happened -------------------------------------------------------------------------
+    def succeeded(self, position: Position, segment: str, when_ms: int | None = None) -> None:
+        now = when_ms if when_ms is not None else self._wall_ms()
+        self._update(state="ok", failed_attempts=0, failing_since_ms=None,
+                     last_success_ms=now, last_success_position=str(position),
+                     last_segment=segment)
+
+    def failed(self, error: str, attempts: int, when_ms: int | None = None) -> None:
+        now = when_ms if when_ms is not None else self._wall_ms()
+        since = self.status.failing_since_ms if self.status.state == "failing" else None
+        self._update(state="failing", failed_attempts=attempts,
+                     failing_since_ms=since if since is not None else now,
+                     last_error=error, last_error_ms=now)
+
+    def cleared(self) -> None:
+        """What failed works again without a commit (recovery, say): not failing any more."""
+        self._update(state="ok", failed_attempts=0, failing_since_ms=None)
+
+    def stopped(self) -> None:
+        self._update(state="stopped")
+
+    def _update(self, **changes: object) -> None:
+        old = self.status
+        new = dataclasses.replace(old, **changes)  # type: ignore[arg-type]
+        if new == old:
+            return
+        if new.state != old.state:
+            self._urgent = True
+        self.status = new
+        self._dirty.set()
+
+    # -- writing ------------------------------------------------------------------------------
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(
+                self._run(), name=f"status {self._ml}")
+
+    async def _run(self) -> None:
+        # (asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancellation that
+        # races with the inner wait finishing, and close() would wait for ever)
+        while not self._fenced:
+            await self._dirty.wait()
+            while not self._urgent:  # not a state change: at most one write per interval
+                wait = self._written_at + self._interval - self._clock()
+                if wait <= 0:
+                    break
+                self._dirty.clear()
+                try:
+                    async with asyncio.timeout(wait):
+                        await self._dirty.wait()  # a state change cuts the wait short
+                except TimeoutError:
+                    break
+            self._dirty.clear()
+            await self._write_once()
+
+    async def _write_once(self) -> bool:
+        snapshot = self.status
+        if snapshot == self._written:
+            self._urgent = False
+            return True
+        self._urgent = False
+        snapshot = dataclasses.replace(snapshot, updated_ms=self._wall_ms())
+        try:
+            await offload_status.write(self._store, self._ml, snapshot,
+                                       list(self._fence.guard_ops()))
+        except Conflict:
+            try:
+                await self._fence.verify()
+            except Fenced:
+                log.info("topic %s: another owner keeps its status now", self._ml)
+                self._fenced = True
+                return False
+            except OffloaddError:
+                pass
+            self._retry_later()
+            return False
+        except OffloaddError as exc:
+            log.warning("topic %s: offload status not recorded (%s); retrying in %.0fs",
+                        self._ml, exc, self._interval)
+            self._retry_later()
+            return False
+        self._written = dataclasses.replace(snapshot, updated_ms=0)
+        self.status = dataclasses.replace(self.status, updated_ms=0)
+        self._written_at = self._clock()
+        self.writes += 1
+        return True
+
+    def _retry_later(self) -> None:
+        self._written_at = self._clock()  # the next try one interval from now
+        self._urgent = False
+        self._dirty.set()
+
+    async def close(self) -> None:
+        """Write what is pending (at most ``close_timeout_s``), then stop."""
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        if self._fenced or self.status == self._written:
+            return
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(self._close_timeout):
+                await self._write_once()
