@@ -69,7 +69,7 @@ async def topic_status(md: MetadataStore, source: Any, topic: TopicName) -> dict
 
 async def collect(settings: Settings) -> dict[str, Any]:
     md = await wiring.open_metadata(settings)
-    src = wiring.open_source(settings, md)
+    src = wiring.open_source(settings, md, read_only=True)
     try:
         names = await managed_ledger.list_names(md)
         topics = [await topic_status(md, src, TopicName.from_managed_ledger(n)) for n in names]

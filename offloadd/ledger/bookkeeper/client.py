@@ -351,7 +351,7 @@ class BookieClient:
         h = self.health[addr]
         h.failures += 1
         now = self._clock()
-        if h.down_until <= now:
+        if h.down_until <= now and self.options.quarantine_s > 0:
             self.metrics.quarantine(addr, reason)
             log.warning("bookie %s quarantined for %gs (%s): other replicas are asked first",
                         addr, self.options.quarantine_s, reason)
