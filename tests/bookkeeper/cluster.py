@@ -296,7 +296,10 @@ class FakePulsar:
         await self.zk.set(path, encode_ledger_metadata(led.meta), node.version)
 
     async def delete_ledger(self, topic: TopicName, ledger_id: int) -> None:
-        """Retention: drop it from the managed ledger, then from BookKeeper and the bookies."""
+        """Retention: drop it from the managed ledger, then from BookKeeper and the bookies.
+        Its life records the deletion from the moment it is decided (before anyone can see)."""
+        if ledger_id in self.history:
+            self.history[ledger_id].deleted = time.monotonic()
 
         def drop(info: managed_ledger.ManagedLedgerInfo) -> bool:
             keep = [li for li in info.ledgerInfo if li.ledgerId != ledger_id]
@@ -314,8 +317,6 @@ class FakePulsar:
         for b in self.bookies:
             b.drop_ledger(ledger_id)
         self.written[topic] = [(p, d) for p, d in self.written[topic] if p.ledger_id != ledger_id]
-        if ledger_id in self.history:
-            self.history[ledger_id].deleted = time.monotonic()
 
     async def retain(self, topic: TopicName, *, max_age_s: float, keep: int = 1) -> list[int]:
         """Pulsar's time-based retention: delete the closed ledgers closed more than
