@@ -334,3 +334,37 @@ class _CatalogWatcher:
                                            "has it")
             self.ids, self.committed = ids, segs
             await asyncio.sleep(0.05)
+
+
+class TestWhileNoDaemonRan:
+    """What a daemon that was down can and cannot know (docs/sidecar.md)."""
+
+    async def test_known_ledger_deleted_is_reported_unseen_one_is_not(
+            self, cluster: Cluster, caplog: pytest.LogCaptureFixture) -> None:
+        p = cluster.pulsar
+        await p.append(A, payloads(4, "a"))
+        await p.roll(A)  # 1 closed, 2 open
+        await p.append(A, payloads(3, "b"))
+        first = cluster.source()
+        try:
+            assert await first.list_topics() == [A]
+            await first.ledgers(A)
+        finally:
+            await first.close()  # the daemon stops
+        # while it is down: 2 closes, 3 is created, written, closed and deleted, 1 deleted
+        await p.roll(A)
+        await p.append(A, payloads(5, "c"))
+        await p.roll(A)
+        await p.append(A, payloads(1, "d"))
+        await p.delete_ledger(A, 3)
+        await p.delete_ledger(A, 1)
+        again = cluster.source()
+        try:
+            with caplog.at_level(logging.ERROR):
+                assert await again.list_topics() == [A]
+            assert await mirror_ids(cluster.ours, A) == [2, 4]
+            info, _ = await managed_ledger.load(cluster.ours, A.managed_ledger)
+            assert [(x.ledger_id, x.first, x.last) for x in lost_ledgers(info)] == [(1, 0, 3)]
+            assert "ledger 3" not in caplog.text  # it never was in any list offloadd read
+        finally:
+            await again.close()
