@@ -469,7 +469,7 @@ class BookKeeperLedgerSource:
             try:
                 t = await self._topic(topic)
                 if not self.read_only:
-                    await self._sync(t, force=True)
+                    await self._sync(t)  # a no-op unless Pulsar's list moved (or long ago)
             except NotFound:
                 continue  # deleted since it was listed
             except (FormatError, Fatal) as exc:
