@@ -501,7 +501,8 @@ class TopicOffloader:
         await env.blobstore.put(streaming_index_key(att.uid, env.key_prefix), [index], meta)
         log.debug("segment %s: index written; committing", att.uid)
         await commit.apply(env.metadata, self.topic.managed_ledger,
-                           lambda info: catalog.mark_offloaded(info, att.uid, env.wall_ms()),
+                           lambda info: catalog.mark_offloaded(
+                               info, att.uid, env.wall_ms(), [r.ledger_id for r in ranges]),
                            self.fence, on_write=self.probe.metadata_write)
         self.segment_state = SegmentState.OFFLOADED
         self._attempt = None

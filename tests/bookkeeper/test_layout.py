@@ -190,17 +190,38 @@ class TestMirror:
 
     def test_partly_offloaded_ledger_reports_only_the_rest(self) -> None:
         info = _info((1, 10), (2, None))
-        catalog.add_assigned(info, uuid.uuid4(), [LedgerRange(1, 0, 5)], 5,
+        uid = uuid.uuid4()
+        catalog.add_assigned(info, uid, [LedgerRange(1, 0, 5)], 5,
                              catalog.driver_metadata("filesystem", {}))
+        catalog.mark_offloaded(info, uid, 6)
         ch = mirror_edit(info, pl([PulsarLedger(2, False)]), 1)
         assert [(lost.first, lost.last, lost.bytes) for lost in ch.lost] == [(6, 9, -1)]
 
     def test_fully_offloaded_ledger_is_dropped_without_loss(self) -> None:
         info = _info((1, 10), (2, None))
-        catalog.add_assigned(info, uuid.uuid4(), [LedgerRange(1, 0, 9)], 5,
+        uid = uuid.uuid4()
+        catalog.add_assigned(info, uid, [LedgerRange(1, 0, 9)], 5,
                              catalog.driver_metadata("filesystem", {}))
+        catalog.mark_offloaded(info, uid, 6)
         ch = mirror_edit(info, pl([PulsarLedger(2, False)]), 1)
         assert ch.dropped == [1] and ch.lost == []
+
+    def test_a_segment_assigned_but_not_committed_offloaded_nothing(self) -> None:
+        """Found by the long soak: a ledger deleted under an assigned segment (the daemon was
+        killed before its commit) was recorded lost only after the segment's end, or not at
+        all — its entries silently gone."""
+        info = _info((1, 30), (2, None))
+        done, pending = uuid.uuid4(), uuid.uuid4()
+        drv = catalog.driver_metadata("filesystem", {})
+        catalog.add_assigned(info, done, [LedgerRange(1, 0, 9)], 5, drv)
+        catalog.mark_offloaded(info, done, 6)
+        catalog.add_assigned(info, pending, [LedgerRange(1, 10, 29), LedgerRange(2, 0, 3)],
+                             7, drv)
+        ch = mirror_edit(info, pl([PulsarLedger(2, False)]), 8)
+        assert [(lost.first, lost.last) for lost in ch.lost] == [(10, 29)]
+        # and the segment can no longer be committed over what is left of it
+        with pytest.raises(KeyError, match="lost the records of ledgers"):
+            catalog.mark_offloaded(info, pending, 9, [1, 2])
 
     def test_open_ledger_deleted_reports_what_the_source_knew(self) -> None:
         info = _info((1, None))

@@ -372,13 +372,15 @@ class MirrorChange:
 
 
 def _offloaded_end(li: mlpb.ManagedLedgerInfo.LedgerInfo) -> int:
-    """The last entry of ``li`` that offloadd has recorded in a segment, or -1."""
+    """The last entry of ``li`` that a *committed* segment holds, or -1. An assigned segment
+    does not count: dropping the record drops it too (its commit is then refused, see
+    :func:`offloadd.catalog.mark_offloaded`), so its entries are lost like the rest."""
     if not li.HasField("offloadContext"):
         return -1
     ctx = li.offloadContext
     if len(ctx.offloadSegment):
-        return max(s.endEntryId for s in ctx.offloadSegment)
-    if (ctx.uidMsb or ctx.uidLsb) and li.HasField("entries"):
+        return max((s.endEntryId for s in ctx.offloadSegment if s.complete), default=-1)
+    if (ctx.uidMsb or ctx.uidLsb) and ctx.complete and li.HasField("entries"):
         return li.entries - 1  # offloaded whole (ledger-based format)
     return -1
 
