@@ -35,9 +35,9 @@ never make the mirror forget ledgers Pulsar still has. No bookie is asked anythi
 It never touches an ``offloadContext``. Entries Pulsar deleted before offloadd held them are
 logged as data lost to retention, counted in the metrics and recorded in the mirror node.
 
-``read_only=True`` (``offloadd status``, ``verify``, ``read``: every command but the daemon) makes
-a source that never writes offloadd's store at all: it lists and reads what Pulsar and the
-bookies have, and leaves the mirror to the daemon.
+``read_only=True`` (``offloadd status``, ``verify``, ``gc``: every command but the daemon) makes a
+source that never writes offloadd's store at all: it lists and reads what Pulsar and the bookies
+have, and leaves the mirror to the daemon.
 """
 
 from __future__ import annotations
