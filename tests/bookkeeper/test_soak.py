@@ -41,14 +41,15 @@ when set; ``python -m tests.reliability.report`` puts them in docs/reliability.m
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import itertools
 import json
 import os
 import random
+import re
 import signal
 import sys
 import time
+import uuid
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -74,6 +75,7 @@ from tests.fixtures.fake_bookie import FakeBookie
 pytestmark = [pytest.mark.integration]
 
 CACHE_KEY = "offloadd/sidecar_soak"
+_COMMIT = re.compile(r"topic (?P<topic>\S+): segment (?P<uid>[0-9a-f-]{36}) offloaded:")
 OFFLOADD = [sys.executable, "-m", "offloadd.cli"]
 
 CONFIG = """
@@ -100,7 +102,7 @@ buffer_max_bytes = 4194304
 retry_base_s = 0.2
 retry_max_s = 1.0
 [retention]
-interval_s = 2
+interval_s = 20
 orphan_grace_s = 30
 [metrics]
 enabled = false
@@ -209,15 +211,22 @@ class CatalogWatcher:
 
 
 class TierChecker:
-    """Reads every segment the watcher saw committed, soon after its commit (before gc may
-    delete it with its ledgers), all of it — the ranges its index holds, also those of ledgers
-    whose records already left the catalog — and compares each payload with what the broker
-    acknowledged at that position."""
+    """Reads every committed segment soon after its commit (the daemon's gc may delete it
+    with its ledgers some seconds later), all of it — the ranges its index holds, also those of
+    ledgers whose records already left the catalog — and compares each payload with what the
+    broker acknowledged at that position. A segment counts as committed when the watcher saw
+    it complete in the catalog or the daemon logged its commit (``segment <uid> offloaded``,
+    written after the commit's compare-and-set): a segment whose ledgers Pulsar deleted right
+    after its commit may leave the catalog between two polls."""
 
-    def __init__(self, reader: TierReader, watcher: CatalogWatcher, pulsar: FakePulsar) -> None:
+    def __init__(self, reader: TierReader, watcher: CatalogWatcher, pulsar: FakePulsar,
+                 daemon: Daemon) -> None:
         self.reader = reader
         self.watcher = watcher
         self.pulsar = pulsar
+        self.daemon = daemon
+        self._read_upto: dict[Path, int] = {}
+        self.logged: dict[Any, TopicName] = {}
         self.done: set[Any] = set()
         self.offloaded: dict[int, Counter[int]] = {}  # ledger -> entry -> segments holding it
         self.checked = 0
@@ -226,29 +235,49 @@ class TierChecker:
         self.gone_before_check = 0
         self.problems: list[str] = []
 
+    def _tail_logs(self) -> None:
+        """Commits the daemon logged since the last look (each run's log read incrementally)."""
+        for path in list(self.daemon.logs):
+            try:
+                with path.open("rb") as f:
+                    f.seek(self._read_upto.get(path, 0))
+                    chunk = f.read()
+            except FileNotFoundError:
+                continue
+            whole = chunk[:chunk.rfind(b"\n") + 1]  # a line being written waits
+            self._read_upto[path] = self._read_upto.get(path, 0) + len(whole)
+            for line in whole.decode(errors="replace").splitlines():
+                m = _COMMIT.search(line)
+                if m is not None:
+                    self.logged.setdefault(uuid.UUID(m["uid"]), TopicName.parse(m["topic"]))
+
     async def run(self, stop: asyncio.Event) -> None:
         while True:
-            todo = [(uid, t, seg) for uid, (t, seg) in list(self.watcher.segments_ever.items())
-                    if uid not in self.done]
+            await asyncio.to_thread(self._tail_logs)
+            seen = dict(self.watcher.segments_ever)
+            todo: list[tuple[Any, TopicName, catalog.Segment | None]] = [
+                (uid, t, seg) for uid, (t, seg) in seen.items() if uid not in self.done]
+            todo += [(uid, t, None) for uid, t in self.logged.items()
+                     if uid not in self.done and uid not in seen]
             for uid, t, seg in todo:
-                await self.check(t, seg)
+                await self.check(t, uid, seg)
                 self.done.add(uid)
             if stop.is_set() and not todo:
                 return
             await asyncio.sleep(0.1)
 
-    async def check(self, topic: TopicName, seg: catalog.Segment) -> None:
+    async def check(self, topic: TopicName, uid: Any, seg: catalog.Segment | None) -> None:
         try:
-            idx = await self.reader.index(streaming_index_key(seg.uid, ""))
+            idx = await self.reader.index(streaming_index_key(uid, ""))
             assert isinstance(idx, StreamingIndex)
-            full = dataclasses.replace(seg, ranges=tuple(
+            full = catalog.Segment(uid, catalog.SegmentKind.STREAMING, tuple(
                 catalog.LedgerRange(s.ledger_id, s.blocks[0].first_entry_id, s.last_entry_id)
-                for s in idx.sections))
+                for s in idx.sections), True)
             entries = [(e.position, bytes(e.payload)) async for e in self.reader.read_segment(full)]
         except OffloaddError:
             # gc took it with its ledgers first: count what the catalog said it held
             self.gone_before_check += 1
-            for r in seg.ranges:
+            for r in seg.ranges if seg is not None else ():
                 self.offloaded.setdefault(r.ledger_id, Counter()).update(
                     range(r.first, r.last + 1))
             return
@@ -258,11 +287,11 @@ class TierChecker:
             life = self.pulsar.history.get(lid)
             if life is None or life.topic != topic or eid >= len(life.payloads):
                 self.phantom += 1
-                self.problems.append(f"{topic}: {lid}:{eid} (segment {seg.uid}) is in the tier "
+                self.problems.append(f"{topic}: {lid}:{eid} (segment {uid}) is in the tier "
                                      "but no broker had it acknowledged")
             elif payload != life.payloads[eid]:
                 self.differing += 1
-                self.problems.append(f"{topic}: {lid}:{eid} (segment {seg.uid}) differs from "
+                self.problems.append(f"{topic}: {lid}:{eid} (segment {uid}) differs from "
                                      "what was written")
             self.checked += 1
 
@@ -376,7 +405,7 @@ class Soak:
         self.daemon = Daemon(self.config, self.root)
         self.watcher = CatalogWatcher(self.cluster.ours, self.cluster.pulsar, self.topics)
         self.reader = TierReader(self.cluster.ours, FilesystemBlobStore(self.root / "tier"))
-        self.checker = TierChecker(self.reader, self.watcher, self.cluster.pulsar)
+        self.checker = TierChecker(self.reader, self.watcher, self.cluster.pulsar, self.daemon)
 
     # ---- commands ------------------------------------------------------------------------
     async def _snap(self) -> dict[str, tuple[int, ...]]:
