@@ -9,14 +9,18 @@ reads the whole ledger the way the offloader does — the source's pipelined rea
 (``reads_in_flight`` entries in flight, read-ahead) in block-sized runs, each entry's digest
 checked, framed into a recycled buffer as an ``EntryRun`` — and reports wall time and its own
 CPU seconds (user + system, ``time.process_time``), and the bookies quarantined on the way (a
-healthy cluster quarantines none). Beside it, a plain blocking socket
-reads the very bytes the bookie sends for those reads (every response frame, pre-encoded by a
-server process) with ``recv_into``: the floor for moving them through the kernel in Python.
-The source reuses private pieces of ``offloadd.ledger.bookkeeper.source`` (the read stream and
-the framing) so that no ZooKeeper is needed. Prints one JSON document.
+healthy cluster quarantines none). Then the live tail's read pattern: ``--tail`` single-entry
+reads one after another (what the source sends to learn an open ledger's newest confirmed entry,
+and what a reader following a slow topic sends), counting the reads that waited a whole read
+timeout (``stalls``): on a write-quorum-2 ledger a single entry has two equally good bookies.
+Beside the bulk read, a plain blocking socket reads the very bytes the bookies send for those
+reads (every response frame, pre-encoded by a server process) with ``recv_into``: the floor for
+moving them through the kernel in Python. The source reuses private pieces of
+``offloadd.ledger.bookkeeper.source`` (the read stream and the framing) so that no ZooKeeper is
+needed. Prints one JSON document.
 
     .venv/bin/python bench/bookkeeper_read.py [--mib 128] [--block-mib 16] [--in-flight 256]
-        [--bookies 3] [--wq 2] [--read-timeout 10]
+        [--bookies 3] [--wq 2] [--read-timeout 10] [--tail 200] [--tail-timeout 1]
 """
 
 from __future__ import annotations
@@ -97,6 +101,29 @@ def _start_bookie(n: int, size: int, stripe: str) -> tuple[subprocess.Popen[str]
     return p, line[1]
 
 
+async def _tail(addrs: list[str], wq: int, n: int, size: int, reads: int,
+                read_timeout: float) -> dict[str, Any]:
+    meta = LedgerMetadata(LEDGER, len(addrs), wq, wq, LedgerStateBK.CLOSED, n - 1, n * size, 3,
+                          None, 0, ((0, tuple(addrs)),))
+    client = BookieClient(ClientOptions(read_timeout_s=read_timeout))
+    led = _Ledger(meta)
+    for addr in addrs:
+        await client._connection(addr)
+    stalls = 0
+    t0 = time.perf_counter()
+    for e in range(min(reads, n)):
+        r0 = time.perf_counter()
+        entries, _ = await client.read_entries(led, e, e)
+        assert len(entries) == 1
+        if time.perf_counter() - r0 >= 0.9 * read_timeout:
+            stalls += 1
+    wall = time.perf_counter() - t0
+    await client.close()
+    done = min(reads, n)
+    return {"reads": done, "seconds": wall, "reads_per_s": done / wall, "stalls": stalls,
+            "read_timeout_s": read_timeout}
+
+
 async def _read_all(addrs: list[str], wq: int, n: int, size: int, block: int, in_flight: int,
                     read_timeout: float) -> dict[str, Any]:
     meta = LedgerMetadata(LEDGER, len(addrs), wq, wq, LedgerStateBK.CLOSED, n - 1, n * size, 3,
@@ -104,7 +131,8 @@ async def _read_all(addrs: list[str], wq: int, n: int, size: int, block: int, in
     client = BookieClient(ClientOptions(read_timeout_s=read_timeout))
     led = _Ledger(meta)
     stream = _ReadStream(client, led, in_flight, 8 * MiB)  # type: ignore[arg-type]
-    await client.read_entries(led, 0, len(addrs) - 1)  # connect before the clock starts
+    for addr in addrs:  # connect before the clock starts (no read: reads are what is timed)
+        await client._connection(addr)
     cpu0, t0 = time.process_time(), time.perf_counter()
     pos = payload = frames = 0
     into = bytearray(block)  # the offloader leases recycled buffers the same way
@@ -158,6 +186,9 @@ def main() -> None:
     ap.add_argument("--read-timeout", type=float, default=10.0,
                     help="per-read timeout (s); offloadd's default")
     ap.add_argument("--sizes", default="1024,65536", help="entry sizes, comma-separated")
+    ap.add_argument("--tail", type=int, default=200, help="single-entry reads after the bulk")
+    ap.add_argument("--tail-timeout", type=float, default=1.0,
+                    help="read timeout (s) of the single-entry reads")
     args = ap.parse_args()
     import uvloop
 
@@ -170,12 +201,15 @@ def main() -> None:
             ours = uvloop.run(_read_all([a for _, a in bookies], args.wq, n, size,
                                         args.block_mib * MiB, args.in_flight,
                                         args.read_timeout))
+            tail = uvloop.run(_tail([a for _, a in bookies], args.wq, n, size, args.tail,
+                                    args.tail_timeout)) if args.tail else None
         finally:
             for proc, _ in bookies:
                 proc.kill()
                 proc.wait()
         raw = _raw(n, size)
         results.append({"entry_bytes": size, "mib": args.mib, "source": ours, "raw_socket": raw,
+                        "single_entry_reads": tail,
                         "mib_s_ratio": ours["mib_s"] / raw["mib_s"],
                         "cpu_ratio": ours["cpu_s_per_gib"] / raw["cpu_s_per_gib"]})
     print(json.dumps({"benchmark": "bookkeeper_read", "in_flight": args.in_flight,

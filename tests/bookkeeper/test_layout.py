@@ -223,7 +223,8 @@ class TestMirror:
         with pytest.raises(KeyError, match="lost the records of ledgers"):
             catalog.mark_offloaded(info, pending, 9, [1, 2])
 
-    def test_open_ledger_deleted_reports_what_the_source_knew(self) -> None:
+    def test_a_ledger_deleted_before_its_close_was_mirrored_reports_its_final_end(
+            self) -> None:
         info = _info((1, None))
         ch = mirror_edit(info, pl([]), 1, known_last={1: (4, 40)})
         assert [(lost.first, lost.last) for lost in ch.lost] == [(0, 4)]

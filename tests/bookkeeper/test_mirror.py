@@ -368,3 +368,37 @@ class TestWhileNoDaemonRan:
             assert "ledger 3" not in caplog.text  # it never was in any list offloadd read
         finally:
             await again.close()
+
+
+class TestLossOfALedgerNeverMirroredClosed:
+    """Found by the long soak: a ledger the mirror held as open, then closed and deleted by
+    Pulsar before the daemon looked again, was reported with the end the daemon had read while
+    it was open — a lower bound — or, when nothing of it was readable yet, not at all."""
+
+    @pytest.mark.parametrize("readable_first", [0, 3])
+    async def test_reported_whole(self, cluster: Cluster, readable_first: int) -> None:
+        p = cluster.pulsar
+        await p.append(A, payloads(3, "x"))  # ledger 1: entries 0..2 carry LAC -1
+        if readable_first:
+            await p.append(A, payloads(2, "y"))  # confirms 0..2
+        src = cluster.source()
+        try:
+            assert await src.list_topics() == [A]
+            (d,) = await src.ledgers(A)
+            assert d.last_entry_id == readable_first - 1
+            # Pulsar writes on, closes it, rolls, and retention deletes it: all before the
+            # daemon looks again
+            await p.append(A, payloads(6, "z"))
+            await p.roll(A)
+            await p.append(A, payloads(1, "n"))
+            await p.delete_ledger(A, 1)
+            total = len(p.history[1].payloads)
+            await until(lambda: src.list_topics(), "a listing")
+            await until(lambda: _mirror_is(cluster, [2]), "ledger 1 dropped")
+            info, _ = await managed_ledger.load(cluster.ours, A.managed_ledger)
+            (lost,) = lost_ledgers(info)
+            assert lost.ledger_id == 1 and lost.first == 0
+            assert lost.last in (total - 1, -1)  # its end, or "unknown": never less
+            assert src.metrics.lost_ledgers[str(A)] == 1
+        finally:
+            await src.close()

@@ -392,11 +392,11 @@ def mirror_edit(info: mlpb.ManagedLedgerInfo, listed: PulsarList, now_ms: int,
     ``listed`` is older than the list the mirror already follows (then nothing changes and the
     result says ``stale``): see the module docstring.
 
-    ``known_last`` gives, for open ledgers, the last readable entry and payload bytes the
-    source knew, so that a ledger deleted while open is reported with what it had; without it
-    the loss is recorded with an unknown end. Ledgers in ``exempt`` (held elsewhere, e.g. by
-    Pulsar's own offloader) are dropped without a loss. Records that stay keep their
-    ``offloadContext`` as they are.
+    ``known_last`` gives, for ledgers the mirror still holds as open, their final last entry
+    and payload bytes when the source saw them closed in BookKeeper; without it a loss is
+    recorded with an unknown end (what was readable while it was open is only a lower bound).
+    Ledgers in ``exempt`` (held elsewhere, e.g. by Pulsar's own offloader) are dropped without a
+    loss. Records that stay keep their ``offloadContext`` as they are.
     """
     pulsar = listed.ledgers
     ours = {li.ledgerId: li for li in info.ledgerInfo}

@@ -130,6 +130,8 @@ class _Ledger:
             else (-1, 0)
         self.lac_learnt = meta.closed
         self.deleted = False
+        if meta.closed:
+            source.saw_closed(meta)
         self.watch: Watch | None = None
         self.changed = asyncio.Event()
         self.stream: _ReadStream | None = None
@@ -168,6 +170,7 @@ class _Ledger:
             self.lac = meta.last_entry_id
             self.known = (meta.last_entry_id, meta.length)
             self.lac_learnt = True
+            self._source.saw_closed(meta)
         self._wake()
         return ensembles_changed
 
@@ -316,7 +319,6 @@ class _Topic:
     mirrored_mzxid: int | None = None  # the newest read of Pulsar's list applied to the mirror
     mirrored_closed: frozenset[int] = frozenset()  # ledgers BookKeeper had closed by then
     mirrored_at: float = 0.0
-    last_seen: dict[int, tuple[int, int]] = field(default_factory=dict)
     read_pos: tuple[int, int] | None = None
     mirror_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
@@ -375,6 +377,9 @@ class BookKeeperLedgerSource:
         self._topic_futs: dict[TopicName, asyncio.Future[_Topic]] = {}
         self._ledgers: dict[int, _Ledger] = {}
         self._ledger_futs: dict[int, asyncio.Future[_Ledger | None]] = {}
+        # (last entry, bytes) of ledgers seen closed in BookKeeper whose close the mirror has
+        # not recorded yet: the end of a loss should Pulsar delete one first
+        self._ends: dict[int, tuple[int, int]] = {}
         self._closed = False
 
     @classmethod
@@ -446,6 +451,11 @@ class BookKeeperLedgerSource:
             check_layout(node.data, f"{root}/LAYOUT")
         except FormatError as exc:
             raise Fatal(str(exc)) from None
+
+    def saw_closed(self, meta: LedgerMetadata) -> None:
+        """A ledger's metadata read closed: its end, for the mirror (see ``_ends``)."""
+        if not self.read_only:
+            self._ends[meta.ledger_id] = (meta.last_entry_id, meta.length)
 
     def wanted(self, topic: TopicName) -> bool:
         pats = self.options.topics
@@ -656,7 +666,6 @@ class BookKeeperLedgerSource:
                     log.warning("topic %s: %s; its open ledger stays unread for now",
                                 t.topic, exc)
                 await self._advance(led)
-                t.last_seen[led.ledger_id] = led.known
             out.append(self._desc(led, li.timestamp if li.HasField("timestamp") else 0))
         self._prune()
         return out
@@ -745,7 +754,9 @@ class BookKeeperLedgerSource:
                 await self._md.create(managed_ledger_path(ml),
                                       managed_ledger.ManagedLedgerInfo().SerializeToString())
         changes: list[MirrorChange] = []
-        known = dict(t.last_seen)
+        # a ledger deleted before it was seen closed is reported with its end unknown: what
+        # was readable while it was open is only a lower bound of what it held
+        known = dict(self._ends)
         # a ledger Pulsar's own offloader moved to its tier is not lost when it leaves BookKeeper
         theirs = {li.ledgerId for li in info.ledgerInfo
                   if li.HasField("offloadContext") and li.offloadContext.complete}
@@ -756,6 +767,10 @@ class BookKeeperLedgerSource:
             return change.changed
 
         await managed_ledger.update(self._md, ml, edit, create=True)
+        if changes and not changes[0].stale:
+            for p in listed.ledgers:  # the mirror holds their ends now
+                if p.closed:
+                    self._ends.pop(p.ledger_id, None)
         t.mirrored_mzxid = max(listed.mzxid, t.mirrored_mzxid or -1)
         t.mirrored_closed = frozenset(p.ledger_id for p in listed.ledgers if p.closed)
         t.mirrored_at = self._clock()
@@ -780,7 +795,7 @@ class BookKeeperLedgerSource:
             self.metrics.data_lost(str(t.topic), len(change.lost),
                                    sum(lost.entries for lost in change.lost))
         for lid in change.dropped:
-            t.last_seen.pop(lid, None)
+            self._ends.pop(lid, None)
 
     def _prune(self) -> None:
         """Forget ledgers no watched topic lists any more."""
