@@ -347,12 +347,17 @@ class Daemon:
         return code
 
     def pause(self) -> None:
+        """SIGSTOP: a stopped daemon reads no list either, so this is a window without one."""
         assert self.proc is not None
         self.proc.send_signal(signal.SIGSTOP)
+        self.down_since = time.monotonic()
 
     def resume(self) -> None:
         assert self.proc is not None
         self.proc.send_signal(signal.SIGCONT)
+        if self.down_since is not None:
+            self.down.append((self.down_since, time.monotonic()))
+            self.down_since = None
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.returncode is None
@@ -705,8 +710,8 @@ class Soak:
         }
 
     def _while_down(self, life: LedgerLife) -> bool:
-        """Created and deleted while no daemon was reading Pulsar's lists (from its kill until
-        it was ready again; a second's leeway before the kill for its last list read)."""
+        """Created and deleted while no daemon was reading Pulsar's lists (killed until ready
+        again, or stopped; a second's leeway before for its last list read)."""
         assert life.deleted is not None
         windows = list(self.daemon.down)
         if self.daemon.down_since is not None:
