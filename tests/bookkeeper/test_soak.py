@@ -75,6 +75,7 @@ from tests.fixtures.fake_bookie import FakeBookie
 pytestmark = [pytest.mark.integration]
 
 CACHE_KEY = "offloadd/sidecar_soak"
+_GAP = re.compile(r"^(?P<ledger>\d+):\d+\.\.before ")
 _COMMIT = re.compile(r"topic (?P<topic>\S+): segment (?P<uid>[0-9a-f-]{36}) offloaded:")
 OFFLOADD = [sys.executable, "-m", "offloadd.cli"]
 
@@ -373,6 +374,7 @@ class CommandRun:
     code: int
     seconds: float
     catalog_written: bool | None  # None: not checkable (the daemon was writing)
+    out: str = field(default="", repr=False)
 
 
 async def command(config: Path, root: Path, *args: str, timeout: float = 180
@@ -436,7 +438,7 @@ class Soak:
                     if not self._deleted(lost["ledger"]):
                         self.problems.append(f"status showed ledger {lost['ledger']} lost, "
                                              "Pulsar has it")
-        run = CommandRun(args, mode, code, round(took, 2), written)
+        run = CommandRun(args, mode, code, round(took, 2), written, out)
         self.commands.append(run)
         return run
 
@@ -599,6 +601,13 @@ class Soak:
         report = json.loads(out)
         orphans = len(report["orphans"])
         final.append(await self.run_command("daemon down", "status", "--json"))
+        # verify before gc: a gap may only be where Pulsar deleted a ledger before offload
+        before_gc = json.loads(final[0].out)
+        gaps = [g for t in before_gc["topics"] for g in t["gaps"]]
+        for g in gaps:
+            m = _GAP.search(g)
+            if m is None or not self._deleted(int(m["ledger"])):
+                self.problems.append(f"verify: a gap not explained by retention: {g}")
 
         # the tier as gc left it, read back once more: each entry already checked (by the
         # checker, right after its commit), once, and still what the broker acknowledged
@@ -706,6 +715,7 @@ class Soak:
                                      if c.args[0] == "status"), default=0),
             "orphans_left": orphans,
             "final_verify_ok": final[0].code == 0,
+            "final_verify_gaps_all_lost_to_retention": len(gaps),
             "gc_exit": gc_code,
         }
 
