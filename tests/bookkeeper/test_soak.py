@@ -716,6 +716,13 @@ class Soak:
             "orphans_left": orphans,
             "final_verify_ok": final[0].code == 0,
             "final_verify_gaps_all_lost_to_retention": len(gaps),
+            "final_verify_before_gc": {
+                "errors": sum(len(t["errors"]) for t in before_gc["topics"]),
+                "duplicates": sum(t["duplicates"] for t in before_gc["topics"]),
+                "checksum_mismatches": sum(t["checksum_mismatches"]
+                                           for t in before_gc["topics"]),
+                "orphans": len(before_gc["orphans"]),
+                "first_errors": [e for t in before_gc["topics"] for e in t["errors"]][:3]},
             "gc_exit": gc_code,
         }
 
