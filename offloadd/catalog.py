@@ -161,8 +161,21 @@ def add_assigned(info: pb.ManagedLedgerInfo, uid: uuid.UUID, ranges: Sequence[Le
     return True
 
 
-def mark_offloaded(info: pb.ManagedLedgerInfo, uid: uuid.UUID, now_ms: int) -> bool:
-    """ASSIGNED -> OFFLOADED on every record of ``uid``; ``KeyError`` if none exists."""
+def mark_offloaded(info: pb.ManagedLedgerInfo, uid: uuid.UUID, now_ms: int,
+                   ledger_ids: Iterable[int] = ()) -> bool:
+    """ASSIGNED -> OFFLOADED on every record of ``uid``; ``KeyError`` if none exists, or if
+    one of ``ledger_ids`` (the ledgers the segment was assigned over) no longer holds its
+    record: a ledger dropped since the ASSIGN (a sidecar's mirror follows Pulsar's retention)
+    was reported lost from its last committed entry on, so committing the rest would claim less
+    than the segment's index holds. The offloader then redoes what is left."""
+    msb, lsb = uuid_to_msb_lsb(uid)
+    holding = {li.ledgerId for li in info.ledgerInfo if li.HasField("offloadContext")
+               and any(s.uidMsb == msb and s.uidLsb == lsb
+                       for s in li.offloadContext.offloadSegment)}
+    gone = sorted(set(ledger_ids) - holding)
+    if gone and holding:
+        raise KeyError(f"segment {uid} lost the records of ledgers {gone} (deleted since it "
+                       "was assigned)")
     found = False
     for seg in _records(info, uid):
         found = True

@@ -486,7 +486,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
         try:
             bs = await wiring.open_blobstore(settings)
             try:
-                src = wiring.open_source(settings, md)
+                src = wiring.open_source(settings, md, read_only=True)
                 try:
                     topics = args.topic or [TopicName.from_managed_ledger(n)
                                             for n in await managed_ledger.list_names(md)]
@@ -538,7 +538,7 @@ def _cmd_gc(args: argparse.Namespace) -> int:
             bs = await wiring.open_blobstore(settings)
             try:
                 try:
-                    src = wiring.open_source(settings, md)
+                    src = wiring.open_source(settings, md, read_only=True)
                 except ConfigError as exc:  # deletions and the sweep need no source
                     log.warning("gc without the ledger source: %s", exc)
                     src = None

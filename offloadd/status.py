@@ -126,7 +126,7 @@ def exit_code(st: dict[str, Any]) -> int:
 async def collect(settings: Settings, topics: Sequence[TopicName] | None = None
                   ) -> dict[str, Any]:
     md = await wiring.open_metadata(settings, read_only=True)  # status never writes
-    src = wiring.open_source(settings, md)
+    src = wiring.open_source(settings, md, read_only=True)
     try:
         names = [TopicName.from_managed_ledger(n) for n in await managed_ledger.list_names(md)]
         if topics:

@@ -115,13 +115,16 @@ def open_local_store(settings: Settings, metadata: MetadataStore) -> LocalLedger
                             max_entry_bytes=src.max_entry_bytes, verify_crc=src.verify_crc)
 
 
-def open_source(settings: Settings, metadata: MetadataStore) -> LedgerSource:
+def open_source(settings: Settings, metadata: MetadataStore, *,
+                read_only: bool = False) -> LedgerSource:
+    """The configured ledger source; ``read_only`` for every command but the daemon: such a
+    source never writes the metadata store (the BookKeeper source's mirror is the daemon's)."""
     src = settings.source
     if src.kind == "local":
         return LocalLedgerSource(src.path, metadata, verify_crc=src.verify_crc)
     if src.kind == "bookkeeper":
         from offloadd.ledger.bookkeeper import BookKeeperLedgerSource
 
-        return BookKeeperLedgerSource.from_settings(settings, metadata)
+        return BookKeeperLedgerSource.from_settings(settings, metadata, read_only=read_only)
     raise ConfigError(f'[source] kind = "{src.kind}" is not supported (use "local" or '
                       '"bookkeeper")')

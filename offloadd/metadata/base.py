@@ -14,7 +14,7 @@ Implementations: ``embedded.py`` (SQLite, several processes on one machine),
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 
@@ -22,6 +22,10 @@ from typing import Protocol, runtime_checkable
 class Versioned:
     data: bytes
     version: int
+    # ZooKeeper's zxid of the node's last change (-1 from stores without one). Unlike
+    # ``version`` it only grows, also across a delete and re-create, so it orders two reads of
+    # a node. Not part of equality: it describes the read, not the content.
+    mzxid: int = field(default=-1, compare=False)
 
 
 @dataclass(frozen=True)

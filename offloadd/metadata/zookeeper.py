@@ -336,7 +336,7 @@ class Watch:
                 else:
                     data, stat = await store._call(lambda: zk.get_async(full, self._fired),
                                                    "get", self.path)
-                    value = Versioned(bytes(data or b""), stat.version)
+                    value = Versioned(bytes(data or b""), stat.version, stat.mzxid)
                 break
             except NotFound:
                 stat = await store._call(lambda: zk.exists_async(full, self._fired),
@@ -619,7 +619,7 @@ class ZooKeeperMetadataStore:
     async def get(self, path: str) -> Versioned:
         full = self._abs(path)
         data, stat = await self._call(lambda: self._zk.get_async(full), "get", path)
-        return Versioned(bytes(data or b""), stat.version)
+        return Versioned(bytes(data or b""), stat.version, stat.mzxid)
 
     async def exists(self, path: str) -> bool:
         full = self._abs(path)

@@ -542,7 +542,8 @@ class TopicOffloader:
         log.debug("segment %s: index written; committing", att.uid)
         done_ms = env.wall_ms()
         await commit.apply(env.metadata, self.topic.managed_ledger,
-                           lambda info: catalog.mark_offloaded(info, att.uid, done_ms),
+                           lambda info: catalog.mark_offloaded(
+                               info, att.uid, done_ms, [r.ledger_id for r in ranges]),
                            self.fence, on_write=self.probe.metadata_write)
         self.segment_state = SegmentState.OFFLOADED
         self._attempt = None

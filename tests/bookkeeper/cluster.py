@@ -6,13 +6,33 @@ ZooKeeper and entries on fake bookies, written the way a broker and its BookKeep
 adds entries over protocol v3 to every bookie of each entry's write set (the body carries the LAC
 the writer knew when it sent the entry), closes ledgers (metadata ``CLOSED`` with
 ``lastEntryId``/``length``, then ``entries``/``size`` in the managed ledger), changes ensembles
-and deletes ledgers as Pulsar's retention does. Everything it wrote is kept in :attr:`written`.
+and deletes ledgers as Pulsar's retention does. Everything it wrote is kept in :attr:`written`
+(minus what retention deleted) and :attr:`history` (everything, with each ledger's life).
+
+Hostile, as a broker and its BookKeeper client are:
+
+- ensembles of 3, write quorum 2, ack quorum 2, striped as BookKeeper stripes (entry ``e`` on
+  ensemble positions ``(e + j) mod 3``, ``j < 2``); with ``rotate`` each new ledger starts its
+  ensemble one bookie further along the pool, so every bookie holds every kind of stripe;
+- an add a bookie does not acknowledge within ``add_timeout_s`` (frozen, dead) makes an
+  *ensemble change* from the first unacknowledged entry: the bookie is replaced by one outside
+  the ensemble and the entries from there on are sent again; the stale copies stay behind, and
+  the bookie is left out of new ensembles for ``avoid_s``;
+- entries past the LAC exist on bookies before they are readable: an entry carries the LAC the
+  writer knew when it sent it, so the newest entry of a ledger is confirmed only by the next add
+  or the close; :meth:`crash_and_recover` leaves one more entry on a single bookie of its write
+  set and then closes the ledger before it, as BookKeeper's recovery does with an entry that has
+  fewer than ack-quorum copies: a reader that reads past the LAC gets an entry that is not part
+  of the ledger;
+- :meth:`retain` deletes ledgers as Pulsar's retention does (managed-ledger list first, then the
+  BookKeeper node, then the bookies' copies), concurrently with whoever reads them.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from offloadd.errors import OffloaddError
@@ -43,6 +63,19 @@ class _Open:
 
 
 @dataclass
+class LedgerLife:
+    """One ledger as the writer knows it: its acknowledged payloads and when it lived."""
+
+    topic: TopicName
+    ledger_id: int
+    created: float
+    payloads: list[bytes] = field(default_factory=list)
+    closed: float | None = None
+    deleted: float | None = None
+    torn: bool = False  # closed by "recovery" with an unacknowledged entry on one bookie
+
+
+@dataclass
 class FakePulsar:
     zk: ZooKeeperMetadataStore  # at Pulsar's chroot
     bookies: list[FakeBookie]
@@ -55,8 +88,20 @@ class FakePulsar:
     next_ledger_id: int = 1
     written: dict[TopicName, list[tuple[Position, bytes]]] = field(default_factory=dict)
     open: dict[TopicName, _Open] = field(default_factory=dict)
-    adder: BookieClient = field(default_factory=lambda: BookieClient(
-        ClientOptions(read_timeout_s=5.0, connect_timeout_s=2.0, quarantine_s=0.0)))
+    add_timeout_s: float = 5.0
+    avoid_s: float = 5.0
+    rotate: bool = False
+    history: dict[int, LedgerLife] = field(default_factory=dict)
+    ensemble_changes: int = 0
+    _avoid: dict[str, float] = field(default_factory=dict)
+    _rotation: int = 0
+    _locks: dict[TopicName, asyncio.Lock] = field(default_factory=dict)
+    adder: BookieClient | None = None
+
+    def __post_init__(self) -> None:
+        if self.adder is None:
+            self.adder = BookieClient(ClientOptions(read_timeout_s=self.add_timeout_s,
+                                                    connect_timeout_s=2.0, quarantine_s=0.0))
 
     async def setup(self) -> None:
         await self.zk.create(f"{self.ledgers_root}/LAYOUT",
@@ -65,7 +110,27 @@ class FakePulsar:
             await self.zk.create(f"{self.ledgers_root}/available/{b.address}", b"")
 
     async def close(self) -> None:
+        assert self.adder is not None
         await self.adder.close()
+
+    def lock(self, topic: TopicName) -> asyncio.Lock:
+        """Held by each operation on a topic's ledgers: a broker serialises them per topic."""
+        return self._locks.setdefault(topic, asyncio.Lock())
+
+    def _usable(self, b: FakeBookie, now: float) -> bool:
+        return b.running and self._avoid.get(b.address, 0.0) <= now
+
+    def _choose_ensemble(self) -> list[str]:
+        now = time.monotonic()
+        pool = list(self.bookies)
+        if self.rotate:
+            k = self._rotation % len(pool)
+            self._rotation += 1
+            pool = pool[k:] + pool[:k]
+        good = [b.address for b in pool if self._usable(b, now)]
+        if len(good) < self.ensemble_size:  # as BookKeeper would: better a slow one than none
+            good += [b.address for b in pool if b.address not in good]
+        return good[:self.ensemble_size]
 
     @property
     def digest(self) -> codec.Digest:
@@ -82,7 +147,7 @@ class FakePulsar:
             raise AssertionError(f"{topic} has an open ledger")
         ledger_id = self.next_ledger_id
         self.next_ledger_id += 1
-        members = ensemble or [b.address for b in self.bookies[:self.ensemble_size]]
+        members = ensemble or self._choose_ensemble()
         meta = LedgerMetadata(ledger_id, len(members), self.write_quorum, self.ack_quorum,
                               LedgerStateBK.OPEN, -1, 0, int(self.digest_type), self.password,
                               int(time.time() * 1000), ((0, tuple(members)),))
@@ -96,43 +161,94 @@ class FakePulsar:
 
         await managed_ledger.update(self.zk, topic.managed_ledger, add, create=True)
         self.written.setdefault(topic, [])
+        self.history[ledger_id] = LedgerLife(topic, ledger_id, time.monotonic())
         return ledger_id
 
     async def append(self, topic: TopicName, payloads: list[bytes]) -> Position:
-        """Add a batch (opening a ledger if needed); all entries acked by ``ack_quorum``."""
+        """Add a batch (opening a ledger if needed); all entries acked by ``ack_quorum`` of
+        their write set, changing the ensemble when a bookie does not answer in time."""
         if topic not in self.open:
             await self.open_ledger(topic)
         led = self.open[topic]
-        sends = []
-        ids = []
         lac = led.lac  # what the writer knows confirmed when it sends the batch
+        bodies: dict[int, bytes] = {}
+        ids = []
         for p in payloads:
             e = led.next_entry
             led.next_entry += 1
             led.length += len(p)
-            body = codec.encode_entry(self.digest, led.meta.ledger_id, e, lac, led.length, p)
-            for b in led.meta.bookies_for(e):
-                sends.append(self._add(b, led.meta.ledger_id, e, body))
+            bodies[e] = codec.encode_entry(self.digest, led.meta.ledger_id, e, lac, led.length,
+                                           p)
             ids.append((e, p))
-        results = await asyncio.gather(*sends, return_exceptions=True)
-        per_entry = len(results) // len(payloads)
-        for i in range(len(payloads)):
-            acks = sum(1 for r in results[i * per_entry:(i + 1) * per_entry] if r is True)
-            if acks < led.meta.ack_quorum:
-                raise AssertionError(f"entry {ids[i][0]} got {acks} acks: {results}")
+        acked: dict[int, set[str]] = {e: set() for e in bodies}
+        for _ in range(2 * len(self.bookies) + 2):
+            sends = [(e, b) for e in bodies for b in led.meta.bookies_for(e)
+                     if b not in acked[e]]
+            results = await asyncio.gather(*(self._add(b, led.meta.ledger_id, e, bodies[e])
+                                             for e, b in sends))
+            failed: set[str] = set()
+            for (e, b), ok in zip(sends, results, strict=True):
+                (acked[e].add if ok else failed.add)(b)
+            short = [e for e in bodies if len(acked[e] & set(led.meta.bookies_for(e)))
+                     < led.meta.ack_quorum]
+            if not short:
+                break
+            now = time.monotonic()
+            for b in failed:
+                self._avoid[b] = now + self.avoid_s
+            await self._change_ensemble_from(topic, min(short), failed)
+        else:
+            raise AssertionError(f"{topic}: entries {min(bodies)}..{max(bodies)} of ledger "
+                                 f"{led.meta.ledger_id} could not be acknowledged")
         led.lac = led.next_entry - 1
+        life = self.history[led.meta.ledger_id]
         for e, p in ids:
             self.written[topic].append((Position(led.meta.ledger_id, e), p))
+            life.payloads.append(p)
         return Position(led.meta.ledger_id, led.next_entry - 1)
+
+    async def _change_ensemble_from(self, topic: TopicName, first: int,
+                                    failed: set[str]) -> None:
+        """BookKeeper's ensemble change: entries from ``first`` on go to an ensemble in which
+        the bookies that failed are replaced by others (if there are any)."""
+        led = self.open[topic]
+        current = led.meta.ensemble_for(first)
+        now = time.monotonic()
+        spares = [b.address for b in self.bookies if b.address not in current
+                  and b.address not in failed and self._usable(b, now)]
+        replace = {}
+        for b in current:
+            if b in failed and spares:
+                replace[b] = spares.pop(0)
+        if not replace:
+            await asyncio.sleep(0.1)  # nobody to replace it with: try the same ones again
+            return
+        segs = [(f, ens) for f, ens in led.meta.segments if f < first]
+        segs.append((first, tuple(replace.get(b, b) for b in current)))
+        await self._set_segments(topic, tuple(segs))
+        self.ensemble_changes += 1
 
     async def _add(self, bookie: str, ledger_id: int, entry_id: int, body: bytes) -> bool:
         key = codec.master_key(self.password)
+        assert self.adder is not None
         try:
             resp = await self.adder.call(
                 bookie, lambda txn: AddRequest(txn, ledger_id, entry_id, key, body))
         except (BookieError, OffloaddError):
             return False
         return isinstance(resp, AddResponse) and resp.status == Status.EOK
+
+    async def crash_and_recover(self, topic: TopicName, payload: bytes) -> int:
+        """The broker dies while adding ``payload``: it reached one bookie of its write set
+        only. Recovery finds fewer than ack-quorum copies and closes the ledger before it —
+        the entry stays on that bookie, past the ledger's end. Returns the ledger id."""
+        led = self.open[topic]
+        e = led.next_entry
+        body = codec.encode_entry(self.digest, led.meta.ledger_id, e, led.lac,
+                                  led.length + len(payload), payload)
+        await self._add(led.meta.bookies_for(e)[0], led.meta.ledger_id, e, body)
+        self.history[led.meta.ledger_id].torn = True
+        return await self.close_ledger(topic)
 
     async def close_ledger(self, topic: TopicName) -> int:
         led = self.open.pop(topic)
@@ -153,6 +269,7 @@ class FakePulsar:
             return True
 
         await managed_ledger.update(self.zk, topic.managed_ledger, close)
+        self.history[led.meta.ledger_id].closed = time.monotonic()
         return led.meta.ledger_id
 
     async def roll(self, topic: TopicName) -> int:
@@ -165,7 +282,11 @@ class FakePulsar:
         led = self.open[topic]
         old = led.meta.segments[-1][1]
         new = tuple(replace.get(b, b) for b in old)
-        segs = (*led.meta.segments, (led.next_entry, new))
+        await self._set_segments(topic, (*led.meta.segments, (led.next_entry, new)))
+
+    async def _set_segments(self, topic: TopicName,
+                            segs: tuple[tuple[int, tuple[str, ...]], ...]) -> None:
+        led = self.open[topic]
         m = led.meta
         led.meta = LedgerMetadata(m.ledger_id, m.ensemble_size, m.write_quorum, m.ack_quorum,
                                   m.state, m.last_entry_id, m.length, m.digest_type, m.password,
@@ -175,7 +296,10 @@ class FakePulsar:
         await self.zk.set(path, encode_ledger_metadata(led.meta), node.version)
 
     async def delete_ledger(self, topic: TopicName, ledger_id: int) -> None:
-        """Retention: drop it from the managed ledger, then from BookKeeper and the bookies."""
+        """Retention: drop it from the managed ledger, then from BookKeeper and the bookies.
+        Its life records the deletion from the moment it is decided (before anyone can see)."""
+        if ledger_id in self.history:
+            self.history[ledger_id].deleted = time.monotonic()
 
         def drop(info: managed_ledger.ManagedLedgerInfo) -> bool:
             keep = [li for li in info.ledgerInfo if li.ledgerId != ledger_id]
@@ -193,6 +317,24 @@ class FakePulsar:
         for b in self.bookies:
             b.drop_ledger(ledger_id)
         self.written[topic] = [(p, d) for p, d in self.written[topic] if p.ledger_id != ledger_id]
+
+    async def retain(self, topic: TopicName, *, max_age_s: float, keep: int = 1) -> list[int]:
+        """Pulsar's time-based retention: delete the closed ledgers closed more than
+        ``max_age_s`` ago, oldest first, keeping at least ``keep`` ledgers."""
+        now = time.monotonic()
+        out: list[int] = []
+        lives = sorted((x for x in self.history.values()
+                        if x.topic == topic and x.deleted is None), key=lambda x: x.ledger_id)
+        for life in lives[:max(len(lives) - keep, 0)]:
+            if life.closed is None or now - life.closed < max_age_s:
+                break  # retention trims from the oldest end only
+            await self.delete_ledger(topic, life.ledger_id)
+            out.append(life.ledger_id)
+        return out
+
+    def ledgers_of(self, topic: TopicName) -> Sequence[LedgerLife]:
+        return sorted((x for x in self.history.values() if x.topic == topic),
+                      key=lambda x: x.ledger_id)
 
     def payloads(self, topic: TopicName) -> dict[Position, bytes]:
         return dict(self.written.get(topic, []))

@@ -9,9 +9,11 @@ attempted there would fail loudly with ``NoAuth``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 
@@ -41,22 +43,33 @@ class Cluster:
         return BookKeeperLedgerSource(BookKeeperOptions(**opts), self.ours)  # type: ignore[arg-type]
 
 
-@pytest.fixture
-async def cluster(zk_server: str) -> AsyncIterator[Cluster]:  # noqa: F811
+@contextlib.asynccontextmanager
+async def open_cluster(hosts: str, bookies: int = 3,
+                       **pulsar: Any) -> AsyncIterator[Cluster]:
+    """A cluster of ``bookies`` fake bookies on the ZooKeeper at ``hosts``; ``pulsar`` sets
+    :class:`FakePulsar` fields."""
     tag = uuid.uuid4().hex[:12]
-    pulsar_url = f"zk://{zk_server}/pulsar-{tag}"
-    offloadd_url = f"zk://{zk_server}/offloadd-{tag}"
+    pulsar_url = f"zk://{hosts}/pulsar-{tag}"
+    offloadd_url = f"zk://{hosts}/offloadd-{tag}"
     writer = await ZooKeeperMetadataStore.open(pulsar_url, session_timeout_s=4.0,
                                                connect_timeout_s=10.0, acl=PULSAR_ACL)
     ours = await ZooKeeperMetadataStore.open(offloadd_url, session_timeout_s=4.0,
                                              connect_timeout_s=10.0)
-    bookies = [await FakeBookie().start() for _ in range(3)]
-    pulsar = FakePulsar(writer, bookies)
-    await pulsar.setup()
+    started = [await FakeBookie().start() for _ in range(bookies)]
+    fake = FakePulsar(writer, started, **pulsar)
+    await fake.setup()
     try:
-        yield Cluster(zk_server, pulsar_url, offloadd_url, pulsar, bookies, ours)
+        yield Cluster(hosts, pulsar_url, offloadd_url, fake, started, ours)
     finally:
-        await pulsar.close()
-        for b in bookies:
+        for b in started:
+            b.thaw()
+        await fake.close()
+        for b in started:
             await b.kill()
         await asyncio.gather(writer.close(), ours.close(), return_exceptions=True)
+
+
+@pytest.fixture
+async def cluster(zk_server: str) -> AsyncIterator[Cluster]:  # noqa: F811
+    async with open_cluster(zk_server) as c:
+        yield c

@@ -277,6 +277,65 @@ class TestFailover:
             await c.close()
 
 
+class TestNoEmptyReads:
+    """Issue 13 defect 3: with write quorum 2 a small read splits over two equally good
+    bookies, one of which gets nothing to read. It must not be sent an empty batch and waited
+    on until the read timeout (that stalled every single-entry read and quarantined a healthy
+    bookie)."""
+
+    async def test_single_entries_of_an_ensemble_3_wq_2_ledger_never_wait(
+            self, bookies: dict[str, FakeBookie]) -> None:
+        a = addrs(bookies)
+        md = meta(20, [(0, a[:3])])
+        payloads = populate(bookies, md, 12)
+        # a read timeout far beyond the deadline below: an empty read would wait for all of it
+        c = BookieClient(ClientOptions(read_timeout_s=60.0, quarantine_s=60.0))
+        try:
+            async with asyncio.timeout(20):
+                for e in range(12):
+                    entries, _ = await c.read_entries(Ctx(20, md), e, e)
+                    assert [bytes(x.payload) for x in entries] == [payloads[e]]
+                entries, _ = await c.read_entries(Ctx(20, md), 0, 11)
+            assert [bytes(x.payload) for x in entries] == payloads
+            assert not any(c.is_down(b) for b in a)
+            assert c.metrics.quarantines == {}
+            assert sum(c.metrics.errors.values()) == 0
+        finally:
+            await c.close()
+
+    def test_plans_never_hold_an_empty_list(self) -> None:
+        c = BookieClient(ClientOptions())
+        md = meta(21, [(0, ["a:1", "b:2", "c:3"])])
+        for first in range(6):
+            for last in range(first, first + 5):
+                plan = c._plan(Ctx(21, md), first, last, None, {})
+                assert all(plan.by_bookie.values()), (first, last, plan.by_bookie)
+                got = sorted(i for idxs in plan.by_bookie.values() for i in idxs)
+                assert got == list(range(last - first + 1))
+
+    async def test_an_empty_sink_is_complete_at_once(self) -> None:
+        from offloadd.ledger.bookkeeper.client import _Sink
+
+        sink = _Sink(0, asyncio.get_running_loop().create_future())
+        assert sink.future.done()
+
+    async def test_a_quarantine_is_counted_and_logged(
+            self, bookies: dict[str, FakeBookie], caplog: pytest.LogCaptureFixture) -> None:
+        a = addrs(bookies)
+        md = meta(22, [(0, a[:3])])
+        payloads = populate(bookies, md, 9)
+        bookies[a[1]].on_request = lambda r: Fault(drop=True)
+        c = BookieClient(ClientOptions(read_timeout_s=0.3, quarantine_s=30.0))
+        try:
+            with caplog.at_level("WARNING"):
+                entries, _ = await c.read_entries(Ctx(22, md), 0, 8)
+            assert [bytes(x.payload) for x in entries] == payloads
+            assert c.metrics.quarantines == {(a[1], "timeout"): 1}
+            assert f"bookie {a[1]} quarantined" in caplog.text
+        finally:
+            await c.close()
+
+
 class TestLastAddConfirmed:
     async def test_last_entry_tells_the_lac(self, bookies: dict[str, FakeBookie],
                                             client: BookieClient) -> None:
@@ -346,6 +405,7 @@ class TestMetricsExport:
         m.retry()
         m.set_lac_lag("persistent://t/ns/x", 7)
         m.data_lost("persistent://t/ns/x", 1, 40)
+        m.quarantine("b3:3181", "timeout")
         reg = CollectorRegistry(auto_describe=True)
         m.register(reg)
         text = generate_latest(reg).decode()
@@ -355,4 +415,6 @@ class TestMetricsExport:
         assert 'offloadd_bookkeeper_read_retries_total 1.0' in text
         assert 'offloadd_bookkeeper_lac_lag_entries{topic="persistent://t/ns/x"} 7.0' in text
         assert ('offloadd_bookkeeper_data_lost_entries_total{topic="persistent://t/ns/x"} 40.0'
+                in text)
+        assert ('offloadd_bookkeeper_quarantines_total{bookie="b3:3181",reason="timeout"} 1.0'
                 in text)

@@ -16,7 +16,7 @@ from kazoo.client import KazooClient
 from offloadd import config, wiring
 from offloadd.errors import ConfigError, FormatError, NotFound
 from offloadd.ledger.base import LedgerSource
-from offloadd.ledger.bookkeeper import BookKeeperLedgerSource, lost_ledgers
+from offloadd.ledger.bookkeeper import BookKeeperLedgerSource, codec, lost_ledgers
 from offloadd.ledger.bookkeeper.codec import DigestType
 from offloadd.ledger.bookkeeper.layout import decode_ledger_metadata, encode_ledger_metadata
 from offloadd.metadata import managed_ledger
@@ -191,6 +191,40 @@ class TestLedgersAndReads:
         finally:
             await good.close()
             await bad.close()
+
+
+class TestOnlyUpToTheLac:
+    """Entries past the last-add-confirmed exist on bookies before they are readable, and an
+    entry a crashed writer left on one bookie is never part of the ledger: none is handed out."""
+
+    async def test_unconfirmed_and_torn_entries_are_never_read(self, cluster: Cluster) -> None:
+        p = cluster.pulsar
+        items = payloads(6, "l")
+        await p.append(A, items[:3])
+        await p.append(A, items[3:])  # their headers confirm 0..2; 3..5 are not confirmed yet
+        led = p.open[A]
+        # an add pipelined behind 3..5 (sent before their acks came: it says LAC 2), on one
+        # bookie of its write set only; nobody acknowledged it
+        torn = codec.encode_entry(p.digest, 1, 6, 2, led.length + 4, b"torn")
+        holder = next(b for b in cluster.bookies if b.address == led.meta.bookies_for(6)[0])
+        holder.put(1, 6, torn)
+        src = cluster.source()
+        try:
+            (d,) = await src.ledgers(A)
+            assert d.last_entry_id == 2 and d.size == sum(map(len, items[:3]))
+            with pytest.raises(NotFound):
+                await src.read(A, 1, 0, 3)
+            assert bytes((await src.read(A, 1, 0, 2)).data) == framed(0, items[:3])
+            # the broker crashes with entry 6 on one bookie; recovery closes the ledger at 5
+            await p.close_ledger(A)
+            await eventually(lambda: _closed(src, A), "ledger 1 closed")
+            (d,) = await src.ledgers(A)
+            assert d.last_entry_id == 5
+            assert bytes((await src.read(A, 1, 0, 5)).data) == framed(0, items)
+            with pytest.raises(NotFound):
+                await src.read(A, 1, 6, 6)
+        finally:
+            await src.close()
 
 
 async def _closed(src: BookKeeperLedgerSource, topic: TopicName) -> bool:

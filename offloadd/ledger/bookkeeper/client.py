@@ -138,6 +138,8 @@ class _Sink:
         self.results: list[Response | BookieError | None] = [None] * n
         self.remaining = n
         self.future = future
+        if n == 0:  # nothing to wait for: a sink of no requests must never hang its waiter
+            future.set_result(None)
 
     def deliver(self, slot: int, result: Response | BookieError) -> None:
         if self.results[slot] is not None:
@@ -338,15 +340,22 @@ class BookieClient:
             async with asyncio.timeout(self.options.connect_timeout_s):
                 _, conn = await loop.create_connection(lambda: _Connection(addr), host, port)
         except (OSError, TimeoutError) as exc:
-            self._mark_down(addr)
+            self._mark_down(addr, "connect")
             raise BookieError(addr, "connect", str(exc) or type(exc).__name__) from None
         self._conns[addr] = conn
         return conn
 
-    def _mark_down(self, addr: str) -> None:
+    def _mark_down(self, addr: str, reason: str) -> None:
+        """Ask ``addr`` last for ``quarantine_s``. A healthy bookie going into quarantine is
+        counted and logged (a failure while already quarantined only extends it)."""
         h = self.health[addr]
         h.failures += 1
-        h.down_until = self._clock() + self.options.quarantine_s
+        now = self._clock()
+        if h.down_until <= now and self.options.quarantine_s > 0:
+            self.metrics.quarantine(addr, reason)
+            log.warning("bookie %s quarantined for %gs (%s): other replicas are asked first",
+                        addr, self.options.quarantine_s, reason)
+        h.down_until = now + self.options.quarantine_s
 
     def is_down(self, addr: str) -> bool:
         """Failed (error, timeout, refused connection) within the last ``quarantine_s``."""
@@ -386,6 +395,8 @@ class BookieClient:
     async def _send(self, addr: str, data: bytes, n: int, first_txn: int,
                     timeout: float) -> list[Response | BookieError]:
         """Send ``n`` framed requests with txnIds ``first_txn..``; one result per request."""
+        if n == 0:
+            return []
         try:
             conn = await self._connection(addr)
         except BookieError as exc:
@@ -406,7 +417,7 @@ class BookieClient:
                                   f"{timeout:g}s")
                 for slot in range(n):
                     sink.deliver(slot, err)
-                self._mark_down(addr)
+                self._mark_down(addr, "timeout")
         except BookieError as exc:
             conn.forget(first_txn, n)
             for slot in range(n):
@@ -418,7 +429,7 @@ class BookieClient:
             self.metrics.set_pending(addr, self.pending[addr])
         results = [r for r in sink.results if r is not None]
         if any(isinstance(r, BookieError) and r.reason == "connection" for r in results):
-            self._mark_down(addr)
+            self._mark_down(addr, "connection")
         return results
 
     async def call(self, addr: str, request: Callable[[int], Request],
@@ -440,6 +451,8 @@ class BookieClient:
         """Read ``entry_ids`` from one bookie: the entries (None where it failed), the
         failures by position (reason, detail) and the best LAC hint."""
         n = len(entry_ids)
+        if n == 0:
+            return [], {}, -1
         first_txn = self._take_txns(n)
         data = encode_plain_reads(first_txn, ctx.ledger_id, entry_ids)
         t0 = self._clock()
@@ -543,6 +556,8 @@ class BookieClient:
                 best = [b for b in ranked if self._rank(b) == top]
                 pos = 0
                 for b, count in _water_fill(len(ids), best, pend):
+                    if count == 0:
+                        continue  # an empty read would wait for nothing (see _Sink)
                     by_bookie[b].extend(e - first for e in ids[pos:pos + count])
                     pend[b] = pend.get(b, 0) + count
                     pos += count

@@ -24,14 +24,25 @@ Pulsar deleted, exactly as a ledger writer does (:mod:`offloadd.retention` learn
 absence that the ledger is gone, and deletes a segment's objects once every ledger it touches
 is). It never edits an ``offloadContext``. Entries Pulsar deleted before offloadd held them are
 recorded as a ``properties`` key ``offloadd.lost.<ledgerId>`` (see :class:`LostLedger`).
+
+The mirror's one rule of time: a ledger missing from Pulsar's list is deleted only if the list
+is at least as new as every list the mirror already follows. Pulsar appends ledgers and removes
+them only when they are deleted, never to add them back, so a newer list lacking a ledger the
+mirror holds proves the deletion, while an older one proves nothing (it was read before the
+ledger was added). Every edit therefore takes a :class:`PulsarList` — the ledgers as one read of
+Pulsar's znode saw them, with that read's ``version`` and ``mzxid`` — and the mirror records
+the newest one it applied (``properties`` key ``offloadd.pulsar.list``); :func:`mirror_edit`
+refuses a list older than that record, whoever derived it and however long it took. ``mzxid``
+orders the reads: unlike the version it keeps growing when Pulsar deletes and re-creates a
+topic.
 """
 
 from __future__ import annotations
 
 import enum
 import json
-from collections.abc import Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Collection, Iterable, Mapping
+from dataclasses import dataclass, field
 
 from offloadd._proto import bookkeeper_pb2
 from offloadd._proto import mldataformats_pb2 as mlpb
@@ -40,11 +51,13 @@ from offloadd.errors import FormatError
 __all__ = [
     "DEFAULT_LEDGERS_ROOT",
     "LOST_PREFIX",
+    "PULSAR_LIST_KEY",
     "LedgerMetadata",
     "LedgerStateBK",
     "LostLedger",
     "MirrorChange",
     "PulsarLedger",
+    "PulsarList",
     "check_layout",
     "decode_ledger_metadata",
     "encode_ledger_metadata",
@@ -52,6 +65,7 @@ __all__ = [
     "ledger_path",
     "lost_ledgers",
     "mirror_edit",
+    "mirrored_list",
     "write_set",
 ]
 
@@ -59,6 +73,7 @@ DEFAULT_LEDGERS_ROOT = "/ledgers"
 HIERARCHICAL_FACTORY = "org.apache.bookkeeper.meta.HierarchicalLedgerManagerFactory"
 METADATA_HEADER = b"BookieMetadataFormatVersion\t"
 LOST_PREFIX = "offloadd.lost."
+PULSAR_LIST_KEY = "offloadd.pulsar.list"
 _SHORT_LIMIT = 2**31 - 1  # Integer.MAX_VALUE: ids from here on use the long layout
 
 
@@ -270,6 +285,31 @@ class PulsarLedger:
 
 
 @dataclass(frozen=True)
+class PulsarList:
+    """A topic's ledgers as one read of Pulsar's znode saw them: ``version`` and ``mzxid`` are
+    that read's (``mzxid`` orders reads, also across a delete and re-create of the node)."""
+
+    ledgers: tuple[PulsarLedger, ...]
+    version: int
+    mzxid: int
+
+    def stamp(self) -> str:
+        return json.dumps({"version": self.version, "mzxid": self.mzxid}, sort_keys=True)
+
+
+def mirrored_list(info: mlpb.ManagedLedgerInfo) -> tuple[int, int] | None:
+    """(mzxid, version) of the newest Pulsar list the mirror follows; None if not recorded."""
+    for kv in info.properties:
+        if kv.key == PULSAR_LIST_KEY:
+            try:
+                v = json.loads(kv.value)
+                return int(v["mzxid"]), int(v["version"])
+            except (ValueError, KeyError, TypeError):
+                return None
+    return None
+
+
+@dataclass(frozen=True)
 class LostLedger:
     """Entries ``first..last`` of a ledger that Pulsar deleted before offloadd held them.
 
@@ -312,45 +352,66 @@ def lost_ledgers(info: mlpb.ManagedLedgerInfo) -> list[LostLedger]:
 
 @dataclass
 class MirrorChange:
-    """What :func:`mirror_edit` did: ledgers added, closed and dropped, losses recorded."""
+    """What :func:`mirror_edit` did: ledgers added, closed and dropped, losses recorded, loss
+    records withdrawn (``cleared``: Pulsar still lists those ledgers, so an older offloadd wrote
+    them from a stale list), whether it recorded a newer Pulsar list (``stamped``), or that it
+    refused the list as older than the one the mirror follows (``stale``)."""
 
     added: list[int]
     closed: list[int]
     dropped: list[int]
     lost: list[LostLedger]
+    cleared: list[int] = field(default_factory=list)
+    stamped: bool = False
+    stale: bool = False
 
     @property
     def changed(self) -> bool:
-        return bool(self.added or self.closed or self.dropped or self.lost)
+        return bool(self.added or self.closed or self.dropped or self.lost or self.cleared
+                    or self.stamped)
 
 
 def _offloaded_end(li: mlpb.ManagedLedgerInfo.LedgerInfo) -> int:
-    """The last entry of ``li`` that offloadd has recorded in a segment, or -1."""
+    """The last entry of ``li`` that a *committed* segment holds, or -1. An assigned segment
+    does not count: dropping the record drops it too (its commit is then refused, see
+    :func:`offloadd.catalog.mark_offloaded`), so its entries are lost like the rest."""
     if not li.HasField("offloadContext"):
         return -1
     ctx = li.offloadContext
     if len(ctx.offloadSegment):
-        return max(s.endEntryId for s in ctx.offloadSegment)
-    if (ctx.uidMsb or ctx.uidLsb) and li.HasField("entries"):
+        return max((s.endEntryId for s in ctx.offloadSegment if s.complete), default=-1)
+    if (ctx.uidMsb or ctx.uidLsb) and ctx.complete and li.HasField("entries"):
         return li.entries - 1  # offloaded whole (ledger-based format)
     return -1
 
 
-def mirror_edit(info: mlpb.ManagedLedgerInfo, pulsar: Sequence[PulsarLedger], now_ms: int,
+def mirror_edit(info: mlpb.ManagedLedgerInfo, listed: PulsarList, now_ms: int,
                 known_last: Mapping[int, tuple[int, int]] | None = None, *,
                 exempt: Collection[int] = ()) -> MirrorChange:
-    """Make the ledger list of ``info`` (offloadd's mirror) follow ``pulsar`` (in place).
+    """Make the ledger list of ``info`` (offloadd's mirror) follow ``listed`` (in place), unless
+    ``listed`` is older than the list the mirror already follows (then nothing changes and the
+    result says ``stale``): see the module docstring.
 
-    ``known_last`` gives, for open ledgers, the last readable entry and payload bytes the
-    source knew, so that a ledger deleted while open is reported with what it had; without it
-    the loss is recorded with an unknown end. Ledgers in ``exempt`` (held elsewhere, e.g. by
-    Pulsar's own offloader) are dropped without a loss. Records that stay keep their
-    ``offloadContext`` as they are.
+    ``known_last`` gives, for ledgers the mirror still holds as open, their final last entry
+    and payload bytes when the source saw them closed in BookKeeper; without it a loss is
+    recorded with an unknown end (what was readable while it was open is only a lower bound).
+    Ledgers in ``exempt`` (held elsewhere, e.g. by Pulsar's own offloader) are dropped without a
+    loss. Records that stay keep their ``offloadContext`` as they are.
     """
+    pulsar = listed.ledgers
     ours = {li.ledgerId: li for li in info.ledgerInfo}
     wanted = {p.ledger_id for p in pulsar}
     change = MirrorChange([], [], [], [])
+    followed = mirrored_list(info)
+    if followed is not None and followed[0] > listed.mzxid:
+        change.stale = True
+        return change
+    change.stamped = followed is None or followed[0] < listed.mzxid
     recorded = {kv.key for kv in info.properties}
+    # a loss recorded for a ledger Pulsar still lists is false: an older offloadd mirrored a
+    # stale list. Withdraw it, so that the ledger's real deletion is reported when it comes.
+    change.cleared = sorted(lid for lid in wanted if f"{LOST_PREFIX}{lid}" in recorded)
+    recorded -= {f"{LOST_PREFIX}{lid}" for lid in change.cleared}
     for li in info.ledgerInfo:
         if li.ledgerId in wanted:
             continue
@@ -374,6 +435,18 @@ def mirror_edit(info: mlpb.ManagedLedgerInfo, pulsar: Sequence[PulsarLedger], no
                            or mine.size != p.size):
             change.closed.append(p.ledger_id)
     if not change.changed:
+        return change
+    if change.cleared or change.stamped:
+        drop_keys = {f"{LOST_PREFIX}{lid}" for lid in change.cleared} | {PULSAR_LIST_KEY}
+        props = [(kv.key, kv.value) for kv in info.properties if kv.key not in drop_keys]
+        if not change.stamped:
+            props += [(kv.key, kv.value) for kv in info.properties if kv.key == PULSAR_LIST_KEY]
+        del info.properties[:]
+        for k, v in props:
+            info.properties.add(key=k, value=v)
+        if change.stamped:
+            info.properties.add(key=PULSAR_LIST_KEY, value=listed.stamp())
+    if not (change.added or change.closed or change.dropped or change.lost):
         return change
     # Rebuild in Pulsar's order; existing records are copied whole (offload contexts intact).
     copies: list[mlpb.ManagedLedgerInfo.LedgerInfo] = []

@@ -18,6 +18,8 @@ anything. :meth:`BookKeeperMetrics.snapshot` is a plain dict for status output a
 ``offloadd_bookkeeper_data_lost_entries_total``     counter  per ``topic``: lost to retention
 ``offloadd_bookkeeper_data_lost_ledgers_total``     counter  per ``topic``
 ``offloadd_bookkeeper_long_polls_total``            counter  LAC long polls sent
+``offloadd_bookkeeper_quarantines_total``           counter  per ``bookie`` and ``reason``: bookies
+                                                             put in quarantine (asked last)
 ==================================================  =======  =======================================
 """
 
@@ -48,6 +50,7 @@ class BookKeeperMetrics:
         self.lost_entries: defaultdict[str, int] = defaultdict(int)
         self.lost_ledgers: defaultdict[str, int] = defaultdict(int)
         self.long_polls = 0
+        self.quarantines: defaultdict[tuple[str, str], int] = defaultdict(int)
 
     # ---- probe ---------------------------------------------------------------------------
     def entries_read(self, bookie: str, count: int, nbytes: int, latency_sum_s: float) -> None:
@@ -81,6 +84,9 @@ class BookKeeperMetrics:
     def long_poll(self) -> None:
         self.long_polls += 1
 
+    def quarantine(self, bookie: str, reason: str) -> None:
+        self.quarantines[(bookie, reason)] += 1
+
     # ---- export --------------------------------------------------------------------------
     def snapshot(self) -> dict[str, Any]:
         return {
@@ -98,6 +104,7 @@ class BookKeeperMetrics:
             "data_lost_entries": dict(self.lost_entries),
             "data_lost_ledgers": dict(self.lost_ledgers),
             "long_polls": self.long_polls,
+            "quarantines": {f"{b} {r}": n for (b, r), n in self.quarantines.items()},
         }
 
     def collect(self) -> Iterator[Any]:
@@ -147,6 +154,12 @@ class BookKeeperMetrics:
         polls = CounterMetricFamily(_PREFIX + "long_polls", "LAC long polls sent")
         polls.add_metric([], float(self.long_polls))
         yield polls
+        quar = CounterMetricFamily(_PREFIX + "quarantines", "Bookies put in quarantine (asked "
+                                   "last) after a failure, by reason",
+                                   labels=["bookie", "reason"])
+        for (b, r), n in sorted(self.quarantines.items()):
+            quar.add_metric([b, r], float(n))
+        yield quar
 
     def describe(self) -> list[Any]:
         return []  # collected on every scrape; no fixed description needed

@@ -26,10 +26,18 @@ coming, so the next read of the offloader finds them ready. Entries are framed f
 with one ``bytes.join``.
 
 The mirror (see :mod:`offloadd.ledger.bookkeeper.layout`) is brought up to date whenever the
-topics are listed or a topic's ledgers are asked for and Pulsar's list has changed since, by
-compare-and-set on offloadd's store; it never touches an ``offloadContext``. Entries Pulsar
-deleted before offloadd held them are logged as data lost to retention, counted in the metrics
-and recorded in the mirror node.
+topics are listed or a topic's ledgers are asked for and Pulsar's list has changed since. Each
+mirror edit is derived from one fresh read of Pulsar's znode (data, version, mzxid), re-derived
+if the znode moved while the ledgers' metadata was looked up, and written by compare-and-set on
+offloadd's store only if the mirror does not already follow a newer read
+(:func:`~offloadd.ledger.bookkeeper.layout.mirror_edit`): a slow caller holding an old list can
+never make the mirror forget ledgers Pulsar still has. No bookie is asked anything on the way.
+It never touches an ``offloadContext``. Entries Pulsar deleted before offloadd held them are
+logged as data lost to retention, counted in the metrics and recorded in the mirror node.
+
+``read_only=True`` (``offloadd status``, ``verify``, ``gc``: every command but the daemon) makes a
+source that never writes offloadd's store at all: it lists and reads what Pulsar and the bookies
+have, and leaves the mirror to the daemon.
 """
 
 from __future__ import annotations
@@ -56,7 +64,9 @@ from offloadd.ledger.bookkeeper.codec import Digest, Entry, digest_for
 from offloadd.ledger.bookkeeper.layout import (
     DEFAULT_LEDGERS_ROOT,
     LedgerMetadata,
+    MirrorChange,
     PulsarLedger,
+    PulsarList,
     check_layout,
     decode_ledger_metadata,
     describe_lost,
@@ -81,6 +91,7 @@ _CHUNK_BYTES = 256 * 1024  # one batch of reads aims at this many payload bytes
 _DEFAULT_ENTRY_BYTES = 1024
 _CRC_BATCH = 1024
 _MIRROR_REFRESH_S = 60.0
+_MIRROR_ATTEMPTS = 5  # fresh reads of Pulsar's list per mirror update while it keeps moving
 _METADATA_READS = 32  # ledger metadata reads in flight when a topic is first seen
 
 
@@ -119,6 +130,8 @@ class _Ledger:
             else (-1, 0)
         self.lac_learnt = meta.closed
         self.deleted = False
+        if meta.closed:
+            source.saw_closed(meta)
         self.watch: Watch | None = None
         self.changed = asyncio.Event()
         self.stream: _ReadStream | None = None
@@ -157,6 +170,7 @@ class _Ledger:
             self.lac = meta.last_entry_id
             self.known = (meta.last_entry_id, meta.length)
             self.lac_learnt = True
+            self._source.saw_closed(meta)
         self._wake()
         return ensembles_changed
 
@@ -299,11 +313,12 @@ class _Topic:
     topic: TopicName
     info: managed_ledger.ManagedLedgerInfo | None = None
     version: int = -1
+    mzxid: int = -1  # of the read ``info`` came from: newer reads only replace it
     watch: Watch | None = None
     changed: asyncio.Event = field(default_factory=asyncio.Event)
-    mirrored: tuple[PulsarLedger, ...] | None = None
+    mirrored_mzxid: int | None = None  # the newest read of Pulsar's list applied to the mirror
+    mirrored_closed: frozenset[int] = frozenset()  # ledgers BookKeeper had closed by then
     mirrored_at: float = 0.0
-    last_seen: dict[int, tuple[int, int]] = field(default_factory=dict)
     read_pos: tuple[int, int] | None = None
     mirror_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
@@ -346,8 +361,10 @@ class BookKeeperLedgerSource:
     def __init__(self, options: BookKeeperOptions, metadata: MetadataStore, *,
                  metrics: BookKeeperMetrics | None = None,
                  wall_ms: Callable[[], int] = lambda: int(time.time() * 1000),
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 read_only: bool = False) -> None:
         self.options = options
+        self.read_only = read_only
         self.password = options.password
         self.metrics = metrics or BookKeeperMetrics()
         self._md = metadata
@@ -360,11 +377,16 @@ class BookKeeperLedgerSource:
         self._topic_futs: dict[TopicName, asyncio.Future[_Topic]] = {}
         self._ledgers: dict[int, _Ledger] = {}
         self._ledger_futs: dict[int, asyncio.Future[_Ledger | None]] = {}
+        # (last entry, bytes) of ledgers seen closed in BookKeeper whose close the mirror has
+        # not recorded yet: the end of a loss should Pulsar delete one first
+        self._ends: dict[int, tuple[int, int]] = {}
         self._closed = False
 
     @classmethod
-    def from_settings(cls, settings: Any, metadata: MetadataStore) -> BookKeeperLedgerSource:
-        """Build from :class:`offloadd.config.Settings` (``[source] kind = "bookkeeper"``)."""
+    def from_settings(cls, settings: Any, metadata: MetadataStore, *,
+                      read_only: bool = False) -> BookKeeperLedgerSource:
+        """Build from :class:`offloadd.config.Settings` (``[source] kind = "bookkeeper"``);
+        ``read_only`` for every command but the daemon (the source never writes then)."""
         src = settings.source
         if not src.pulsar_zk:
             raise ConfigError('[source] kind = "bookkeeper" needs pulsar_zk, Pulsar\'s '
@@ -387,7 +409,7 @@ class BookKeeperLedgerSource:
             reads_in_flight=src.reads_in_flight, readahead_bytes=src.readahead_bytes,
             session_timeout_s=settings.metadata.session_timeout_s,
             connect_timeout_s=settings.metadata.connect_timeout_s, zk_auth=auth)
-        return cls(opts, metadata)
+        return cls(opts, metadata, read_only=read_only)
 
     # ---- opening -------------------------------------------------------------------------
     @property
@@ -430,6 +452,11 @@ class BookKeeperLedgerSource:
         except FormatError as exc:
             raise Fatal(str(exc)) from None
 
+    def saw_closed(self, meta: LedgerMetadata) -> None:
+        """A ledger's metadata read closed: its end, for the mirror (see ``_ends``)."""
+        if not self.read_only:
+            self._ends[meta.ledger_id] = (meta.last_entry_id, meta.length)
+
     def wanted(self, topic: TopicName) -> bool:
         pats = self.options.topics
         return not pats or any(fnmatch.fnmatchcase(str(topic), p) for p in pats)
@@ -437,7 +464,8 @@ class BookKeeperLedgerSource:
     # ---- topics --------------------------------------------------------------------------
     async def list_topics(self) -> list[TopicName]:
         """Pulsar's persistent topics matching the patterns; each one's mirror is created or
-        brought up to date before it is returned, so the offloader finds it."""
+        brought up to date before it is returned, so the offloader finds it (read-only: the
+        mirror is left as it is)."""
         zk = await self._open()
         out: list[TopicName] = []
         for name in await zk.managed_ledger_names():
@@ -449,7 +477,9 @@ class BookKeeperLedgerSource:
             if not self.wanted(topic):
                 continue
             try:
-                await self._sync(await self._topic(topic))
+                t = await self._topic(topic)
+                if not self.read_only:
+                    await self._sync(t)  # a no-op unless Pulsar's list moved (or long ago)
             except NotFound:
                 continue  # deleted since it was listed
             except (FormatError, Fatal) as exc:
@@ -484,10 +514,12 @@ class BookKeeperLedgerSource:
         def on_change(node: Versioned | None) -> None:
             if node is None:
                 t.info, t.version = None, -1
+            elif node.mzxid < t.mzxid:
+                return  # an older read than the one we hold (lists only move forward)
             else:
                 try:
                     t.info = managed_ledger.decode(node.data, f"Pulsar's {path}")
-                    t.version = node.version
+                    t.version, t.mzxid = node.version, node.mzxid
                 except FormatError as exc:
                     log.error("topic %s: %s; keeping the last good ledger list", topic, exc)
             t.wake()
@@ -605,17 +637,41 @@ class BookKeeperLedgerSource:
     async def ledgers(self, topic: TopicName) -> list[LedgerDesc]:
         await self._open()
         t = await self._topic(topic)
-        descs = await self._descs(t, learn=True)
-        await self._mirror(t, descs)
+        descs = await self._descs(t)
+        if not self.read_only:
+            # from a fresh read, so at least as new as ``descs``: every ledger handed out is
+            # in the mirror (unless Pulsar deleted it meanwhile) before a segment names it.
+            # BookKeeper closes a ledger before Pulsar records it: a close is news too.
+            closed = frozenset(d.ledger_id for d in descs if d.state is LedgerState.CLOSED)
+            await self._sync(t, force=not closed <= t.mirrored_closed)
         if t.read_pos is not None:
             self._report_lag(t, descs)
         return descs
 
-    async def _descs(self, t: _Topic, *, learn: bool) -> list[LedgerDesc]:
+    async def _descs(self, t: _Topic) -> list[LedgerDesc]:
         info = t.info
         if info is None:
             raise NotFound(f"topic {t.topic} does not exist in Pulsar")
-        missing = [li.ledgerId for li in info.ledgerInfo if li.ledgerId not in self._ledgers]
+        await self._load_all([li.ledgerId for li in info.ledgerInfo])
+        out: list[LedgerDesc] = []
+        for li in info.ledgerInfo:
+            led = await self._ledger(li.ledgerId)
+            if led is None:
+                continue  # Pulsar is deleting it (its BookKeeper node is gone already)
+            if not led.meta.closed:
+                try:
+                    await self._learn_lac(led)
+                except Retriable as exc:
+                    # the ledgers before it can still be offloaded meanwhile
+                    log.warning("topic %s: %s; its open ledger stays unread for now",
+                                t.topic, exc)
+                await self._advance(led)
+            out.append(self._desc(led, li.timestamp if li.HasField("timestamp") else 0))
+        self._prune()
+        return out
+
+    async def _load_all(self, ledger_ids: Sequence[int]) -> None:
+        missing = [lid for lid in ledger_ids if lid not in self._ledgers]
         if len(missing) > 1:  # first sight of a long topic: fetch the metadata concurrently
             limit = asyncio.Semaphore(_METADATA_READS)
 
@@ -624,72 +680,122 @@ class BookKeeperLedgerSource:
                     await self._ledger(lid)
 
             await asyncio.gather(*map(load, missing))
-        out: list[LedgerDesc] = []
-        for li in info.ledgerInfo:
-            led = await self._ledger(li.ledgerId)
-            if led is None:
-                continue  # Pulsar is deleting it (its BookKeeper node is gone already)
-            if learn and not led.meta.closed:
-                try:
-                    await self._learn_lac(led)
-                except Retriable as exc:
-                    # the ledgers before it can still be offloaded meanwhile
-                    log.warning("topic %s: %s; its open ledger stays unread for now",
-                                t.topic, exc)
-                await self._advance(led)
-                t.last_seen[led.ledger_id] = led.known
-            out.append(self._desc(led, li.timestamp if li.HasField("timestamp") else 0))
-        self._prune()
-        return out
 
-    async def _sync(self, t: _Topic) -> None:
-        """Bring the mirror up to date without asking bookies (closed states suffice)."""
-        await self._mirror(t, await self._descs(t, learn=False))
-
-    async def _mirror(self, t: _Topic, descs: Sequence[LedgerDesc]) -> None:
-        want = tuple(PulsarLedger(d.ledger_id, d.state is LedgerState.CLOSED,
-                                  d.entries if d.state is LedgerState.CLOSED else 0,
-                                  d.size if d.state is LedgerState.CLOSED else 0, d.ctime_ms)
-                     for d in descs)
-        now = self._clock()
-        if want == t.mirrored and now - t.mirrored_at < _MIRROR_REFRESH_S:
+    async def _sync(self, t: _Topic, *, force: bool = False) -> None:
+        """Bring the mirror up to date if Pulsar's list moved since the mirror was last brought
+        up to date (or ``force``, or it was long ago)."""
+        if self.read_only:
+            return
+        if not force and t.mirrored_mzxid is not None and t.mirrored_mzxid >= t.mzxid \
+                and self._clock() - t.mirrored_at < _MIRROR_REFRESH_S:
             return
         async with t.mirror_lock:
-            if want == t.mirrored and now - t.mirrored_at < _MIRROR_REFRESH_S:
+            if not force and t.mirrored_mzxid is not None and t.mirrored_mzxid >= t.mzxid \
+                    and self._clock() - t.mirrored_at < _MIRROR_REFRESH_S:
                 return
-            ml = t.topic.managed_ledger
-            if t.mirrored is None:
-                # the offloader loads this node before it asks for anything: it must exist
-                with contextlib.suppress(errors.Conflict):
-                    await self._md.create(managed_ledger_path(ml),
-                                          managed_ledger.ManagedLedgerInfo().SerializeToString())
-            changes: list[Any] = []
-            known = dict(t.last_seen)
-            # a ledger Pulsar's own offloader moved to its tier is not lost when it leaves
-            # BookKeeper
-            theirs = {li.ledgerId for li in (t.info.ledgerInfo if t.info is not None else ())
-                      if li.HasField("offloadContext") and li.offloadContext.complete}
+            await self._mirror(t)
 
-            def edit(info: managed_ledger.ManagedLedgerInfo) -> bool:
-                change = mirror_edit(info, want, self._wall_ms(), known, exempt=theirs)
-                changes[:] = [change]
-                return change.changed
+    async def _read_list(self, t: _Topic) -> tuple[Versioned, managed_ledger.ManagedLedgerInfo]:
+        """A fresh read of Pulsar's znode. If it is newer than what the watch delivered so far
+        it becomes the topic's list at once (before any await), so that nothing prunes the
+        ledgers it adds while they are looked up."""
+        path = managed_ledger_path(t.topic.managed_ledger)
+        node = await self.zk.get(path)
+        info = managed_ledger.decode(node.data, f"Pulsar's {path}")
+        if node.mzxid > t.mzxid:
+            t.info, t.version, t.mzxid = info, node.version, node.mzxid
+            t.wake()
+        return node, info
 
-            await managed_ledger.update(self._md, ml, edit, create=True)
-            t.mirrored, t.mirrored_at = want, now
-            change = changes[0] if changes else None
+    async def _pulsar_list(self, t: _Topic) -> tuple[PulsarList,
+                                                      managed_ledger.ManagedLedgerInfo] | None:
+        """Pulsar's ledger list from one read of its znode, stamped with that read, and still
+        current when this returns: looking up the ledgers' metadata takes time, so the znode is
+        read again afterwards and the list derived again if it moved. None if it kept moving."""
+        node, info = await self._read_list(t)
+        for _ in range(_MIRROR_ATTEMPTS):
+            await self._load_all([li.ledgerId for li in info.ledgerInfo])
+            ledgers: list[PulsarLedger] = []
+            for li in info.ledgerInfo:
+                led = await self._ledger(li.ledgerId)  # loaded above: no await in the common case
+                if led is None:
+                    continue  # its BookKeeper node is gone: Pulsar is deleting it
+                ts = li.timestamp if li.HasField("timestamp") else 0
+                ctime = led.meta.ctime_ms or ts
+                if led.meta.closed:
+                    ledgers.append(PulsarLedger(led.ledger_id, True, led.meta.last_entry_id + 1,
+                                                led.meta.length, ctime))
+                else:
+                    ledgers.append(PulsarLedger(led.ledger_id, False, 0, 0, ctime))
+            again, again_info = await self._read_list(t)
+            if again.mzxid == node.mzxid:
+                return PulsarList(tuple(ledgers), node.version, node.mzxid), info
+            node, info = again, again_info
+        return None
+
+    async def _mirror(self, t: _Topic) -> None:
+        """One mirror update (under ``t.mirror_lock``): see :meth:`_pulsar_list` and
+        :func:`~offloadd.ledger.bookkeeper.layout.mirror_edit`."""
+        if self.read_only:  # never reached; a last line of defence for the rule
+            raise Fatal("a read-only BookKeeper source never writes offloadd's catalog")
+        ml = t.topic.managed_ledger
+        try:
+            derived = await self._pulsar_list(t)
+        except NotFound:
+            return  # the topic is gone from Pulsar: its mirror stays as the last list left it
+        if derived is None:
+            log.info("topic %s: Pulsar's ledger list kept changing while it was read; the "
+                     "mirror follows on the next pass", t.topic)
+            return
+        listed, info = derived
+        if t.mirrored_mzxid is None:
+            # the offloader loads this node before it asks for anything: it must exist
+            with contextlib.suppress(errors.Conflict):
+                await self._md.create(managed_ledger_path(ml),
+                                      managed_ledger.ManagedLedgerInfo().SerializeToString())
+        changes: list[MirrorChange] = []
+        # a ledger deleted before it was seen closed is reported with its end unknown: what
+        # was readable while it was open is only a lower bound of what it held
+        known = dict(self._ends)
+        # a ledger Pulsar's own offloader moved to its tier is not lost when it leaves BookKeeper
+        theirs = {li.ledgerId for li in info.ledgerInfo
+                  if li.HasField("offloadContext") and li.offloadContext.complete}
+
+        def edit(mirror: managed_ledger.ManagedLedgerInfo) -> bool:
+            change = mirror_edit(mirror, listed, self._wall_ms(), known, exempt=theirs)
+            changes[:] = [change]
+            return change.changed
+
+        await managed_ledger.update(self._md, ml, edit, create=True)
+        if changes and not changes[0].stale:
+            for p in listed.ledgers:  # the mirror holds their ends now
+                if p.closed:
+                    self._ends.pop(p.ledger_id, None)
+        t.mirrored_mzxid = max(listed.mzxid, t.mirrored_mzxid or -1)
+        t.mirrored_closed = frozenset(p.ledger_id for p in listed.ledgers if p.closed)
+        t.mirrored_at = self._clock()
+        change = changes[0] if changes else None
         if change is None:
             return
+        if change.stale:
+            log.debug("topic %s: Pulsar's ledger list at version %d is older than the one the "
+                      "mirror follows; left as it is", t.topic, listed.version)
+            return
         if change.added or change.dropped or change.closed:
-            log.info("topic %s: mirrored Pulsar's ledger list (added %s, closed %s, "
-                     "dropped %s)", t.topic, change.added, change.closed, change.dropped)
+            log.info("topic %s: mirrored Pulsar's ledger list at version %d (added %s, closed "
+                     "%s, dropped %s)", t.topic, listed.version, change.added, change.closed,
+                     change.dropped)
+        if change.cleared:
+            log.warning("topic %s: withdrew the loss records of ledgers %s: Pulsar still lists "
+                        "them (an earlier offloadd recorded them from a stale ledger list)",
+                        t.topic, change.cleared)
         if change.lost:
             log.error("topic %s: data lost to retention: Pulsar deleted %s before offloadd "
                       "offloaded it", t.topic, describe_lost(change.lost))
             self.metrics.data_lost(str(t.topic), len(change.lost),
                                    sum(lost.entries for lost in change.lost))
         for lid in change.dropped:
-            t.last_seen.pop(lid, None)
+            self._ends.pop(lid, None)
 
     def _prune(self) -> None:
         """Forget ledgers no watched topic lists any more."""
