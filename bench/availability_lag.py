@@ -21,9 +21,9 @@ from pathlib import Path
 
 import uvloop
 
-from offloadd import catalog, config
+from offloadd import config
 from offloadd.metadata import managed_ledger
-from offloadd.model import Position, TopicName
+from offloadd.model import Position, TopicName, catalog
 from offloadd.produce import PayloadPool
 from offloadd.runtime import Runtime
 

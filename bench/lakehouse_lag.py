@@ -26,11 +26,11 @@ from typing import Any
 
 import uvloop
 
-from offloadd import catalog, config
+from offloadd import config
 from offloadd.lakehouse.tables import LAST_POSITION, open_catalog
 from offloadd.metadata import managed_ledger
 from offloadd.metadata.embedded import EmbeddedMetadataStore
-from offloadd.model import Position, TopicName
+from offloadd.model import Position, TopicName, catalog
 
 
 def percentile(xs: list[float], q: float) -> float:

@@ -66,7 +66,7 @@ import asyncio, json, resource, time
 from offloadd import config
 from offloadd.runtime import Runtime
 from offloadd.metadata import managed_ledger
-from offloadd import catalog
+from offloadd.model import catalog
 
 async def main():
     settings = config.load("bench.toml")

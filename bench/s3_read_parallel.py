@@ -127,7 +127,7 @@ def build_object(directory: Path, mib: int, block_mib: float, entry_kib: int
     from offloadd.format import StreamingObjectBuilder
     from offloadd.format.block import frame_entries
     from offloadd.format.checksum import stamp_parts
-    from offloadd.ledger.base import EntryRun
+    from offloadd.model import EntryRun
 
     uid, ledger_id = uuid.uuid4(), 7
     entry = entry_kib * 1024
@@ -149,8 +149,8 @@ def build_object(directory: Path, mib: int, block_mib: float, entry_kib: int
 async def measure(url: str, uid: uuid.UUID, ledger_id: int, count: int, prefetches: list[int],
                   repeat: int) -> dict[str, Any]:
     from offloadd.blobstore.s3 import S3BlobStore, S3Options
-    from offloadd.catalog import LedgerRange, Segment, SegmentKind
     from offloadd.metadata.memory import MemoryMetadataStore
+    from offloadd.model.catalog import LedgerRange, Segment, SegmentKind
     from offloadd.read.reader import TierReader
 
     store = await S3BlobStore.open(S3Options(

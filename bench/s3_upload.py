@@ -81,7 +81,7 @@ def build_parts(mib: int, block_mib: float) -> list[Any]:
     from offloadd.format import StreamingObjectBuilder
     from offloadd.format.block import frame_entries
     from offloadd.format.checksum import stamp_parts
-    from offloadd.ledger.base import EntryRun
+    from offloadd.model import EntryRun
 
     entry = 64 * 1024
     payload = os.urandom(entry)

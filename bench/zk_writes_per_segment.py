@@ -40,7 +40,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from offloadd import catalog, config  # noqa: E402
+from offloadd import config  # noqa: E402
 from offloadd.blobstore.filesystem import FilesystemBlobStore  # noqa: E402
 from offloadd.cluster import ClusterOwnership  # noqa: E402
 from offloadd.daemon import Daemon  # noqa: E402
@@ -48,8 +48,8 @@ from offloadd.ledger.local import LocalLedgerSource, LocalLedgerWriter, Rollover
 from offloadd.metadata import managed_ledger  # noqa: E402
 from offloadd.metadata.base import MetadataStore, Op, Versioned  # noqa: E402
 from offloadd.metadata.zookeeper import ZooKeeperMetadataStore  # noqa: E402
-from offloadd.model import TopicName  # noqa: E402
-from offloadd.paths import MANAGED_LEDGERS  # noqa: E402
+from offloadd.model import TopicName, catalog  # noqa: E402
+from offloadd.model.keys import MANAGED_LEDGERS  # noqa: E402
 from tests.fixtures.zookeeper import ZooKeeperServer, four_letter  # noqa: E402
 
 TOPIC = TopicName.parse("persistent://public/default/bench")

@@ -58,9 +58,9 @@ from offloadd.errors import ConfigError, Conflict, FormatError, NotFound, Offloa
 from offloadd.metadata import ownership
 from offloadd.metadata.base import MetadataStore
 from offloadd.model import TopicName
+from offloadd.model.keys import OFFLOADD_ROOT
 from offloadd.offload.commit import Fence
 from offloadd.offload.fencing import EpochFence
-from offloadd.paths import OFFLOADD_ROOT
 
 log = logging.getLogger(__name__)
 

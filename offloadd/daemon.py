@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from offloadd import catalog, logs
+from offloadd import logs
 from offloadd.blobstore.base import BlobStore
 from offloadd.blobstore.health import StoreHealth
 from offloadd.config import Settings
@@ -35,7 +35,7 @@ from offloadd.ledger.metered import MeteredSource, SourceReadProbe
 from offloadd.metadata import managed_ledger, offload_status
 from offloadd.metadata.base import MetadataStore
 from offloadd.metrics import Metrics
-from offloadd.model import LedgerDesc, Position, TopicName
+from offloadd.model import LedgerDesc, Position, TopicName, catalog
 from offloadd.offload.buffer import OffloadBuffer
 from offloadd.offload.commit import Fence, NoFence
 from offloadd.offload.lag import LagMonitor

@@ -184,8 +184,8 @@ async def _progress(daemon: Daemon, stats: Callable[[], ProduceStats], t0: float
 
 async def _summary(rt: Runtime, names: list[Any], stats: ProduceStats,
                    seconds: float) -> dict[str, Any]:
-    from offloadd import catalog
     from offloadd.metadata import managed_ledger
+    from offloadd.model import catalog
 
     topics: dict[str, dict[str, Any]] = {}
     for t in names:

@@ -31,13 +31,13 @@ from dataclasses import asdict
 from datetime import UTC, datetime
 from typing import Any
 
-from offloadd import catalog, cluster, wiring
+from offloadd import cluster, wiring
 from offloadd.config import Settings
 from offloadd.errors import OffloaddError
 from offloadd.ledger.bookkeeper.layout import lost_ledgers
 from offloadd.metadata import managed_ledger, offload_status, ownership
 from offloadd.metadata.base import MetadataStore
-from offloadd.model import Position, TopicName
+from offloadd.model import Position, TopicName, catalog
 from offloadd.offload.lag import committed_payload_bytes, measure
 
 EXIT_OK, EXIT_FAILING, EXIT_DATA_LOST = 0, 1, 3

@@ -23,15 +23,14 @@ from typing import Any
 
 import crc32c
 
-from offloadd import catalog
 from offloadd.blobstore.base import BlobStore
-from offloadd.catalog import Segment, SegmentKind
 from offloadd.errors import NotFound, OffloaddError
 from offloadd.ledger.base import LedgerSource
 from offloadd.metadata import managed_ledger
 from offloadd.metadata.base import MetadataStore
-from offloadd.model import Position, TopicName
-from offloadd.paths import parse_key, streaming_data_key, streaming_index_key
+from offloadd.model import Position, TopicName, catalog
+from offloadd.model.catalog import Segment, SegmentKind
+from offloadd.model.keys import parse_key, streaming_data_key, streaming_index_key
 from offloadd.read.reader import TierReader
 from offloadd.retention.gc import retained_uids
 

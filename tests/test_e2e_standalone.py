@@ -102,7 +102,7 @@ SegRow = tuple[str, str, bool, tuple[tuple[int, int, int], ...]]
 def _segments(cwd: Path) -> dict[str, list[SegRow]]:
     code = """
 import asyncio, json
-from offloadd import catalog
+from offloadd.model import catalog
 from offloadd.metadata import managed_ledger
 from offloadd.metadata.embedded import EmbeddedMetadataStore
 async def main():

@@ -52,10 +52,10 @@ from pyspark.sql.datasource import (
 from pyspark.sql.types import StructType
 
 from offloadd import config as config_mod
-from offloadd.catalog import Segment, SegmentKind
 from offloadd.config import Settings
 from offloadd.errors import ConfigError
 from offloadd.model import Position, TopicName
+from offloadd.model.catalog import Segment, SegmentKind
 
 SCHEMA = "ledger_id long, entry_id long, payload binary, segment_uuid string"
 _COLUMNS = ("ledger_id", "entry_id")
@@ -364,7 +364,7 @@ async def _take(entries: AsyncIterator[Any], n: int, bounds: Bounds, stop: Posit
 
 async def _block_starts(reader: Any, seg: Segment, prefix: str) -> list[Position]:
     from offloadd.format import LedgerIndex, StreamingIndex
-    from offloadd.paths import ledger_index_key, streaming_index_key
+    from offloadd.model.keys import ledger_index_key, streaming_index_key
 
     if seg.kind is SegmentKind.STREAMING:
         idx = await reader.index(streaming_index_key(seg.uid, prefix))

@@ -49,23 +49,22 @@ from typing import Any
 
 from pyspark.accumulators import AccumulatorParam
 
-from offloadd import catalog, wiring
+from offloadd import wiring
 from offloadd._proto import mldataformats_pb2 as pb
 from offloadd.backfill.progress import MetricsSink, Progress, Sink, TerminalBar
 from offloadd.backfill.split import LedgerExtent, Split, split_history
 from offloadd.backfill.task import SegmentResult, SegmentSpec, absolute_paths, upload_segment
 from offloadd.blobstore.base import BlobStore
-from offloadd.catalog import LedgerRange, SegmentKind
 from offloadd.config import Settings
 from offloadd.errors import ConfigError, Conflict, Fatal, Fenced, NotFound, OffloaddError
-from offloadd.ledger.base import FRAME_OVERHEAD
 from offloadd.ledger.local import LocalLedgerSource
 from offloadd.metadata import managed_ledger, ownership
 from offloadd.metadata.base import MetadataStore
-from offloadd.model import Position, TopicName
+from offloadd.model import FRAME_OVERHEAD, Position, TopicName, catalog
+from offloadd.model.catalog import LedgerRange, SegmentKind
+from offloadd.model.keys import streaming_data_key, streaming_index_key
 from offloadd.offload import commit, fencing
 from offloadd.offload.fencing import EpochFence
-from offloadd.paths import streaming_data_key, streaming_index_key
 
 log = logging.getLogger(__name__)
 MiB = 1024 * 1024

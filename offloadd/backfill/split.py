@@ -1,7 +1,7 @@
 """Cut a topic's closed history into offload segments by binary search (pure, no I/O).
 
 History is a list of ledgers in log order with their entry counts, and a starting position
-(normally :func:`offloadd.catalog.next_position`: right after the last recorded segment).
+(normally :func:`offloadd.model.catalog.next_position`: right after the last recorded segment).
 Number its entries ``0 .. n-1`` across ledgers (the *global index*; free to compute from the
 counts). The caller supplies one look-up::
 
@@ -29,8 +29,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import pairwise
 
-from offloadd.catalog import LedgerRange, Span
 from offloadd.model import Position
+from offloadd.model.catalog import LedgerRange, Span
 
 SizeAt = Callable[[Position], int]
 

@@ -30,18 +30,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from offloadd.blobstore.base import BlobStore
-from offloadd.catalog import LedgerRange
 from offloadd.config import Settings
 from offloadd.errors import ConfigError
 from offloadd.format.checksum import stamp_parts
 from offloadd.format.streaming import StreamingObjectBuilder
 from offloadd.ledger.base import LedgerSource
 from offloadd.model import TopicName
+from offloadd.model.catalog import LedgerRange
+from offloadd.model.keys import streaming_data_key, streaming_index_key
+from offloadd.model.objects import index_metadata, object_metadata
 from offloadd.offload.buffer import OffloadBuffer
-from offloadd.offload.objects import index_metadata, object_metadata
 from offloadd.offload.roller import RollPolicy
 from offloadd.offload.upload import SegmentUpload
-from offloadd.paths import streaming_data_key, streaming_index_key
 
 
 @dataclass(frozen=True)

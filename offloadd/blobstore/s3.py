@@ -1,7 +1,7 @@
 """The S3 blob-store driver (``aws-s3``): any S3-compatible endpoint, through aiobotocore.
 
 Keys: the store's ``prefix`` option is prepended to every key it is given (``prefix + key``) and
-stripped from every key it lists; keys are otherwise the caller's (``offloadd.paths``).
+stripped from every key it lists; keys are otherwise the caller's (``offloadd.model.keys``).
 
 Requests and retries
   botocore's own retries are off (one attempt per call); this driver retries, with exponential

@@ -34,6 +34,8 @@ from dataclasses import dataclass
 from itertools import accumulate
 
 from offloadd.errors import FormatError
+from offloadd.model.frames import FRAME as _FRAME
+from offloadd.model.frames import FRAME_OVERHEAD
 
 Buffer = bytes | bytearray | memoryview
 
@@ -41,7 +43,6 @@ HEADER_LEN = 128
 STREAMING_BLOCK_MAGIC = 0x26A66D32
 LEDGER_BLOCK_MAGIC = 0xFBDBABCB
 PADDING_PATTERN = b"\xFE\xDC\xDE\xAD"
-FRAME_OVERHEAD = 12  # int32 length + int64 entry id
 MIN_PADDING = 4
 
 _STREAMING_HEADER = struct.Struct(">Iqqqq92x")
@@ -49,7 +50,6 @@ _LEDGER_HEADER = struct.Struct(">Iqqq100x")
 # The fields common to both headers; the streaming ledger id is read separately.
 _HEADER_PREFIX = struct.Struct(">Iqqq")
 _LEDGER_ID = struct.Struct(">q")
-_FRAME = struct.Struct(">iq")
 
 assert _STREAMING_HEADER.size == _LEDGER_HEADER.size == HEADER_LEN
 

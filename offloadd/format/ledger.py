@@ -38,7 +38,7 @@ from offloadd.format import _index
 from offloadd.format._index import IndexEntry
 from offloadd.format.block import HEADER_LEN, MIN_PADDING, pack_ledger_header
 from offloadd.format.layout import Part, make_part, plan_blocks
-from offloadd.ledger.base import EntryRun
+from offloadd.model.frames import EntryRun
 
 Buffer = bytes | bytearray | memoryview
 

@@ -41,7 +41,7 @@ from offloadd.format import _index
 from offloadd.format._index import IndexEntry
 from offloadd.format.block import FRAME_OVERHEAD, HEADER_LEN, pack_streaming_header
 from offloadd.format.layout import Part, make_part, plan_blocks
-from offloadd.ledger.base import EntryRun
+from offloadd.model.frames import EntryRun
 
 Buffer = bytes | bytearray | memoryview
 

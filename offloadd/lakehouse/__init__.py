@@ -12,8 +12,8 @@ module             does
 =================  ================================================================================
 
 Needs the ``lakehouse`` extra (pyiceberg, sqlalchemy, duckdb). The package reads committed
-segments through :mod:`offloadd.read` and :mod:`offloadd.catalog` only; it knows nothing of the
-offload pipeline. See docs/lakehouse.md.
+segments through :mod:`offloadd.read` and :mod:`offloadd.model.catalog` only; it knows nothing
+of the offload pipeline. See docs/lakehouse.md.
 """
 
 from __future__ import annotations

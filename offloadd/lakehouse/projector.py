@@ -42,7 +42,6 @@ from pyiceberg.expressions import LessThan
 from pyiceberg.io.pyarrow import ArrowScan, _dataframe_to_data_files
 from pyiceberg.table import Table
 
-from offloadd import catalog as segments_catalog
 from offloadd.blobstore.base import BlobStore
 from offloadd.config import Settings
 from offloadd.errors import NotFound, OffloaddError
@@ -57,6 +56,7 @@ from offloadd.lakehouse.tables import (
 from offloadd.metadata import managed_ledger
 from offloadd.metadata.base import MetadataStore
 from offloadd.model import Position, TopicName
+from offloadd.model import catalog as segments_catalog
 from offloadd.read.reader import TierReader
 
 __all__ = ["CompactReport", "Projector", "TopicReport"]

@@ -81,11 +81,11 @@ from offloadd.errors import (
     OversizeEntryError,
     Retriable,
 )
-from offloadd.ledger.base import FRAME_OVERHEAD, EntryRun
 from offloadd.metadata import managed_ledger
 from offloadd.metadata.base import MetadataStore
-from offloadd.model import LedgerDesc, LedgerState, Position, TopicName
-from offloadd.paths import LEDGER_ID_COUNTER, MANAGED_LEDGERS, managed_ledger_path
+from offloadd.model import FRAME as _HEADER
+from offloadd.model import FRAME_OVERHEAD, EntryRun, LedgerDesc, LedgerState, Position, TopicName
+from offloadd.model.keys import LEDGER_ID_COUNTER, MANAGED_LEDGERS, managed_ledger_path
 
 __all__ = [
     "DEFAULT_MAX_ENTRY_BYTES",
@@ -107,7 +107,6 @@ DEFAULT_POLL_INTERVAL = 0.02
 _LITTLE = sys.byteorder == "little"
 _OFF = struct.Struct("<q")
 _LEN = struct.Struct(">i")
-_HEADER = struct.Struct(">iq")
 _OFF_SIZE = _OFF.size
 _CRC_SIZE = 4
 CHUNK = 64 * 1024  # .log bytes per .sum record

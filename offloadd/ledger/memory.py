@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-import struct
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -20,10 +19,8 @@ from dataclasses import dataclass, field
 import crc32c
 
 from offloadd.errors import Conflict, NotFound
-from offloadd.ledger.base import FRAME_OVERHEAD, EntryRun
-from offloadd.model import LedgerDesc, LedgerState, Position, TopicName
-
-_HEADER = struct.Struct(">iq")
+from offloadd.model import FRAME as _HEADER
+from offloadd.model import FRAME_OVERHEAD, EntryRun, LedgerDesc, LedgerState, Position, TopicName
 
 
 @dataclass

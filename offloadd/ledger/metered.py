@@ -12,8 +12,8 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from offloadd.ledger.base import EntryRun, LedgerSource
-from offloadd.model import LedgerDesc, TopicName
+from offloadd.ledger.base import LedgerSource
+from offloadd.model import EntryRun, LedgerDesc, TopicName
 
 __all__ = ["MeteredSource", "SourceReadProbe"]
 

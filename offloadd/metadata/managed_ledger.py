@@ -12,7 +12,7 @@ from collections.abc import Callable
 from offloadd._proto import mldataformats_pb2 as pb
 from offloadd.errors import Conflict, FormatError, NotFound
 from offloadd.metadata.base import MetadataStore, Versioned
-from offloadd.paths import managed_ledger_path
+from offloadd.model.keys import managed_ledger_path
 
 ManagedLedgerInfo = pb.ManagedLedgerInfo
 LedgerInfo = pb.ManagedLedgerInfo.LedgerInfo

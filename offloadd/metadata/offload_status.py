@@ -30,7 +30,7 @@ from typing import Any
 
 from offloadd.errors import Conflict, FormatError, NotFound
 from offloadd.metadata.base import CreateOp, MetadataStore, Op, SetOp
-from offloadd.paths import offload_status_path
+from offloadd.model.keys import offload_status_path
 
 __all__ = ["OffloadStatus", "read", "write"]
 

@@ -1,6 +1,6 @@
 """Topic ownership and fencing epochs, on any :class:`~offloadd.metadata.base.MetadataStore`.
 
-Two nodes per managed ledger (paths from :mod:`offloadd.paths`)::
+Two nodes per managed ledger (paths from :mod:`offloadd.model.keys`)::
 
     /offloadd/owners/<ml>   ephemeral   owner id (UTF-8); exists while the owner's session lives
     /offloadd/topics/<ml>   persistent  {"epoch": N, "owner": "<owner id>"} (JSON)
@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 from offloadd.errors import Conflict, Fenced, FormatError, NotFound
 from offloadd.metadata.base import CheckOp, CreateOp, MetadataStore, Op, SetOp
-from offloadd.paths import owner_path, topic_state_path
+from offloadd.model.keys import owner_path, topic_state_path
 
 _ATTEMPTS = 50
 

@@ -1,11 +1,11 @@
 """The commit: compare-and-set edits of a topic's ``ManagedLedgerInfo``, guarded by a fence.
 
 Every edit the offloader makes (assign a segment, mark it offloaded, drop an abandoned attempt)
-goes through :func:`apply`: read the node, apply a pure edit from :mod:`offloadd.catalog`, write
-it back in one transaction together with the fence's guard ops (e.g. a version check on the
-topic's ownership epoch). A lost race on the managed-ledger node re-reads and re-applies; a
-failed guard means another daemon owns the topic now, and raises ``Fenced``: a stale owner can
-never commit.
+goes through :func:`apply`: read the node, apply a pure edit from :mod:`offloadd.model.catalog`,
+write it back in one transaction together with the fence's guard ops (e.g. a version check on the
+topic's ownership epoch). A lost race on the managed-ledger node re-reads and re-applies; a failed
+guard means another daemon owns the topic now, and raises ``Fenced``: a stale owner can never
+commit.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from offloadd._proto import mldataformats_pb2 as pb
 from offloadd.errors import Conflict, NotFound
 from offloadd.metadata import managed_ledger
 from offloadd.metadata.base import MetadataStore, Op, SetOp
-from offloadd.paths import managed_ledger_path
+from offloadd.model.keys import managed_ledger_path
 
 
 class Fence(Protocol):

@@ -39,8 +39,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from offloadd.errors import NotFound, OffloaddError
-from offloadd.ledger.base import FRAME_OVERHEAD
-from offloadd.model import LedgerDesc, Position, TopicName
+from offloadd.model import FRAME_OVERHEAD, LedgerDesc, Position, TopicName
 
 __all__ = ["LacHistory", "Lag", "LagMonitor", "first_uncommitted", "measure", "tail_of"]
 

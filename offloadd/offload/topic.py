@@ -29,33 +29,32 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequenc
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from offloadd import catalog
 from offloadd.blobstore.base import BlobStore
-from offloadd.catalog import LedgerRange, Segment, SegmentKind
 from offloadd.errors import Fenced, NotFound, OffloaddError
 from offloadd.format.checksum import stamp_parts
 from offloadd.format.ledger import LedgerObjectBuilder, build_ledger_metadata
 from offloadd.format.streaming import StreamingObjectBuilder
-from offloadd.ledger.base import EntryRun, LedgerSource
+from offloadd.ledger.base import LedgerSource
 from offloadd.metadata import managed_ledger
 from offloadd.metadata.base import MetadataStore
 from offloadd.metadata.managed_ledger import ManagedLedgerInfo
-from offloadd.model import LedgerDesc, LedgerState, Position, TopicName
-from offloadd.offload import commit, roller
-from offloadd.offload.buffer import OffloadBuffer
-from offloadd.offload.commit import Fence
-from offloadd.offload.lag import Lag
-from offloadd.offload.objects import index_metadata, object_metadata
-from offloadd.offload.roller import RollPolicy, RollReason
-from offloadd.offload.state import SegmentState
-from offloadd.offload.threshold import TailLog, Thresholds
-from offloadd.offload.upload import SegmentUpload
-from offloadd.paths import (
+from offloadd.model import EntryRun, LedgerDesc, LedgerState, Position, TopicName, catalog
+from offloadd.model.catalog import LedgerRange, Segment, SegmentKind
+from offloadd.model.keys import (
     ledger_data_key,
     ledger_index_key,
     streaming_data_key,
     streaming_index_key,
 )
+from offloadd.model.objects import index_metadata, object_metadata
+from offloadd.offload import commit, roller
+from offloadd.offload.buffer import OffloadBuffer
+from offloadd.offload.commit import Fence
+from offloadd.offload.lag import Lag
+from offloadd.offload.roller import RollPolicy, RollReason
+from offloadd.offload.state import SegmentState
+from offloadd.offload.threshold import TailLog, Thresholds
+from offloadd.offload.upload import SegmentUpload
 
 log = logging.getLogger(__name__)
 

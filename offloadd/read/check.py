@@ -16,12 +16,11 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from offloadd import catalog
 from offloadd.blobstore.base import BlobStore
-from offloadd.catalog import Segment
 from offloadd.metadata import managed_ledger
 from offloadd.metadata.base import MetadataStore
-from offloadd.model import TopicName
+from offloadd.model import TopicName, catalog
+from offloadd.model.catalog import Segment
 from offloadd.read.reader import ReadProbe, TierReader
 
 __all__ = ["ReadMetrics", "TopicReadProbe", "read_back"]

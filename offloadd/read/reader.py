@@ -1,6 +1,6 @@
 """Read offloaded entries back by position, across segments, ledgers and both formats.
 
-A topic's committed segments come from its ``ManagedLedgerInfo`` (:mod:`offloadd.catalog`);
+A topic's committed segments come from its ``ManagedLedgerInfo`` (:mod:`offloadd.model.catalog`);
 streaming segments (PIP-76) and ledgers offloaded whole (PIP-17) interleave in one log order, and
 the reader hands out one ordered stream whatever mix holds it. For each object the index is read
 once (LRU-cached), then whole blocks are fetched by ranged GETs, ``prefetch`` of them in flight
@@ -22,9 +22,7 @@ from dataclasses import dataclass
 
 import crc32c
 
-from offloadd import catalog
 from offloadd.blobstore.base import BlobStore
-from offloadd.catalog import Segment, SegmentKind
 from offloadd.errors import FormatError, NotFound
 from offloadd.format import (
     HEADER_LEN,
@@ -38,14 +36,15 @@ from offloadd.format import (
 from offloadd.format.checksum import verify_block_checksum
 from offloadd.metadata import managed_ledger
 from offloadd.metadata.base import MetadataStore
-from offloadd.model import Position, TopicName
-from offloadd.offload.objects import FORMAT_VERSION_KEY, blocks_checksummed
-from offloadd.paths import (
+from offloadd.model import Position, TopicName, catalog
+from offloadd.model.catalog import Segment, SegmentKind
+from offloadd.model.keys import (
     ledger_data_key,
     ledger_index_key,
     streaming_data_key,
     streaming_index_key,
 )
+from offloadd.model.objects import FORMAT_VERSION_KEY, blocks_checksummed
 
 
 @dataclass(frozen=True)

@@ -36,18 +36,17 @@ from collections.abc import Awaitable, Callable, Collection
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
-from offloadd import catalog
 from offloadd._proto import mldataformats_pb2 as pb
 from offloadd.blobstore.base import BlobStore
-from offloadd.catalog import Segment
 from offloadd.config import Settings
 from offloadd.errors import ConfigError, Conflict, FormatError, NotFound, OffloaddError, Retriable
 from offloadd.ledger.base import LedgerSource
 from offloadd.ledger.local import LocalLedgerSource, ledger_files
 from offloadd.metadata import managed_ledger
 from offloadd.metadata.base import CreateOp, DeleteOp, MetadataStore
-from offloadd.model import TopicName
-from offloadd.paths import (
+from offloadd.model import TopicName, catalog
+from offloadd.model.catalog import Segment
+from offloadd.model.keys import (
     DELETIONS,
     SEGMENT_RECORDS,
     deletion_path,

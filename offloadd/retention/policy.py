@@ -8,7 +8,7 @@ Why records at all: a segment's only trace in ``ManagedLedgerInfo`` is one ``Off
 inside each ``LedgerInfo`` it touches, and the ledger writer (our embedded store or a Pulsar
 broker) drops a ``LedgerInfo`` whole when retention deletes the ledger. Once the last of them is
 gone nothing says the segment existed, so its objects could only be found again as orphans. Two
-JSON records under ``/offloadd`` keep that knowledge (paths in :mod:`offloadd.paths`)::
+JSON records under ``/offloadd`` keep that knowledge (paths in :mod:`offloadd.model.keys`)::
 
     /offloadd/segments/<ml name>/<uuid>   SegmentRecord, one per committed segment
       {"v": 1, "uid": "<uuid>", "ml": "<tenant/ns/persistent/topic>",
@@ -55,12 +55,12 @@ from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from offloadd import catalog
 from offloadd._proto import mldataformats_pb2 as pb
 from offloadd.blobstore.base import ObjectInfo
-from offloadd.catalog import Segment, SegmentKind
 from offloadd.errors import FormatError
-from offloadd.paths import (
+from offloadd.model import catalog
+from offloadd.model.catalog import Segment, SegmentKind
+from offloadd.model.keys import (
     ledger_data_key,
     ledger_index_key,
     parse_key,

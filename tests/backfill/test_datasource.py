@@ -25,13 +25,12 @@ from pyspark.sql.datasource import (
     StringStartsWith,
 )
 
-from offloadd import catalog
 from offloadd.backfill.datasource import Bounds, plan_partitions
 from offloadd.backfill.job import run_backfill
-from offloadd.catalog import LedgerRange, Segment, SegmentKind
 from offloadd.metadata import managed_ledger
 from offloadd.metadata.embedded import EmbeddedMetadataStore
-from offloadd.model import Position
+from offloadd.model import Position, catalog
+from offloadd.model.catalog import LedgerRange, Segment, SegmentKind
 from tests.backfill.support import TOPIC, Rig, make_rig, source_truth
 
 OPS: dict[type[Filter], Callable[[int, Any], bool]] = {

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from offloadd import catalog, wiring
+from offloadd import wiring
 from offloadd._proto import mldataformats_pb2 as pb
 from offloadd.backfill.job import (
     BackfillFailed,
@@ -20,12 +20,12 @@ from offloadd.backfill.job import (
     make_plan,
     run_backfill,
 )
-from offloadd.catalog import LedgerRange, reassign
 from offloadd.errors import Conflict
 from offloadd.ledger.local import LocalLedgerSource, ledger_files
 from offloadd.metadata import managed_ledger, ownership
 from offloadd.metadata.embedded import EmbeddedMetadataStore
-from offloadd.model import Position
+from offloadd.model import Position, catalog
+from offloadd.model.catalog import LedgerRange, reassign
 from offloadd.verify import verify
 from tests.backfill.support import TOPIC, Rig, make_rig, write_config, write_ledgers
 

@@ -17,8 +17,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from offloadd.backfill.split import LedgerExtent, Split, split_history
-from offloadd.catalog import LedgerRange
 from offloadd.model import Position
+from offloadd.model.catalog import LedgerRange
 
 FRAME = 12
 

@@ -49,7 +49,7 @@ from offloadd.ledger.bookkeeper.layout import (
 from offloadd.metadata import managed_ledger
 from offloadd.metadata.zookeeper import ZooKeeperMetadataStore
 from offloadd.model import Position, TopicName
-from offloadd.paths import managed_ledger_path
+from offloadd.model.keys import managed_ledger_path
 from tests.fixtures.fake_bookie import FakeBookie
 
 

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from offloadd import catalog, config
+from offloadd import config
 from offloadd.daemon import Ownership
 from offloadd.metadata import managed_ledger
-from offloadd.model import Position, TopicName
+from offloadd.model import Position, TopicName, catalog
 from offloadd.read.reader import TierReader
 from offloadd.runtime import Runtime
 from offloadd.verify import verify

@@ -8,9 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from offloadd import catalog
 from offloadd._proto import mldataformats_pb2 as mlpb
-from offloadd.catalog import LedgerRange
 from offloadd.errors import FormatError
 from offloadd.ledger.bookkeeper.layout import (
     HIERARCHICAL_FACTORY,
@@ -28,6 +26,8 @@ from offloadd.ledger.bookkeeper.layout import (
     mirrored_list,
     write_set,
 )
+from offloadd.model import catalog
+from offloadd.model.catalog import LedgerRange
 
 
 class TestLedgerPaths:

@@ -20,13 +20,13 @@ from typing import Any
 
 import pytest
 
-from offloadd import catalog, config, status
+from offloadd import config, status
 from offloadd.daemon import Ownership
 from offloadd.ledger.bookkeeper import lost_ledgers
 from offloadd.ledger.bookkeeper.client import ClientOptions
 from offloadd.metadata import managed_ledger
 from offloadd.metadata.zookeeper import ZooKeeperMetadataStore
-from offloadd.model import TopicName
+from offloadd.model import TopicName, catalog
 from offloadd.runtime import Runtime
 from tests.bookkeeper.cluster import FakePulsar
 from tests.bookkeeper.conftest import Cluster, open_cluster

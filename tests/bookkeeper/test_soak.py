@@ -57,15 +57,14 @@ from typing import Any
 
 import pytest
 
-from offloadd import catalog
 from offloadd.blobstore.filesystem import FilesystemBlobStore
 from offloadd.errors import OffloaddError
 from offloadd.format.streaming import StreamingIndex
 from offloadd.ledger.bookkeeper import lost_ledgers
 from offloadd.metadata import managed_ledger
 from offloadd.metadata.zookeeper import ZooKeeperMetadataStore
-from offloadd.model import TopicName
-from offloadd.paths import streaming_index_key
+from offloadd.model import TopicName, catalog
+from offloadd.model.keys import streaming_index_key
 from offloadd.read.reader import TierReader
 from tests.bookkeeper.cluster import FakePulsar, LedgerLife
 from tests.bookkeeper.conftest import Cluster, open_cluster

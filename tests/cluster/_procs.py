@@ -23,9 +23,9 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
 from kazoo.retry import KazooRetry
 
-from offloadd import catalog
 from offloadd.errors import FormatError
 from offloadd.metadata import managed_ledger
+from offloadd.model import catalog
 
 OFFLOADD = [sys.executable, "-m", "offloadd.cli"]
 DOMAIN = "public/default/persistent"

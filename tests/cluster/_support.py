@@ -9,7 +9,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from offloadd import catalog, config
+from offloadd import config
 from offloadd.blobstore.memory import MemoryBlobStore
 from offloadd.cluster import ClusterOwnership
 from offloadd.daemon import Daemon
@@ -17,7 +17,7 @@ from offloadd.ledger.local import LocalLedgerSource, LocalLedgerStore, RolloverP
 from offloadd.metadata import managed_ledger
 from offloadd.metadata.base import MetadataStore, Op, Versioned
 from offloadd.metadata.memory import MemoryMetadataStore, MemoryTree
-from offloadd.model import TopicName
+from offloadd.model import TopicName, catalog
 from offloadd.verify import Report, verify
 
 

@@ -29,7 +29,7 @@ from offloadd.metadata import ownership
 from offloadd.metadata.base import CheckOp, SetOp
 from offloadd.metadata.memory import MemoryMetadataStore, MemoryTree
 from offloadd.model import TopicName
-from offloadd.paths import topic_state_path
+from offloadd.model.keys import topic_state_path
 from tests.cluster._support import Cluster, SessionedStore, until
 
 pytestmark = pytest.mark.timeout(60)

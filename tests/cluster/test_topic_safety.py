@@ -17,7 +17,6 @@ from pathlib import Path
 
 import pytest
 
-from offloadd import catalog
 from offloadd.blobstore.memory import MemoryBlobStore
 from offloadd.cluster import EpochFence
 from offloadd.errors import Retriable
@@ -25,7 +24,7 @@ from offloadd.ledger.local import LocalLedgerStore, RolloverPolicy
 from offloadd.metadata import managed_ledger, ownership
 from offloadd.metadata.base import Op
 from offloadd.metadata.memory import MemoryMetadataStore, MemoryTree
-from offloadd.model import TopicName
+from offloadd.model import TopicName, catalog
 from offloadd.offload.buffer import OffloadBuffer
 from offloadd.offload.roller import RollPolicy
 from offloadd.offload.topic import OffloadEnv, TopicOffloader, TopicPolicy

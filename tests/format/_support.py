@@ -20,7 +20,7 @@ from offloadd.format import (
     padding,
     parse_block_header,
 )
-from offloadd.ledger.base import EntryRun
+from offloadd.model import EntryRun
 
 # The machine is shared: wall-clock deadlines would make property tests flaky.
 RELAXED = settings(deadline=None)

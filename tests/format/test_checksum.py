@@ -11,8 +11,8 @@ from offloadd.errors import FormatError
 from offloadd.format import StreamingObjectBuilder
 from offloadd.format.block import HEADER_LEN
 from offloadd.format.checksum import CHECKSUM_OFFSET, stamp_part, verify_block_checksum
-from offloadd.ledger.base import EntryRun
-from offloadd.offload.objects import blocks_checksummed, object_metadata
+from offloadd.model import EntryRun
+from offloadd.model.objects import blocks_checksummed, object_metadata
 
 
 def block() -> bytearray:

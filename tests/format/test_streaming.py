@@ -30,7 +30,7 @@ from offloadd.format import (
     decode_streaming_index,
     encode_streaming_index,
 )
-from offloadd.ledger.base import EntryRun
+from offloadd.model import EntryRun
 from tests.format._support import RELAXED, Entry, make_run, read_streaming
 
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import crc32c
 
 from offloadd.errors import NotFound
-from offloadd.ledger.base import FRAME_OVERHEAD, EntryRun, LedgerSource
-from offloadd.model import LedgerState, Position, TopicName
+from offloadd.ledger.base import LedgerSource
+from offloadd.model import FRAME_OVERHEAD, EntryRun, LedgerState, Position, TopicName
 
 HEADER = struct.Struct(">iq")
 

@@ -14,11 +14,11 @@ from typing import Protocol
 import pytest
 
 from offloadd.errors import NotFound
-from offloadd.ledger.base import FRAME_OVERHEAD, LedgerSource
+from offloadd.ledger.base import LedgerSource
 from offloadd.ledger.local import LocalLedgerStore
 from offloadd.ledger.memory import MemoryLedgerSource
 from offloadd.metadata.memory import MemoryMetadataStore
-from offloadd.model import LedgerState, Position, TopicName
+from offloadd.model import FRAME_OVERHEAD, LedgerState, Position, TopicName
 from tests.ledger.support import frames, tail
 
 pytestmark = pytest.mark.timeout(30)

@@ -26,7 +26,6 @@ from hypothesis import strategies as st
 
 from offloadd._proto import mldataformats_pb2 as pb
 from offloadd.errors import Conflict, Fenced, FormatError, NotFound, OversizeEntryError
-from offloadd.ledger.base import FRAME_OVERHEAD
 from offloadd.ledger.local import (
     LocalLedgerSource,
     LocalLedgerStore,
@@ -38,8 +37,8 @@ from offloadd.ledger.local import (
 from offloadd.metadata import managed_ledger
 from offloadd.metadata.base import MetadataStore
 from offloadd.metadata.memory import MemoryMetadataStore
-from offloadd.model import LedgerDesc, LedgerState, Position, TopicName
-from offloadd.paths import LEDGER_ID_COUNTER
+from offloadd.model import FRAME_OVERHEAD, LedgerDesc, LedgerState, Position, TopicName
+from offloadd.model.keys import LEDGER_ID_COUNTER
 from tests.ledger.support import append_bytes, frames, overwrite
 
 pytestmark = pytest.mark.timeout(60)

@@ -21,7 +21,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from offloadd.errors import FormatError, NotFound
-from offloadd.ledger.base import FRAME_OVERHEAD, EntryRun
 from offloadd.ledger.local import (
     CHUNK,
     OFF_CHUNK,
@@ -33,7 +32,7 @@ from offloadd.ledger.local import (
 )
 from offloadd.metadata.base import MetadataStore
 from offloadd.metadata.memory import MemoryMetadataStore
-from offloadd.model import Position, TopicName
+from offloadd.model import FRAME_OVERHEAD, EntryRun, Position, TopicName
 
 T = TopicName.parse("persistent://public/default/rot")
 ENTRY = 1000

@@ -15,7 +15,7 @@ import pytest
 from offloadd.errors import Conflict, Fenced, FormatError
 from offloadd.metadata import ownership
 from offloadd.metadata.base import CreateOp, MetadataStore, SetOp, Versioned
-from offloadd.paths import owner_path, topic_state_path
+from offloadd.model.keys import owner_path, topic_state_path
 from tests.metadata.conftest import Opener
 
 pytestmark = pytest.mark.timeout(30)

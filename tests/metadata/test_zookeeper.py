@@ -24,7 +24,7 @@ from offloadd.metadata.zookeeper import (
     ZooKeeperMetadataStore,
     ZooKeeperUrl,
 )
-from offloadd.paths import owner_path
+from offloadd.model.keys import owner_path
 from tests.fixtures.zookeeper import ZooKeeperEnsemble, free_port
 
 ML = "public/default/persistent/orders"

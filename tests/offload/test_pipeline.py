@@ -9,19 +9,18 @@ from pathlib import Path
 
 import pytest
 
-from offloadd import catalog
 from offloadd.blobstore.memory import MemoryBlobStore
 from offloadd.errors import Fenced, Retriable
 from offloadd.ledger.local import LocalLedgerStore, RolloverPolicy
 from offloadd.metadata import managed_ledger
 from offloadd.metadata.base import CheckOp, Op
 from offloadd.metadata.memory import MemoryMetadataStore
-from offloadd.model import TopicName
+from offloadd.model import TopicName, catalog
+from offloadd.model.keys import streaming_data_key
 from offloadd.offload.buffer import OffloadBuffer
 from offloadd.offload.commit import NoFence
 from offloadd.offload.roller import RollPolicy
 from offloadd.offload.topic import OffloadEnv, TopicOffloader, TopicPolicy
-from offloadd.paths import streaming_data_key
 from offloadd.read.reader import TierReader
 from offloadd.verify import verify
 

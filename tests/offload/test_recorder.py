@@ -17,8 +17,8 @@ from offloadd.metadata.base import CheckOp, Op
 from offloadd.metadata.memory import MemoryMetadataStore
 from offloadd.metadata.offload_status import OffloadStatus
 from offloadd.model import Position
+from offloadd.model.keys import offload_status_path
 from offloadd.offload.recorder import StatusRecorder
-from offloadd.paths import offload_status_path
 
 pytestmark = pytest.mark.timeout(30)
 

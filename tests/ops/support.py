@@ -96,9 +96,9 @@ def committed_entries(cwd: Path) -> dict[str, int]:
     """Entries in complete (OFFLOADED) segments per managed ledger, read from the metadata."""
 
     async def go() -> dict[str, int]:
-        from offloadd import catalog
         from offloadd.metadata import managed_ledger
         from offloadd.metadata.embedded import EmbeddedMetadataStore
+        from offloadd.model import catalog
 
         md = await EmbeddedMetadataStore.open(cwd / "data" / "metadata")
         try:

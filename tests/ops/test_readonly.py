@@ -127,10 +127,10 @@ class TestReadStartsWhereAsked:
     """``--from`` outside what the tier holds is an error naming what it does hold."""
 
     async def test_past_the_end_before_the_start_and_in_a_hole(self) -> None:
-        from offloadd import catalog
-        from offloadd.catalog import LedgerRange
         from offloadd.metadata.managed_ledger import ManagedLedgerInfo
-        from offloadd.paths import managed_ledger_path
+        from offloadd.model import catalog
+        from offloadd.model.catalog import LedgerRange
+        from offloadd.model.keys import managed_ledger_path
 
         md = MemoryMetadataStore()
         topic = TopicName.parse(TOPIC)

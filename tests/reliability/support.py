@@ -229,10 +229,10 @@ class TopicCounts:
 
 
 async def _counts(config: Path) -> dict[str, TopicCounts]:
-    from offloadd import catalog, wiring
     from offloadd import config as config_mod
+    from offloadd import wiring
     from offloadd.metadata import managed_ledger
-    from offloadd.model import LedgerState, TopicName
+    from offloadd.model import LedgerState, TopicName, catalog
 
     settings = config_mod.load(str(config))
     md = await wiring.open_metadata(settings)

@@ -30,9 +30,10 @@ from pathlib import Path
 import crc32c
 import pytest
 
-from offloadd import catalog, cli
+from offloadd import cli
 from offloadd.metadata import managed_ledger
 from offloadd.metadata.embedded import EmbeddedMetadataStore
+from offloadd.model import catalog
 from tests.reliability.conftest import Figures
 from tests.reliability.support import (
     Proc,

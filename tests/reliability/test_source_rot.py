@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from offloadd.ledger.base import FRAME_OVERHEAD
 from offloadd.ledger.local import ledger_files
+from offloadd.model import FRAME_OVERHEAD
 from tests.reliability.conftest import Figures
 from tests.reliability.support import (
     Proc,
@@ -71,9 +71,9 @@ def closed_ledgers(root: Path) -> list[tuple[int, int]]:
 def committed_end(root: Path) -> tuple[int, int] | None:
     import asyncio
 
-    from offloadd import catalog
     from offloadd.metadata import managed_ledger
     from offloadd.metadata.embedded import EmbeddedMetadataStore
+    from offloadd.model import catalog
 
     async def go() -> tuple[int, int] | None:
         md = await EmbeddedMetadataStore.open(root / "data" / "metadata")

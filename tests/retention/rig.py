@@ -9,14 +9,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from offloadd import catalog, config
+from offloadd import config
 from offloadd.blobstore.filesystem import FilesystemBlobStore
 from offloadd.config import Settings
 from offloadd.errors import Retriable
 from offloadd.ledger.local import LocalLedgerStore, RolloverPolicy
 from offloadd.metadata import managed_ledger
 from offloadd.metadata.embedded import EmbeddedMetadataStore
-from offloadd.model import Position, TopicName
+from offloadd.model import Position, TopicName, catalog
 from offloadd.offload.buffer import OffloadBuffer
 from offloadd.offload.commit import NoFence
 from offloadd.offload.roller import RollPolicy

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from offloadd.paths import streaming_data_key, streaming_index_key
+from offloadd.model.keys import streaming_data_key, streaming_index_key
 from tests.retention.rig import Rig
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]

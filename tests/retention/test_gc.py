@@ -20,13 +20,13 @@ from pathlib import Path
 
 import pytest
 
-from offloadd import catalog
-from offloadd.catalog import LedgerRange, Segment
 from offloadd.errors import NotFound
 from offloadd.ledger.local import ledger_files
 from offloadd.metadata import managed_ledger
 from offloadd.metadata.embedded import EmbeddedMetadataStore
-from offloadd.paths import (
+from offloadd.model import catalog
+from offloadd.model.catalog import LedgerRange, Segment
+from offloadd.model.keys import (
     deletion_path,
     ledger_data_key,
     managed_ledger_path,

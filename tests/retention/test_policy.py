@@ -9,12 +9,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from offloadd import catalog, config
+from offloadd import config
 from offloadd._proto import mldataformats_pb2 as pb
 from offloadd.blobstore.base import ObjectInfo
-from offloadd.catalog import LedgerRange, SegmentKind
 from offloadd.errors import FormatError
-from offloadd.paths import ledger_data_key, ledger_index_key, streaming_data_key
+from offloadd.model import catalog
+from offloadd.model.catalog import LedgerRange, SegmentKind
+from offloadd.model.keys import ledger_data_key, ledger_index_key, streaming_data_key
 from offloadd.retention.policy import (
     DeletionRecord,
     LedgerView,

@@ -138,7 +138,7 @@ def committed_uids(cwd: Path) -> dict[str, list[str]]:
     """Committed segment uuids per managed ledger, from the embedded metadata store."""
     code = """
 import asyncio, json
-from offloadd import catalog
+from offloadd.model import catalog
 from offloadd.metadata import managed_ledger
 from offloadd.metadata.embedded import EmbeddedMetadataStore
 async def main():

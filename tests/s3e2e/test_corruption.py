@@ -21,15 +21,14 @@ from pathlib import Path
 import crc32c
 import pytest
 
-from offloadd import catalog
 from offloadd.blobstore.base import Buffers, MultipartUpload, ObjectInfo
 from offloadd.blobstore.s3 import S3BlobStore
-from offloadd.catalog import Segment
 from offloadd.errors import OffloaddError
 from offloadd.format import HEADER_LEN, StreamingIndex
 from offloadd.metadata import managed_ledger
 from offloadd.metadata.embedded import EmbeddedMetadataStore
-from offloadd.model import TopicName
+from offloadd.model import TopicName, catalog
+from offloadd.model.catalog import Segment
 from offloadd.read.reader import TierReader
 from tests.fixtures.s3 import MotoBucket
 from tests.s3e2e.helpers import (

@@ -45,11 +45,11 @@ from typing import Any
 import pytest
 import uvloop
 
-from offloadd import catalog
 from offloadd import config as config_mod
 from offloadd.daemon import Ownership
 from offloadd.metadata import managed_ledger
-from offloadd.paths import parse_key, streaming_data_key
+from offloadd.model import catalog
+from offloadd.model.keys import parse_key, streaming_data_key
 from offloadd.produce import topic_names
 from offloadd.runtime import Runtime
 from offloadd.verify import verify

@@ -8,11 +8,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from offloadd import catalog
 from offloadd._proto import mldataformats_pb2 as pb
-from offloadd.catalog import LedgerRange
-from offloadd.model import Position
-from offloadd.paths import msb_lsb_to_uuid, uuid_to_msb_lsb
+from offloadd.model import Position, catalog
+from offloadd.model.catalog import LedgerRange
+from offloadd.model.keys import msb_lsb_to_uuid, uuid_to_msb_lsb
 
 DRIVER = catalog.driver_metadata("filesystem", {"managedLedgerOffloadDriver": "filesystem"})
 

@@ -374,7 +374,7 @@ class MirrorChange:
 def _offloaded_end(li: mlpb.ManagedLedgerInfo.LedgerInfo) -> int:
     """The last entry of ``li`` that a *committed* segment holds, or -1. An assigned segment
     does not count: dropping the record drops it too (its commit is then refused, see
-    :func:`offloadd.catalog.mark_offloaded`), so its entries are lost like the rest."""
+    :func:`offloadd.model.catalog.mark_offloaded`), so its entries are lost like the rest."""
     if not li.HasField("offloadContext"):
         return -1
     ctx = li.offloadContext

@@ -46,7 +46,6 @@ import asyncio
 import contextlib
 import fnmatch
 import logging
-import struct
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -58,7 +57,6 @@ import crc32c
 
 from offloadd import errors
 from offloadd.errors import ConfigError, Fatal, FormatError, NotFound, OffloaddError, Retriable
-from offloadd.ledger.base import FRAME_OVERHEAD, EntryRun
 from offloadd.ledger.bookkeeper.client import BookieClient, BookieError, ClientOptions
 from offloadd.ledger.bookkeeper.codec import Digest, Entry, digest_for
 from offloadd.ledger.bookkeeper.layout import (
@@ -78,15 +76,15 @@ from offloadd.ledger.bookkeeper.zk import PulsarZooKeeper
 from offloadd.metadata import managed_ledger
 from offloadd.metadata.base import MetadataStore, Versioned
 from offloadd.metadata.zookeeper import Watch
-from offloadd.model import LedgerDesc, LedgerState, TopicName
-from offloadd.paths import managed_ledger_path
+from offloadd.model import FRAME as _HEADER
+from offloadd.model import FRAME_OVERHEAD, EntryRun, LedgerDesc, LedgerState, TopicName
+from offloadd.model.keys import managed_ledger_path
 
 log = logging.getLogger(__name__)
 
 __all__ = ["BookKeeperLedgerSource", "BookKeeperOptions"]
 
 MiB = 1024 * 1024
-_HEADER = struct.Struct(">iq")
 _CHUNK_BYTES = 256 * 1024  # one batch of reads aims at this many payload bytes
 _DEFAULT_ENTRY_BYTES = 1024
 _CRC_BATCH = 1024

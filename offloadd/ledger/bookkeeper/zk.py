@@ -25,7 +25,7 @@ from offloadd.metadata.zookeeper import (
     ZooKeeperMetadataStore,
     ZooKeeperUrl,
 )
-from offloadd.paths import MANAGED_LEDGERS
+from offloadd.model.keys import MANAGED_LEDGERS
 
 log = logging.getLogger(__name__)
 

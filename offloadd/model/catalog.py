@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from offloadd._proto import mldataformats_pb2 as pb
 from offloadd.model import Position
-from offloadd.paths import msb_lsb_to_uuid, uuid_to_msb_lsb
+from offloadd.model.keys import msb_lsb_to_uuid, uuid_to_msb_lsb
 
 
 class SegmentKind(enum.Enum):
