@@ -30,7 +30,8 @@ from typing import Literal, Protocol
 import crc32c
 
 from offloadd.format.compression import Compression, compress
-from offloadd.format.message import BROKER_ENTRY_METADATA_MAGIC, CHECKSUM_MAGIC, varint
+from offloadd.format.message import BROKER_ENTRY_METADATA_MAGIC, CHECKSUM_MAGIC
+from offloadd.format.varint import encode_varint as varint
 from offloadd.ledger.local import LocalLedgerWriter
 from offloadd.model import TopicName
 

@@ -22,7 +22,6 @@ import struct
 from offloadd.errors import FormatError
 from offloadd.format._index import IndexEntry
 from offloadd.format.block import (
-    FRAME_OVERHEAD,
     HEADER_LEN,
     LEDGER_BLOCK_MAGIC,
     MIN_PADDING,
@@ -58,6 +57,7 @@ from offloadd.format.streaming import (
     decode_streaming_index,
     encode_streaming_index,
 )
+from offloadd.model.frames import FRAME_OVERHEAD
 
 __all__ = [
     "FRAME_OVERHEAD",

@@ -20,10 +20,12 @@ Header, all integers big-endian::
 Payload: consecutive entries of one ledger, each framed ``[int32 length][int64 entryId][bytes]``.
 Padding: ``FE DC DE AD`` repeated and cut to fit, starting right after the last entry.
 
-A reader stops a block at the first negative length: padding starts with 0xFE and both block
-magics have their top bit set, so a reader that runs past the last entry sees a negative int32.
-That is why writers end every block with at least :data:`MIN_PADDING` padding bytes (the one
-exception, the ledger-based format's exact-size last block, is the end of the object).
+A reader stops a block at the first negative length: padding starts with 0xFE, so the int32
+where the next frame would start reads negative. That is why writers end every block with at
+least :data:`MIN_PADDING` padding bytes (the one exception, the ledger-based format's exact-size
+last block, is the end of the object). The next block's magic is no such guard: the ledger-based
+one (0xFBDBABCB) reads negative, but the streaming one (0x26A66D32) is positive, so a streaming
+block without padding would have its reader take the next header for a frame.
 """
 
 from __future__ import annotations

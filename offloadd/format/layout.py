@@ -25,7 +25,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from offloadd.format.block import FRAME_OVERHEAD, HEADER_LEN, MIN_PADDING, padding
+from offloadd.format.block import HEADER_LEN, MIN_PADDING, padding
+from offloadd.model.frames import FRAME_OVERHEAD
 
 # The smallest max_block_size under which a block can hold anything but a grown entry.
 MIN_MAX_BLOCK_SIZE = HEADER_LEN + FRAME_OVERHEAD + MIN_PADDING

@@ -77,7 +77,6 @@ __all__ = [
     "decode_entry",
     "encode_batch",
     "encode_entry",
-    "varint",
 ]
 
 CHECKSUM_MAGIC = 0x0E01
@@ -310,18 +309,6 @@ def _parse(cls: type[_P], view: memoryview, where: str, offset: int, what: str,
 
 
 # -- encoding (the embedded writer and the tests) ------------------------------------------------
-
-
-def varint(value: int) -> bytes:
-    """Protobuf's base-128 varint of a non-negative integer (< 2**64)."""
-    if value < 0x80:
-        return bytes((value,))
-    out = bytearray()
-    while value >= 0x80:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
 
 
 def encode_batch(messages: Sequence[tuple[bytes | pb.SingleMessageMetadata, Buffer]]) -> bytes:

@@ -39,9 +39,9 @@ from offloadd._proto.mldataformats_pb2 import ManagedLedgerInfo
 from offloadd.errors import FormatError, NotFound
 from offloadd.format import _index
 from offloadd.format._index import IndexEntry
-from offloadd.format.block import FRAME_OVERHEAD, HEADER_LEN, pack_streaming_header
+from offloadd.format.block import HEADER_LEN, pack_streaming_header
 from offloadd.format.layout import Part, make_part, plan_blocks
-from offloadd.model.frames import EntryRun
+from offloadd.model.frames import FRAME_OVERHEAD, EntryRun
 
 Buffer = bytes | bytearray | memoryview
 

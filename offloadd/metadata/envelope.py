@@ -35,6 +35,7 @@ import zlib
 
 from offloadd._proto import mldataformats_pb2 as pb
 from offloadd.errors import FormatError
+from offloadd.format.varint import decode_varint
 from offloadd.metadata import managed_ledger
 
 MAGIC = 0x4778
@@ -97,15 +98,15 @@ def _parse_metadata(data: bytes, start: int, end: int, where: str) -> tuple[Comp
     fields: dict[int, int] = {}
     pos = start
     while pos < end:
-        tag, pos = _varint(data, pos, end, where)
+        tag, pos = decode_varint(data, pos, end, where)
         number, wire_type = tag >> 3, tag & 7
         if wire_type == 0:
-            value, pos = _varint(data, pos, end, where)
+            value, pos = decode_varint(data, pos, end, where)
             fields[number] = value
         elif wire_type == 1:
             pos += 8
         elif wire_type == 2:
-            length, pos = _varint(data, pos, end, where)
+            length, pos = decode_varint(data, pos, end, where)
             pos += length
         elif wire_type == 5:
             pos += 4
@@ -127,18 +128,6 @@ def _parse_metadata(data: bytes, start: int, end: int, where: str) -> tuple[Comp
     if not 0 <= size <= MAX_UNCOMPRESSED:
         raise FormatError(where, start, f"envelope uncompressedSize {size} is out of range")
     return compression, size
-
-
-def _varint(data: bytes, pos: int, end: int, where: str) -> tuple[int, int]:
-    value = shift = 0
-    while pos < end and shift < 70:
-        byte = data[pos]
-        pos += 1
-        value |= (byte & 0x7F) << shift
-        if not byte & 0x80:
-            return value, pos
-        shift += 7
-    raise FormatError(where, pos, "truncated or overlong varint in envelope metadata")
 
 
 def _inflate(body: bytes, size: int, offset: int, where: str) -> bytes:

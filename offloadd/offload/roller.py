@@ -15,7 +15,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from offloadd.format.block import FRAME_OVERHEAD, HEADER_LEN, MIN_PADDING
+from offloadd.format.block import HEADER_LEN, MIN_PADDING
+from offloadd.model import FRAME_OVERHEAD
 
 
 class RollReason(enum.Enum):

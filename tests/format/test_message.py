@@ -25,7 +25,8 @@ from hypothesis import strategies as st
 from offloadd._proto import pulsar_api_pb2 as pb
 from offloadd.errors import FormatError
 from offloadd.format.compression import Compression, compress, decompress
-from offloadd.format.message import decode_entry, encode_batch, encode_entry, varint
+from offloadd.format.message import decode_entry, encode_batch, encode_entry
+from offloadd.format.varint import encode_varint as varint
 from tests.format._support import RELAXED
 
 WHERE = "persistent://public/default/t 7:42"
