@@ -24,8 +24,8 @@ import uvloop
 from offloadd import config
 from offloadd.metadata import managed_ledger
 from offloadd.model import Position, TopicName, catalog
-from offloadd.produce import PayloadPool
-from offloadd.runtime import Runtime
+from offloadd.shell.produce import PayloadPool
+from offloadd.shell.runtime import Runtime
 
 TOPIC = TopicName.parse("persistent://public/default/lag")
 

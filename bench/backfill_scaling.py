@@ -57,7 +57,7 @@ log_level = "WARNING"
 
 
 def offloadd(args: list[str], cwd: Path, env: dict[str, str] | None = None) -> str:
-    p = subprocess.run([sys.executable, "-m", "offloadd.cli", *args], cwd=cwd,
+    p = subprocess.run([sys.executable, "-m", "offloadd", *args], cwd=cwd,
                        capture_output=True, text=True, timeout=3600,
                        env={**os.environ, **(env or {})})
     if p.returncode != 0:

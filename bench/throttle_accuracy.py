@@ -12,7 +12,7 @@ Chunks are capped at an eighth of the limit so a single grant cannot by itself m
 window look hot (a window holds at most ``limit + largest chunk`` under sustained demand).
 
 A second set, ``daemon``, goes through the daemon's own path, :meth:`Daemon._acquire` of a real
-:class:`~offloadd.daemon.Daemon` (in-memory stores, nothing uploaded): three topics with
+:class:`~offloadd.shell.daemon.Daemon` (in-memory stores, nothing uploaded): three topics with
 ``blocks_in_flight`` (4) block uploads each in flight, for block sizes of 1 MiB and 4 MiB. Its
 samples are the moments ``_acquire`` returns, i.e. when a whole block may go to the store, so its
 windows are those of the bytes an upload sends. A block is sent whole, so when it is larger than
@@ -46,12 +46,14 @@ from pathlib import Path
 from typing import Any
 
 from offloadd import config
+from offloadd.blobstore.base import StoreView
 from offloadd.blobstore.memory import MemoryBlobStore
-from offloadd.daemon import Daemon
+from offloadd.ledger.base import SourceView
 from offloadd.ledger.memory import MemoryLedgerSource
 from offloadd.metadata.memory import MemoryMetadataStore
 from offloadd.metrics import Metrics
 from offloadd.offload.throttle import Throttle
+from offloadd.shell.daemon import Daemon
 
 MB = 1_000_000
 MIB = 1 << 20
@@ -128,8 +130,8 @@ def _figures(grants: list[tuple[float, str, int]], limit: int) -> dict[str, Any]
 def _daemon(limit: int) -> Daemon:
     """A real daemon whose throttle path is measured; its stores are never touched."""
     settings = config.load(None, offload__flow_permits_per_second=limit)
-    return Daemon(settings, source=MemoryLedgerSource(), metadata=MemoryMetadataStore(),
-                  blobstore=MemoryBlobStore(), metrics=Metrics())
+    return Daemon(settings, source=SourceView(MemoryLedgerSource()), metadata=MemoryMetadataStore(),
+                  tier=StoreView(MemoryBlobStore()), metrics=Metrics())
 
 
 async def _run_daemon(limit: int, block: int, seconds: float) -> dict[str, Any]:

@@ -26,7 +26,7 @@ import asyncio, json, sys, time
 from offloadd import config, wiring
 from offloadd.ledger.local import LocalLedgerWriter
 from offloadd.model import TopicName
-from offloadd.produce import PayloadPool
+from offloadd.shell.produce import PayloadPool
 
 async def main(seconds, rate, batch):
     settings = config.load("bench.toml")
@@ -89,11 +89,11 @@ enabled = false
 [daemon]
 log_level = "WARNING"
 """)
-        subprocess.run([sys.executable, "-m", "offloadd.cli", "produce", "--config", "bench.toml",
+        subprocess.run([sys.executable, "-m", "offloadd", "produce", "--config", "bench.toml",
                         "--topics", "2", "--bytes", str(a.history_mib * 1024 * 1024)],
                        cwd=cwd, check=True, capture_output=True, timeout=900)
         alone = writer(cwd, a.seconds, a.rate, a.batch, "persistent://public/default/live-a")
-        daemon = subprocess.Popen([*a.prefix.split(), sys.executable, "-m", "offloadd.cli",
+        daemon = subprocess.Popen([*a.prefix.split(), sys.executable, "-m", "offloadd",
                                    "run", "--config",
                                    "bench.toml"], cwd=cwd, stdout=subprocess.DEVNULL,
                                   stderr=subprocess.DEVNULL)

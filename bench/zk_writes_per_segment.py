@@ -40,16 +40,16 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from offloadd import config  # noqa: E402
+from offloadd import config, wiring  # noqa: E402
 from offloadd.blobstore.filesystem import FilesystemBlobStore  # noqa: E402
-from offloadd.cluster import ClusterOwnership  # noqa: E402
-from offloadd.daemon import Daemon  # noqa: E402
+from offloadd.commit.cluster import ClusterOwnership  # noqa: E402
 from offloadd.ledger.local import LocalLedgerSource, LocalLedgerWriter, RolloverPolicy  # noqa: E402
 from offloadd.metadata import managed_ledger  # noqa: E402
 from offloadd.metadata.base import MetadataStore, Op, Versioned  # noqa: E402
 from offloadd.metadata.zookeeper import ZooKeeperMetadataStore  # noqa: E402
 from offloadd.model import TopicName, catalog  # noqa: E402
 from offloadd.model.keys import MANAGED_LEDGERS  # noqa: E402
+from offloadd.shell.daemon import Daemon  # noqa: E402
 from tests.fixtures.zookeeper import ZooKeeperServer, four_letter  # noqa: E402
 
 TOPIC = TopicName.parse("persistent://public/default/bench")
@@ -100,18 +100,6 @@ class CountingStore:
     async def close(self) -> None:
         await self.inner.close()
 
-    # the ZooKeeper store's session surface, so ownership follows the real session
-    @property
-    def session_id(self) -> int | None:
-        return getattr(self.inner, "session_id", None)
-
-    @property
-    def session_state(self) -> object:
-        return getattr(self.inner, "session_state", None)
-
-    def add_session_listener(self, listener: object) -> object:
-        return self.inner.add_session_listener(listener)  # type: ignore[attr-defined]
-
 
 def zxid(port: int) -> int:
     for line in four_letter(port, "srvr").splitlines():
@@ -141,9 +129,9 @@ async def offload(url: str, path: Path, tier: Path, total: int, seg_entries: int
                            retention__orphan_grace_s=7200,
                            offload__max_block_size_bytes=64 * 1024, metrics__enabled=False)
     store = CountingStore(await ZooKeeperMetadataStore.open(url))
-    ownership = ClusterOwnership(store, "bench")
-    daemon = Daemon(settings, source=LocalLedgerSource(path, store),
-                    metadata=store, blobstore=FilesystemBlobStore(tier),
+    ownership = ClusterOwnership(store, "bench", sessions=store.inner)  # the real session
+    daemon = Daemon(settings, source=wiring.local_view(LocalLedgerSource(path, store)),
+                    metadata=store, tier=wiring.filesystem_view(FilesystemBlobStore(tier)),
                     ownership=ownership, discovery_interval_s=0.2)
     t0 = time.perf_counter()
     task = asyncio.create_task(daemon.run(install_signals=False))

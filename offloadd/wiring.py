@@ -7,36 +7,58 @@ the protocols. Heavy client libraries (kazoo, aiobotocore) are imported only whe
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from pydantic import SecretStr
 
-from offloadd.blobstore.base import BlobStore
+from offloadd.blobstore.base import BlobStore, StoreView
 from offloadd.config import Settings
 from offloadd.errors import ConfigError, NotFound
-from offloadd.ledger.base import LedgerSource
+from offloadd.ledger.base import LedgerSource, SourceView
 from offloadd.ledger.local import LocalLedgerSource, LocalLedgerStore, RolloverPolicy
-from offloadd.metadata.base import MetadataStore
+from offloadd.metadata.base import MetadataStore, Sessions
+from offloadd.retention.gc import GcSettings
+from offloadd.retention.policy import RetentionLimits
+
+if TYPE_CHECKING:
+    from offloadd.blobstore.filesystem import FilesystemBlobStore
+    from offloadd.blobstore.s3 import S3BlobStore
+
+
+@dataclass(frozen=True)
+class MetadataConnection:
+    """The configured metadata store, and its sessions when it has them (ZooKeeper)."""
+
+    store: MetadataStore
+    sessions: Sessions | None = None
 
 
 async def open_metadata(settings: Settings, *, read_only: bool = False,
                         must_exist: bool = False) -> MetadataStore:
-    """The configured metadata store.
+    """The configured metadata store (see :func:`connect_metadata`)."""
+    return (await connect_metadata(settings, read_only=read_only, must_exist=must_exist)).store
+
+
+async def connect_metadata(settings: Settings, *, read_only: bool = False,
+                           must_exist: bool = False) -> MetadataConnection:
+    """The configured metadata store, with its sessions.
 
     ``read_only`` (``status``, ``verify``, ``read``): every write is refused and nothing is
     created; implies ``must_exist``. ``must_exist`` (``gc``): a store that does not exist yet
     (no embedded database, no ZooKeeper chroot) is ``NotFound`` instead of being created empty.
     """
-    store = await _open_metadata(settings, read_only=read_only,
-                                 must_exist=must_exist or read_only)
+    conn = await _open_metadata(settings, read_only=read_only,
+                                must_exist=must_exist or read_only)
     if read_only:
         from offloadd.metadata.readonly import ReadOnlyMetadataStore
 
-        return ReadOnlyMetadataStore(store)
-    return store
+        return MetadataConnection(ReadOnlyMetadataStore(conn.store), conn.sessions)
+    return conn
 
 
 async def _open_metadata(settings: Settings, *, read_only: bool,
-                         must_exist: bool) -> MetadataStore:
+                         must_exist: bool) -> MetadataConnection:
     url = settings.metadata.url
     if url.startswith("embedded:"):
         from offloadd.metadata.embedded import EmbeddedMetadataStore
@@ -47,7 +69,7 @@ async def _open_metadata(settings: Settings, *, read_only: bool,
             raise NotFound(f"no embedded metadata store at {store.db_path}: nothing has been "
                            "offloaded with this configuration (check --config and the "
                            "[metadata] url, and the working directory for relative paths)")
-        return await EmbeddedMetadataStore.open(path, read_only=read_only)
+        return MetadataConnection(await EmbeddedMetadataStore.open(path, read_only=read_only))
     if url.startswith("zk://"):
         from offloadd.metadata.zookeeper import DigestAcl, ZooKeeperMetadataStore
 
@@ -57,15 +79,22 @@ async def _open_metadata(settings: Settings, *, read_only: bool,
             if not sep or not user or not pw:
                 raise ConfigError('[metadata] acl_digest must be "user:password"')
             acl = DigestAcl(user, pw)
-        return await ZooKeeperMetadataStore.open(
+        zk = await ZooKeeperMetadataStore.open(
             url, session_timeout_s=settings.metadata.session_timeout_s,
             connect_timeout_s=settings.metadata.connect_timeout_s, acl=acl,
             create_chroot=not must_exist)
+        return MetadataConnection(zk, sessions=zk)
     raise ConfigError(f"[metadata] url {url!r}: unsupported scheme")
 
 
 async def open_blobstore(settings: Settings,
                          on_circuit: Callable[[str], None] | None = None) -> BlobStore:
+    """The configured blob store (see :func:`open_tier`)."""
+    return (await open_tier(settings, on_circuit)).store
+
+
+async def open_tier(settings: Settings,
+                    on_circuit: Callable[[str], None] | None = None) -> StoreView:
     """The configured tier; ``on_circuit`` hears the store-health circuit's state names."""
     bs = settings.blobstore
     from offloadd.blobstore.health import HealthPolicy, StoreHealth
@@ -81,9 +110,11 @@ async def open_blobstore(settings: Settings,
     if bs.driver == "filesystem":
         from offloadd.blobstore.filesystem import FilesystemBlobStore
 
-        return FilesystemBlobStore(
+        fs = FilesystemBlobStore(
             bs.path, request_timeout_s=bs.request_timeout_s,
             min_transfer_rate_bytes_per_s=bs.min_transfer_rate_bytes_per_s, health=health)
+        return filesystem_view(fs)
+
     from offloadd.blobstore.s3 import ReadEndpoint, S3BlobStore, S3Options
 
     def secret(v: SecretStr | None) -> str | None:
@@ -100,7 +131,28 @@ async def open_blobstore(settings: Settings,
         parts_in_flight=settings.offload.blocks_in_flight, max_attempts=bs.max_attempts,
         read_endpoints=tuple(ReadEndpoint(e.url, e.zone) for e in bs.read_endpoints),
         local_zone=bs.local_zone, health=policy)
-    return await S3BlobStore.open(opts, health=health)
+    return s3_view(await S3BlobStore.open(opts, health=health))
+
+
+def s3_view(s3: S3BlobStore) -> StoreView:
+    """The S3 driver with its capabilities: its health circuit, its multipart-upload sweep."""
+    return StoreView(s3, health=s3.health, sweeper=s3)
+
+
+
+def filesystem_view(fs: FilesystemBlobStore) -> StoreView:
+    """The filesystem driver with its capabilities: its health circuit, its upload sweep."""
+    return StoreView(fs, health=fs.health, sweeper=_FilesystemSweeper(fs))
+
+
+class _FilesystemSweeper:
+    """The filesystem store's sweep under the protocol's name (it calls it ``sweep_uploads``)."""
+
+    def __init__(self, store: FilesystemBlobStore) -> None:
+        self._store = store
+
+    async def sweep_incomplete_uploads(self, older_than_s: float) -> int:
+        return await self._store.sweep_uploads(older_than_s)
 
 
 def rollover_policy(settings: Settings) -> RolloverPolicy:
@@ -115,16 +167,38 @@ def open_local_store(settings: Settings, metadata: MetadataStore) -> LocalLedger
                             max_entry_bytes=src.max_entry_bytes, verify_crc=src.verify_crc)
 
 
+def local_view(src: LocalLedgerSource) -> SourceView:
+    """The embedded store's source: every capability but metrics of its own."""
+    return SourceView(src, deleter=src, copies=src, checksums=src, stored=src, offsets=src)
+
+
 def open_source(settings: Settings, metadata: MetadataStore, *,
                 read_only: bool = False) -> LedgerSource:
+    """The configured ledger source (see :func:`connect_source`)."""
+    return connect_source(settings, metadata, read_only=read_only).source
+
+
+def connect_source(settings: Settings, metadata: MetadataStore, *,
+                   read_only: bool = False) -> SourceView:
     """The configured ledger source; ``read_only`` for every command but the daemon: such a
     source never writes the metadata store (the BookKeeper source's mirror is the daemon's)."""
     src = settings.source
     if src.kind == "local":
-        return LocalLedgerSource(src.path, metadata, verify_crc=src.verify_crc)
+        return local_view(LocalLedgerSource(src.path, metadata, verify_crc=src.verify_crc))
     if src.kind == "bookkeeper":
         from offloadd.ledger.bookkeeper import BookKeeperLedgerSource
 
-        return BookKeeperLedgerSource.from_settings(settings, metadata, read_only=read_only)
+        bk = BookKeeperLedgerSource.from_settings(settings, metadata, read_only=read_only)
+        return SourceView(bk, checksums=bk, metrics=bk.metrics)
     raise ConfigError(f'[source] kind = "{src.kind}" is not supported (use "local" or '
                       '"bookkeeper")')
+
+
+def gc_settings(settings: Settings) -> GcSettings:
+    """What a gc pass needs of the configuration."""
+    ret = settings.retention
+    return GcSettings(
+        orphan_grace_s=ret.orphan_grace_s,
+        limits=RetentionLimits.from_config(ret.max_age_minutes, ret.max_size_mbytes),
+        trim_source=ret.trim_source,
+        deletion_lag_ms=lambda topic: settings.policy_for(topic).deletion_lag_ms)

@@ -18,7 +18,7 @@ import pytest
 
 pytestmark = pytest.mark.integration
 
-OFFLOADD = [sys.executable, "-m", "offloadd.cli"]
+OFFLOADD = [sys.executable, "-m", "offloadd"]
 
 
 def run(args: list[str], cwd: Path, timeout: float = 120, check: bool = True

@@ -18,8 +18,8 @@ import yaml  # type: ignore[import-untyped]  # PyYAML arrives with moto[server]
 from prometheus_client import REGISTRY
 
 from offloadd.errors import ConfigError
-from offloadd.httpserver import MetricsServer, ServerState, parse_bind
 from offloadd.metrics import Metrics, namespace_of
+from offloadd.shell.httpserver import MetricsServer, ServerState, parse_bind
 
 ROOT = Path(__file__).resolve().parent.parent
 RULES = ROOT / "deploy" / "prometheus" / "offloadd-rules.yml"

@@ -262,10 +262,6 @@ class OffloaddReader(DataSourceReader):
         except ValueError as exc:
             raise ConfigError(f"offloadd data source option: {exc}") from exc
 
-    @property
-    def key_prefix(self) -> str:
-        return ""  # the blob-store driver applies [blobstore] prefix itself
-
     def partitions(self) -> list[InputPartition]:
         return list(_run(self._plan()))
 
@@ -277,13 +273,13 @@ class OffloaddReader(DataSourceReader):
         try:
             bs = await wiring.open_blobstore(self.settings)
             try:
-                reader = TierReader(md, bs, key_prefix=self.key_prefix)
+                reader = TierReader(md, bs)
                 segs = [s for s in await reader.segments(self.topic)
                         if self.bounds.segment_start(s) is not None]
                 starts: dict[str, list[Position]] = {}
                 if self.blocks_per_partition > 0:
                     for s in segs:
-                        starts[str(s.uid)] = await _block_starts(reader, s, self.key_prefix)
+                        starts[str(s.uid)] = await _block_starts(reader, s)
                 return plan_partitions(segs, self.bounds, starts, self.blocks_per_partition)
             finally:
                 await bs.close()
@@ -310,7 +306,7 @@ class OffloaddReader(DataSourceReader):
         try:
             bs = loop.run_until_complete(wiring.open_blobstore(self.settings))
             # read_segment consults only the blob store; the metadata store is never used.
-            reader = TierReader(MemoryMetadataStore(), bs, key_prefix=self.key_prefix,
+            reader = TierReader(MemoryMetadataStore(), bs,
                                 prefetch=self.settings.offload.prefetch_blocks())
             entries = reader.read_segment(part.segment, part.start)
             try:
@@ -362,17 +358,17 @@ async def _take(entries: AsyncIterator[Any], n: int, bounds: Bounds, stop: Posit
     return (lids, eids, payloads), True
 
 
-async def _block_starts(reader: Any, seg: Segment, prefix: str) -> list[Position]:
+async def _block_starts(reader: Any, seg: Segment) -> list[Position]:
     from offloadd.format import LedgerIndex, StreamingIndex
     from offloadd.model.keys import ledger_index_key, streaming_index_key
 
     if seg.kind is SegmentKind.STREAMING:
-        idx = await reader.index(streaming_index_key(seg.uid, prefix))
+        idx = await reader.index(streaming_index_key(seg.uid))
         assert isinstance(idx, StreamingIndex)
         return [Position(r.ledger_id, b.first_entry_id) for r in seg.ranges
                 for b in idx.section(r.ledger_id).blocks]
     (r,) = seg.ranges
-    lidx = await reader.index(ledger_index_key(seg.uid, r.ledger_id, prefix))
+    lidx = await reader.index(ledger_index_key(seg.uid, r.ledger_id))
     assert isinstance(lidx, LedgerIndex)
     return [Position(r.ledger_id, b.first_entry_id) for b in lidx.blocks]
 

@@ -10,7 +10,7 @@
                       ├─ ASSIGNED segments (a killed run): redone under fresh uuids
                       └─ closed ledgers after catalog.next_position(): split_history()
 
-Ownership: the driver takes the topic with :mod:`offloadd.offload.fencing` (ephemeral owner node
+Ownership: the driver takes the topic with :mod:`offloadd.commit.fence` (ephemeral owner node
 + epoch) and every metadata edit carries the epoch check, so a backfill refuses to start while
 another session (a daemon or another backfill) owns the topic, and a backfill that lost the topic
 can never commit. It releases the topic at the end; a daemon then resumes streaming at
@@ -55,16 +55,18 @@ from offloadd.backfill.progress import MetricsSink, Progress, Sink, TerminalBar
 from offloadd.backfill.split import LedgerExtent, Split, split_history
 from offloadd.backfill.task import SegmentResult, SegmentSpec, absolute_paths, upload_segment
 from offloadd.blobstore.base import BlobStore
+from offloadd.commit import edits, epochs
+from offloadd.commit.fence import EpochFence, give_back, take
+from offloadd.commit.state import SegmentState, Tracked, stored, transition
 from offloadd.config import Settings
 from offloadd.errors import ConfigError, Conflict, Fatal, Fenced, NotFound, OffloaddError
 from offloadd.ledger.local import LocalLedgerSource
-from offloadd.metadata import managed_ledger, ownership
+from offloadd.metadata import managed_ledger
 from offloadd.metadata.base import MetadataStore
 from offloadd.model import FRAME_OVERHEAD, Position, TopicName, catalog
 from offloadd.model.catalog import LedgerRange, SegmentKind
-from offloadd.model.keys import streaming_data_key, streaming_index_key
-from offloadd.offload import commit, fencing
-from offloadd.offload.fencing import EpochFence
+from offloadd.model.keys import streaming_index_key
+from offloadd.offload.attempt import delete_attempt
 
 log = logging.getLogger(__name__)
 MiB = 1024 * 1024
@@ -86,6 +88,12 @@ class Work:
     ranges: tuple[LedgerRange, ...]
     nbytes: int
     redo: bool
+    state: Tracked = field(default_factory=Tracked)
+
+    def failed(self) -> None:
+        """Its attempt failed: it is redone under a fresh uuid."""
+        self.state.to(SegmentState.FAILED)
+        self.redo = True
 
     @property
     def end(self) -> Position:
@@ -200,8 +208,12 @@ def make_plan(info: pb.ManagedLedgerInfo, topic: TopicName, sizes: HistorySizes,
     """Blocking (the size look-ups read files): run it in a worker thread."""
     segs = catalog.segments(info)
     skipped = sum(1 for s in segs if s.complete)
-    work = [Work(s.uid, s.ranges, sum(sizes.range_bytes(r) for r in s.ranges), True)
+    # ASSIGNED records of an earlier run: their attempts failed (or were killed)
+    work = [Work(s.uid, s.ranges, sum(sizes.range_bytes(r) for r in s.ranges), True,
+                 Tracked(stored(s.complete)))
             for s in segs if s.kind is SegmentKind.STREAMING and not s.complete]
+    for w in work:
+        w.state.to(SegmentState.FAILED)
     start = catalog.next_position(info)
     closed = closed_ledgers(info)
     splits: list[Split] = split_history(
@@ -216,6 +228,7 @@ def _assign_all(work: Sequence[Work], now_ms: int,
                 driver: pb.OffloadDriverMetadata) -> Callable[[pb.ManagedLedgerInfo], bool]:
     def edit(info: pb.ManagedLedgerInfo) -> bool:
         for w in work:
+            transition(w.state.state, SegmentState.ASSIGNED)
             try:
                 catalog.add_assigned(info, w.uid, w.ranges, now_ms, driver)
             except ValueError as exc:
@@ -240,7 +253,6 @@ class _Ctx:
     report: BackfillReport
     max_block_size: int
     min_block_size: int
-    key_prefix: str
     ledger_ts: dict[int, int]
     slots: int
     wall_ms: Callable[[], int] = lambda: int(time.time() * 1000)
@@ -251,7 +263,7 @@ class _Ctx:
                            tuple((r.ledger_id, self.ledger_ts.get(r.ledger_id, 0))
                                  for r in w.ranges),
                            self.max_block_size, self.min_block_size,
-                           self.settings.offload.blocks_in_flight, self.key_prefix)
+                           self.settings.offload.blocks_in_flight)
 
 
 def default_owner_id() -> str:
@@ -284,9 +296,9 @@ async def run_backfill(settings: Settings, topic: TopicName, *, spark: Callable[
         blobstore = await wiring.open_blobstore(settings)
         try:
             owner = owner_id or default_owner_id()
-            fence = await fencing.take(metadata, topic.managed_ledger, owner)
+            fence = await take(metadata, topic.managed_ledger, owner)
             if fence is None:
-                holder = await ownership.current_owner(metadata, topic.managed_ledger)
+                holder = await epochs.current_owner(metadata, topic.managed_ledger)
                 raise Conflict(f"{topic} is owned by {holder!r} (a running daemon or "
                                "backfill): stop it, or wait for its session to expire, then "
                                "run the backfill again")
@@ -297,7 +309,7 @@ async def run_backfill(settings: Settings, topic: TopicName, *, spark: Callable[
                                 max_attempts, report, sinks, metrics_bind)
             finally:
                 try:
-                    await fencing.give_back(fence)
+                    await give_back(fence)
                 except OffloaddError as exc:
                     log.warning("%s: could not release ownership: %s (it lapses with the "
                                 "session)", topic, exc)
@@ -341,8 +353,10 @@ async def _backfill(settings: Settings, topic: TopicName, metadata: MetadataStor
     spark = await asyncio.to_thread(spark_factory)
     if new:
         driver = catalog.driver_metadata(blobstore.name, dict(blobstore.driver_properties()))
-        await commit.apply(metadata, topic.managed_ledger,
-                           _assign_all(new, int(time.time() * 1000), driver), fence)
+        await edits.apply(metadata, topic.managed_ledger,
+                          _assign_all(new, int(time.time() * 1000), driver), fence)
+        for w in new:
+            w.state.to(SegmentState.ASSIGNED)
     metrics = MetricsSink(topic)
     if metrics_bind:
         metrics.serve(metrics_bind)
@@ -350,7 +364,6 @@ async def _backfill(settings: Settings, topic: TopicName, metadata: MetadataStor
     progress.plan(len(plan.work), sum(w.nbytes for w in plan.work))
     ctx = _Ctx(settings, topic, metadata, blobstore, fence, spark, progress, report,
                max_block_size, min_block_size,
-               "",  # the blob-store driver applies [blobstore] prefix itself
                {li.ledgerId: li.timestamp for li in info.ledgerInfo},
                int(spark.sparkContext.defaultParallelism))
     try:
@@ -424,7 +437,7 @@ async def _round(ctx: _Ctx, works: list[Work], attempt: int) -> list[Work]:
     lost = [w for i, w in enumerate(todo) if i not in settled]  # no report: the job died
     for w in lost:
         ctx.progress.attempt_failed()
-        w.redo = True
+        w.failed()
     return failed + lost
 
 
@@ -434,9 +447,11 @@ async def _fresh_uuids(ctx: _Ctx, works: list[Work]) -> list[Work]:
     if not works:
         return []
     moves = [(w.uid, uuid.uuid4()) for w in works]
+    for w in works:
+        transition(w.state.state, SegmentState.ASSIGNED)  # a redo of a failed attempt
     try:
-        await commit.apply(ctx.metadata, ctx.topic.managed_ledger,
-                           partial(_reassign_all, moves=moves, ctx=ctx), ctx.fence)
+        await edits.apply(ctx.metadata, ctx.topic.managed_ledger,
+                          partial(_reassign_all, moves=moves, ctx=ctx), ctx.fence)
     except Fenced:
         raise
     except OffloaddError as exc:
@@ -446,11 +461,16 @@ async def _fresh_uuids(ctx: _Ctx, works: list[Work]) -> list[Work]:
         return list(works)
     for w, (_, new) in zip(works, moves, strict=True):
         w.uid = new
+        w.state.to(SegmentState.ASSIGNED)
     sem = asyncio.Semaphore(16)
+
+    def undeleted(key: str, exc: OffloaddError) -> None:
+        log.warning("%s: could not delete %s of an abandoned attempt: %s (offloadd gc "
+                    "removes it)", ctx.topic, key, exc)
 
     async def delete(uid: uuid.UUID) -> None:
         async with sem:
-            await _delete_objects(ctx, uid)
+            await delete_attempt(ctx.blobstore, uid, on_error=undeleted)
 
     await asyncio.gather(*(delete(old) for old, _ in moves))
     return []
@@ -471,7 +491,7 @@ async def _settle(ctx: _Ctx, todo: list[Work], fresh: list[tuple[int, str, Any]]
 
     async def index_exists(w: Work) -> bool:
         try:
-            await ctx.blobstore.head(streaming_index_key(w.uid, ctx.key_prefix))
+            await ctx.blobstore.head(streaming_index_key(w.uid))
             return True
         except OffloaddError as exc:
             log.error("%s: segment %s reported done but its index is not readable: %s",
@@ -482,10 +502,12 @@ async def _settle(ctx: _Ctx, todo: list[Work], fresh: list[tuple[int, str, Any]]
     failed += [w for (w, _), ok in zip(done, checked, strict=True) if not ok]
     done = [d for d, ok in zip(done, checked, strict=True) if ok]
     if done:
+        for w, _ in done:
+            transition(w.state.state, SegmentState.OFFLOADED)
         try:
-            await commit.apply(ctx.metadata, ctx.topic.managed_ledger,
-                               partial(_offloaded_all, uids=[w.uid for w, _ in done], ctx=ctx),
-                               ctx.fence)
+            await edits.apply(ctx.metadata, ctx.topic.managed_ledger,
+                              partial(_offloaded_all, uids=[w.uid for w, _ in done], ctx=ctx),
+                              ctx.fence)
         except Fenced:
             raise
         except OffloaddError as exc:
@@ -494,6 +516,7 @@ async def _settle(ctx: _Ctx, todo: list[Work], fresh: list[tuple[int, str, Any]]
             done = []
     rep = ctx.report
     for w, res in done:
+        w.state.to(SegmentState.OFFLOADED)
         ctx.progress.segment_offloaded(res.frame_bytes)
         rep.offloaded_segments += 1
         rep.entries += res.entries
@@ -503,7 +526,7 @@ async def _settle(ctx: _Ctx, todo: list[Work], fresh: list[tuple[int, str, Any]]
         rep.segments.append(str(w.uid))
     for w in failed:
         ctx.progress.attempt_failed()
-        w.redo = True
+        w.failed()
     return failed
 
 
@@ -568,16 +591,6 @@ def _import_task(i: int) -> int:
 
     time.sleep(0.2)  # overlap the tasks, so each slot starts its own worker
     return i
-
-
-async def _delete_objects(ctx: _Ctx, uid: uuid.UUID) -> None:
-    for key in (streaming_index_key(uid, ctx.key_prefix),
-                streaming_data_key(uid, ctx.key_prefix)):
-        try:
-            await ctx.blobstore.delete(key)
-        except OffloaddError as exc:
-            log.warning("%s: could not delete %s of an abandoned attempt: %s (offloadd gc "
-                        "removes it)", ctx.topic, key, exc)
 
 
 def _short(exc: BaseException | None) -> str:

@@ -2,12 +2,12 @@
 
 Runs inside a Spark task (a plain function of a picklable :class:`SegmentSpec`; no Spark import)
 or in-process in tests. It opens its own blob store from the settings the driver shipped, reads
-the ranges from the embedded ledger store in block-sized runs, and uploads through the
+the ranges from the embedded ledger store in block-sized runs, and uploads them through the
 pipeline's own pieces, exactly as the streaming daemon does::
 
-    source.read (one pread per block) ─▶ StreamingObjectBuilder.add_run ─▶ stamp_parts
-      ─▶ SegmentUpload (multipart, ``in_flight`` parts at a time) ─▶ complete data object
-      ─▶ put index (last: on the tier, the index marks a whole pair)
+    RunReader (one pread per block, into the buffer) ─▶ SegmentAttempt.feed (blocks, CRC32C,
+      ``in_flight`` parts at a time) ─▶ seal: complete the data object, then put the index
+      (last: on the tier, the index marks a whole pair)
 
 Nothing is committed in metadata here: the driver marks the segment OFFLOADED once this returns.
 Memory is bounded by an :class:`~offloadd.offload.buffer.OffloadBuffer` of ``in_flight + 1``
@@ -25,23 +25,20 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from offloadd.blobstore.base import BlobStore
 from offloadd.config import Settings
 from offloadd.errors import ConfigError
-from offloadd.format.checksum import stamp_parts
-from offloadd.format.streaming import StreamingObjectBuilder
 from offloadd.ledger.base import LedgerSource
 from offloadd.model import TopicName
 from offloadd.model.catalog import LedgerRange
-from offloadd.model.keys import streaming_data_key, streaming_index_key
-from offloadd.model.objects import index_metadata, object_metadata
+from offloadd.offload.attempt import Uploads, open_streaming
 from offloadd.offload.buffer import OffloadBuffer
 from offloadd.offload.roller import RollPolicy
-from offloadd.offload.upload import SegmentUpload
+from offloadd.offload.runs import RunReader
 
 
 @dataclass(frozen=True)
@@ -56,7 +53,6 @@ class SegmentSpec:
     max_block_size: int
     min_block_size: int
     in_flight: int
-    key_prefix: str = ""
 
     @property
     def ledger_ranges(self) -> tuple[LedgerRange, ...]:
@@ -109,8 +105,7 @@ async def _upload_from_settings(spec: SegmentSpec) -> SegmentResult:
         return await upload_ranges(
             source, blobstore, TopicName.parse(spec.topic), uuid.UUID(spec.uid),
             spec.ledger_ranges, dict(spec.ledger_ts), max_block_size=spec.max_block_size,
-            min_block_size=spec.min_block_size, in_flight=spec.in_flight,
-            key_prefix=spec.key_prefix)
+            min_block_size=spec.min_block_size, in_flight=spec.in_flight)
     finally:
         await blobstore.close()
         await source.close()
@@ -119,68 +114,27 @@ async def _upload_from_settings(spec: SegmentSpec) -> SegmentResult:
 async def upload_ranges(source: LedgerSource, blobstore: BlobStore, topic: TopicName,
                         uid: uuid.UUID, ranges: Sequence[LedgerRange],
                         ledger_ts: Mapping[int, int], *, max_block_size: int,
-                        min_block_size: int, in_flight: int,
-                        key_prefix: str = "") -> SegmentResult:
+                        min_block_size: int, in_flight: int) -> SegmentResult:
     """Write ``<uuid>`` and ``<uuid>-index`` for exactly ``ranges`` (in log order)."""
     if not ranges:
         raise ValueError(f"segment {uid} has no entries")
     t0 = time.monotonic()
     budget = RollPolicy(max_bytes=1 << 62, max_age_s=float("inf"),
                         max_block_size=max_block_size, min_block_size=min_block_size).block_budget
-    buffer = OffloadBuffer((in_flight + 1) * budget)
-    ml = topic.managed_ledger
-    data_key = streaming_data_key(uid, key_prefix)
-    upload = SegmentUpload(blobstore, data_key, object_metadata(ml, "data"), in_flight=in_flight)
-    builder = StreamingObjectBuilder(max_block_size=max_block_size, min_block_size=min_block_size)
-    await upload.start()
-    entries = frame_bytes = payload_bytes = 0
+    reader = RunReader(source, OffloadBuffer((in_flight + 1) * budget), topic)
+    att = await open_streaming(Uploads(blobstore, topic.managed_ledger, in_flight),
+                               max_block_size=max_block_size, min_block_size=min_block_size,
+                               uid=uid, opened_at=t0)
     try:
         for r in ranges:
-            nxt = r.first
-            while nxt <= r.last:
-                await buffer.reserve(budget)
-                # A recycled array: fresh pages per block would cost page faults on every read.
-                lease = buffer.lease(budget)
-                try:
-                    run = await source.read(topic, r.ledger_id, nxt, r.last, max_bytes=budget,
-                                            into=lease)
-                except BaseException:
-                    buffer.release(budget)
-                    buffer.give_back(lease)
-                    raise
-                size = len(run.data)
-                if size < budget:
-                    buffer.release(budget - size)
-                else:
-                    buffer.grow(size - budget)
-                try:
-                    parts = stamp_parts(builder.add_run(run))
-                except BaseException:
-                    buffer.release(size)
-                    buffer.give_back(lease)
-                    raise
-                upload.submit(parts, _releaser(buffer, size, lease))
-                entries += run.count
-                frame_bytes += size
-                payload_bytes += run.payload_bytes
-                nxt = run.last_entry_id + 1
-        await upload.complete()
-        index = builder.finish(ledger_ts)
-        await blobstore.put(streaming_index_key(uid, key_prefix), [index],
-                            index_metadata(ml, data_length=upload.length, index=index))
+            async for run in reader.runs(r, budget):
+                att.feed(run, ledger_ts.get(r.ledger_id, 0))
+        await att.seal()
     except BaseException:
         # Abort only this attempt's upload; delete nothing: a retry of this task (or a zombie
         # of it) writes the same uuid, and the driver deletes a failed uuid's objects itself
         # before moving the segment to a fresh one.
-        await upload.abort()
+        await att.abort()
         raise
-    return SegmentResult(str(uid), upload.length, entries, frame_bytes,
-                         payload_bytes, time.monotonic() - t0)
-
-
-def _releaser(buffer: OffloadBuffer, n: int, lease: bytearray) -> Callable[[], None]:
-    def release() -> None:
-        buffer.release(n)
-        buffer.give_back(lease)
-
-    return release
+    return SegmentResult(str(uid), att.length, att.entries, att.frame_bytes, att.payload_bytes,
+                         time.monotonic() - t0)

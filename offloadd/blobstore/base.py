@@ -13,8 +13,9 @@ Errors: ``NotFound``, ``Retriable`` (transient; caller may retry), ``Fatal``; no
 
 Implementations: ``filesystem.py``, ``s3.py`` (aiobotocore), ``memory.py`` (unit tests).
 
-Optional capabilities, each a protocol below, handed to their users by :mod:`offloadd.wiring`
-(which built the store; nobody probes an object for a method):
+Optional capabilities, each a protocol below. :class:`StoreView` carries a store with its
+capabilities, each typed as its protocol; :mod:`offloadd.wiring` builds it (it built the store
+and so knows its type: nobody probes an object for a method):
 
 =====================  ===========================================  ==========================
 capability             used by                                      implemented by
@@ -106,3 +107,13 @@ class StoreHealthView(Protocol):
     def readiness(self) -> tuple[bool, str]:
         """(ready, why): False while the circuit is open or the store refuses everything."""
         ...
+
+
+@dataclass(frozen=True)
+class StoreView:
+    """A blob store and its optional capabilities, each None when it has not got it (built by
+    :mod:`offloadd.wiring`, which knows the driver)."""
+
+    store: BlobStore
+    health: StoreHealthView | None = None
+    sweeper: UploadSweeper | None = None

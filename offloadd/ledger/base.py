@@ -14,8 +14,9 @@ Implementations: ``local.py`` (the embedded managed-ledger store), ``bookkeeper/
 cluster), ``memory.py`` (unit tests).
 
 Optional capabilities, each a protocol of its own below, declared by the implementations that
-have them and handed to the code that uses them by :mod:`offloadd.wiring` (which built the
-source and so knows its type; nobody probes an object for a method):
+have them. :class:`SourceView` carries a source with its capabilities, each typed as its
+protocol; :mod:`offloadd.wiring` builds it (it built the source and so knows its type: nobody
+probes an object for a method):
 
 =====================  ==========================================  ===========================
 capability             used by                                     implemented by
@@ -32,6 +33,7 @@ capability             used by                                     implemented b
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from offloadd.model import FRAME_OVERHEAD, EntryRun, LedgerDesc, TopicName
@@ -45,6 +47,7 @@ __all__ = [
     "LedgerSource",
     "LocalCopies",
     "SourceMetrics",
+    "SourceView",
     "StoredEntries",
 ]
 
@@ -134,3 +137,17 @@ class SourceMetrics(Protocol):
     """A source with Prometheus series of its own (the BookKeeper client's)."""
 
     def register(self, registry: CollectorRegistry) -> None: ...
+
+
+@dataclass(frozen=True)
+class SourceView:
+    """A source and what it can do beyond :class:`LedgerSource`, each capability None when it
+    cannot (built by :mod:`offloadd.wiring`, which knows the implementation)."""
+
+    source: LedgerSource
+    deleter: LedgerDeleter | None = None
+    copies: LocalCopies | None = None
+    checksums: EntryChecksums | None = None
+    stored: StoredEntries | None = None
+    offsets: FrameOffsets | None = None
+    metrics: SourceMetrics | None = None

@@ -651,6 +651,24 @@ class LocalLedgerSource:
         except OSError as exc:
             raise _os_error(exc, f"{topic}: deleting files of ledger {ledger_id}") from exc
 
+    async def drop_local_copy(self, ledger_id: int) -> bool:
+        """Remove a ledger's files, which the tier now holds (``[retention] trim_source``: the
+        managed ledger keeps listing it with ``bookkeeperDeleted`` set); True if any existed.
+        Idempotent. ``Retriable`` (or ``Fatal``) on I/O errors."""
+
+        def unlink() -> bool:
+            found = False
+            for path in ledger_files(self.path, ledger_id).all():
+                with contextlib.suppress(FileNotFoundError):
+                    path.unlink()
+                    found = True
+            return found
+
+        try:
+            return await asyncio.to_thread(unlink)
+        except OSError as exc:
+            raise _os_error(exc, f"dropping the local copy of ledger {ledger_id}") from exc
+
     async def close(self) -> None:
         """Nothing to release: reads open and close their files."""
 

@@ -33,10 +33,8 @@ import enum
 import struct
 import zlib
 
-from offloadd._proto import mldataformats_pb2 as pb
 from offloadd.errors import FormatError
 from offloadd.format.varint import decode_varint
-from offloadd.metadata import managed_ledger
 
 MAGIC = 0x4778
 HEADER = struct.Struct(">HI")  # magic, metadata length
@@ -85,12 +83,6 @@ def unwrap(data: bytes, where: str = "ManagedLedgerInfo") -> bytes:
         raise FormatError(where, meta_end, f"envelope body is {len(payload)} bytes uncompressed, "
                                            f"metadata says {size}")
     return payload
-
-
-def decode_managed_ledger_info(data: bytes,
-                               where: str = "ManagedLedgerInfo") -> pb.ManagedLedgerInfo:
-    """Parse a ``/managed-ledgers/<name>`` value in either layout."""
-    return managed_ledger.decode(unwrap(data, where), where)
 
 
 def _parse_metadata(data: bytes, start: int, end: int, where: str) -> tuple[CompressionType, int]:

@@ -1,27 +1,30 @@
-"""Managed-ledger metadata (``ManagedLedgerInfo``, DESIGN §6): pure edits plus the CAS loop.
+"""Managed-ledger metadata (``ManagedLedgerInfo``, DESIGN §6) in the store: decode, load, list,
+update.
 
 The ledger writer appends and closes ``LedgerInfo`` records; the offloader only edits
-``offloadContext.offloadSegment``. Every persisted change is a compare-and-set on the node's
-version: a lost race re-reads and re-applies the same pure edit.
+``offloadContext.offloadSegment`` (the pure edits are :mod:`offloadd.model.catalog`'s). Every
+persisted change is a compare-and-set on the node's version (:mod:`offloadd.metadata.cas`): a
+lost race re-reads and re-applies the same pure edit.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Sequence
 
 from offloadd._proto import mldataformats_pb2 as pb
-from offloadd.errors import Conflict, FormatError, NotFound
-from offloadd.metadata.base import MetadataStore, Versioned
+from offloadd.errors import FormatError, NotFound
+from offloadd.metadata import cas
+from offloadd.metadata.base import MetadataStore, Op, Versioned
+from offloadd.metadata.envelope import unwrap
 from offloadd.model.keys import managed_ledger_path
 
 ManagedLedgerInfo = pb.ManagedLedgerInfo
 LedgerInfo = pb.ManagedLedgerInfo.LedgerInfo
 
 
-def decode(data: bytes, where: str) -> pb.ManagedLedgerInfo:
-    """Parse ``ManagedLedgerInfo`` bytes; ``FormatError`` names the znode on junk."""
-    from offloadd.metadata.envelope import unwrap  # Pulsar's optional compressed envelope
-
+def decode(data: bytes, where: str = "ManagedLedgerInfo") -> pb.ManagedLedgerInfo:
+    """Parse ``ManagedLedgerInfo`` bytes, bare or in Pulsar's compressed envelope
+    (:mod:`offloadd.metadata.envelope`); ``FormatError`` names the znode on junk."""
     info = pb.ManagedLedgerInfo()
     try:
         info.ParseFromString(unwrap(data, where))
@@ -44,31 +47,24 @@ async def update(
     edit: Callable[[pb.ManagedLedgerInfo], bool],
     *,
     create: bool = False,
-    attempts: int = 100,
+    guard: Sequence[Op] = (),
+    on_conflict: Callable[[], Awaitable[None]] | None = None,
 ) -> pb.ManagedLedgerInfo:
-    """Apply ``edit`` (mutates in place; returns False for "no change") under CAS, retrying lost
-    races. With ``create`` a missing node starts empty. Returns the stored value."""
+    """Apply ``edit`` (mutates in place; returns False for "no change") under compare-and-set
+    (:func:`offloadd.metadata.cas.update`: lost races re-read and re-apply). With ``create`` a
+    missing node starts empty; ``guard`` and ``on_conflict`` as there. Returns the stored value.
+    """
     path = managed_ledger_path(ml_name)
-    for _ in range(attempts):
-        try:
-            node: Versioned | None = await store.get(path)
-        except NotFound:
-            if not create:
-                raise
-            node = None
+    stored = pb.ManagedLedgerInfo()
+
+    def apply(node: Versioned | None) -> bytes | None:
+        nonlocal stored
         info = decode(node.data, path) if node is not None else pb.ManagedLedgerInfo()
-        if not edit(info):
-            return info
-        data = info.SerializeToString()
-        try:
-            if node is None:
-                await store.create(path, data)
-            else:
-                await store.set(path, data, node.version)
-            return info
-        except Conflict:
-            continue
-    raise Conflict(f"{path}: gave up after {attempts} lost compare-and-set races")
+        stored = info
+        return info.SerializeToString() if edit(info) else None
+
+    await cas.update(store, path, apply, create=create, guard=guard, on_conflict=on_conflict)
+    return stored
 
 
 def ledger_info(info: pb.ManagedLedgerInfo, ledger_id: int) -> pb.ManagedLedgerInfo.LedgerInfo:

@@ -22,14 +22,14 @@ Unknown keys are ignored when reading, so later versions may add some.
 
 from __future__ import annotations
 
-import contextlib
 import json
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-from offloadd.errors import Conflict, FormatError, NotFound
-from offloadd.metadata.base import CreateOp, MetadataStore, Op, SetOp
+from offloadd.errors import FormatError, NotFound
+from offloadd.metadata import cas
+from offloadd.metadata.base import MetadataStore, Op
 from offloadd.model.keys import offload_status_path
 
 __all__ = ["OffloadStatus", "read", "write"]
@@ -84,32 +84,11 @@ async def read(store: MetadataStore, ml_name: str) -> OffloadStatus | None:
 
 
 async def write(store: MetadataStore, ml_name: str, status: OffloadStatus,
-                guard: Sequence[Op] = ()) -> None:
-    """Replace the record (creating it the first time), in one transaction with ``guard``.
-
-    ``Conflict`` when the guard failed (another owner) — the caller checks its fence."""
-    path = offload_status_path(ml_name)
+                guard: Sequence[Op] = (),
+                on_conflict: Callable[[], Awaitable[None]] | None = None) -> None:
+    """Replace the record (creating it the first time), in one transaction with ``guard``
+    (:func:`offloadd.metadata.cas.update`; ``on_conflict`` is the fence's check, which raises
+    ``Fenced`` once another owner holds the topic)."""
     data = status.encode()
-    for _ in range(3):
-        try:
-            if guard:
-                await store.multi([*guard, SetOp(path, data)])
-            else:
-                await store.set(path, data)
-            return
-        except NotFound:
-            pass  # first write for this topic: create it (parents too) below
-        parent = path.rsplit("/", 1)[0]
-        with contextlib.suppress(Conflict):
-            await store.create(parent, b"", make_parents=True)
-        try:
-            if guard:
-                await store.multi([*guard, CreateOp(path, data)])
-            else:
-                await store.create(path, data)
-            return
-        except Conflict:
-            if not await store.exists(path):
-                raise  # the guard failed, not the create
-    raise Conflict(f"{path}: could not write the offload status")
-
+    await cas.update(store, offload_status_path(ml_name), lambda node: data, create=True,
+                     guard=guard, on_conflict=on_conflict)

@@ -5,7 +5,7 @@ with ``endEntryId`` = its last entry in that ledger (DESIGN §6). Its begin in e
 implicit: the entry after the previous segment's end in that ledger, or 0. A ledger offloaded
 whole in the ledger-based format (PIP-17) carries an ``OffloadContext`` with ``complete``.
 
-State of a segment (one module owns the transitions: :mod:`offloadd.offload.state`)::
+State of a segment (one module owns the transitions: :mod:`offloadd.commit.state`)::
 
     ASSIGNED  (records present, complete=false)  -> range fixed, objects being written
     OFFLOADED (complete=true on every record)    -> readable from the tier

@@ -3,11 +3,15 @@
 Object keys follow Pulsar's offloaders (``DataBlockUtils``):
 
 =====================================  ===============================================
-``<prefix><uuid>``                     streaming data object (PIP-76)
-``<prefix><uuid>-index``               streaming index
-``<prefix><uuid>-ledger-<ledgerId>``   ledger-based data object (PIP-17)
-``<prefix><uuid>-ledger-<id>-index``   ledger-based index
-=====================================  ===============================================
+``<uuid>``                     streaming data object (PIP-76)
+``<uuid>-index``               streaming index
+``<uuid>-ledger-<ledgerId>``   ledger-based data object (PIP-17)
+``<uuid>-ledger-<id>-index``   ledger-based index
+=============================  ===============================================
+
+A blob-store driver may keep every object under a prefix of its own (``[blobstore] prefix`` on
+aws-s3): it prepends it to the keys it is given and strips it from those it lists, so the keys
+here never carry it.
 
 Metadata paths (relative to the store's root/chroot):
 
@@ -66,20 +70,20 @@ def segment_record_path(ml_name: str, uid: uuid.UUID) -> str:
     return f"{SEGMENT_RECORDS}/{ml_name}/{uid}"
 
 
-def streaming_data_key(uid: uuid.UUID, prefix: str = "") -> str:
-    return f"{prefix}{uid}"
+def streaming_data_key(uid: uuid.UUID) -> str:
+    return f"{uid}"
 
 
-def streaming_index_key(uid: uuid.UUID, prefix: str = "") -> str:
-    return f"{prefix}{uid}-index"
+def streaming_index_key(uid: uuid.UUID) -> str:
+    return f"{uid}-index"
 
 
-def ledger_data_key(uid: uuid.UUID, ledger_id: int, prefix: str = "") -> str:
-    return f"{prefix}{uid}-ledger-{ledger_id}"
+def ledger_data_key(uid: uuid.UUID, ledger_id: int) -> str:
+    return f"{uid}-ledger-{ledger_id}"
 
 
-def ledger_index_key(uid: uuid.UUID, ledger_id: int, prefix: str = "") -> str:
-    return f"{prefix}{uid}-ledger-{ledger_id}-index"
+def ledger_index_key(uid: uuid.UUID, ledger_id: int) -> str:
+    return f"{uid}-ledger-{ledger_id}-index"
 
 
 _KEY_RE = re.compile(
@@ -99,11 +103,9 @@ class ParsedKey:
         return self.ledger_id is None
 
 
-def parse_key(key: str, prefix: str = "") -> ParsedKey | None:
+def parse_key(key: str) -> ParsedKey | None:
     """Inverse of the ``*_key`` builders; ``None`` for keys that are not ours."""
-    if not key.startswith(prefix):
-        return None
-    m = _KEY_RE.match(key[len(prefix):])
+    m = _KEY_RE.match(key)
     if not m:
         return None
     ledger = m.group("ledger")

@@ -10,7 +10,7 @@ Every data and index object carries::
     offloadd-block-checksum                "crc32c": every block carries its CRC32C (header
                                            bytes 36..43, ``format/checksum.py``)
 
-and an index, written last, adds what :mod:`offloadd.verify` checks the pair with (the data
+and an index, written last, adds what :mod:`offloadd.read.verify` checks the pair with (the data
 object's blocks carry their own CRC32C in their headers, see ``format/checksum.py``)::
 
     offloadd-data-length    the data object's length in bytes (decimal)

@@ -23,8 +23,8 @@ sampling interval; for entries older than the monitor (a restart, ``offloadd sta
 daemon) it is the age of their ledger, an upper bound.
 
 Bytes. Exact where the source can say how many bytes precede an entry (the embedded store's
-offset index, :meth:`LocalLedgerSource.cumulative_bytes`); otherwise the committed ledger's
-share is prorated by entry count and ``bytes_exact`` says so.
+offset index: the source's :class:`~offloadd.ledger.base.FrameOffsets`); otherwise the
+committed ledger's share is prorated by entry count and ``bytes_exact`` says so.
 
 :func:`measure` is pure; :class:`LagMonitor` does the I/O (the source's ledger list, the byte
 offset of the committed entry) and keeps one :class:`LacHistory` per topic.
@@ -39,6 +39,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from offloadd.errors import NotFound, OffloaddError
+from offloadd.ledger.base import FrameOffsets
 from offloadd.model import FRAME_OVERHEAD, LedgerDesc, Position, TopicName
 
 __all__ = ["LacHistory", "Lag", "LagMonitor", "first_uncommitted", "measure", "tail_of"]
@@ -174,18 +175,15 @@ class LacHistory:
             del self.samples[:idx]
 
 
-CumulativeBytes = Callable[[int, int], int]  # (ledger, entry) -> frame bytes before it
-
-
-async def committed_payload_bytes(source: object, committed: Position) -> int | None:
+async def committed_payload_bytes(offsets: FrameOffsets | None, committed: Position
+                                  ) -> int | None:
     """Payload bytes of ``committed``'s ledger up to and including it, when the source can
-    tell (the embedded store's offset index); None otherwise."""
-    fn: CumulativeBytes | None = getattr(source, "cumulative_bytes", None)
-    if fn is None:
+    tell (``offsets``: the embedded store's offset index); None otherwise."""
+    if offsets is None:
         return None
     n = committed.entry_id + 1
     try:
-        frames = await asyncio.to_thread(fn, committed.ledger_id, n)
+        frames = await asyncio.to_thread(offsets.cumulative_bytes, committed.ledger_id, n)
     except (OffloaddError, OSError):
         return None
     return frames - FRAME_OVERHEAD * n
@@ -198,9 +196,9 @@ class LagMonitor:
     every topic it runs, with the source's ledger list as of now.
     """
 
-    def __init__(self, source: object, *,
+    def __init__(self, offsets: FrameOffsets | None, *,
                  wall_ms: Callable[[], int] = lambda: int(time.time() * 1000)) -> None:
-        self._source = source
+        self._offsets = offsets
         self._wall_ms = wall_ms
         self._history: dict[TopicName, LacHistory] = {}
         self._bytes_cache: dict[TopicName, tuple[Position, int | None]] = {}
@@ -221,7 +219,7 @@ class LagMonitor:
                 cbytes = cached[1]
             else:
                 try:
-                    cbytes = await committed_payload_bytes(self._source, committed)
+                    cbytes = await committed_payload_bytes(self._offsets, committed)
                 except NotFound:
                     cbytes = None
                 self._bytes_cache[topic] = (committed, cbytes)

@@ -23,12 +23,12 @@ import logging
 import time
 from collections.abc import Callable
 
-from offloadd.errors import Conflict, Fenced, OffloaddError
+from offloadd.commit.fence import Fence
+from offloadd.errors import Fenced, OffloaddError
 from offloadd.metadata import offload_status
 from offloadd.metadata.base import MetadataStore
 from offloadd.metadata.offload_status import OffloadStatus
 from offloadd.model import Position
-from offloadd.offload.commit import Fence
 
 __all__ = ["StatusRecorder"]
 
@@ -127,17 +127,10 @@ class StatusRecorder:
         snapshot = dataclasses.replace(snapshot, updated_ms=self._wall_ms())
         try:
             await offload_status.write(self._store, self._ml, snapshot,
-                                       list(self._fence.guard_ops()))
-        except Conflict:
-            try:
-                await self._fence.verify()
-            except Fenced:
-                log.info("topic %s: another owner keeps its status now", self._ml)
-                self._fenced = True
-                return False
-            except OffloaddError:
-                pass
-            self._retry_later()
+                                       list(self._fence.guard_ops()), self._fence.verify)
+        except Fenced:
+            log.info("topic %s: another owner keeps its status now", self._ml)
+            self._fenced = True
             return False
         except OffloaddError as exc:
             log.warning("topic %s: offload status not recorded (%s); retrying in %.0fs",

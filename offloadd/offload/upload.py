@@ -2,9 +2,9 @@
 
 Each block is one part. Before its bytes leave, the part takes its size from the broker-wide
 throttle; when it has landed, the offload-buffer bytes behind it are released. The first failed
-part fails the whole attempt (the topic task aborts it and redoes the segment). A CRC32C of the
-whole object is computed in part order as parts are submitted (the parts themselves may finish
-in any order) and recorded in the index object's user metadata.
+part fails the whole attempt (the topic task aborts it and redoes the segment). Each block
+carries its own CRC32C (stamped into its header before it is submitted, ``format/checksum.py``);
+no checksum of the whole object is computed.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ class SegmentUpload:
         # done tasks leave the set at once: a finished part must not pin its block's bytes
         self._tasks: set[asyncio.Task[None]] = set()
         self._error: BaseException | None = None
+        self._completed = False
         self.length = 0
         self.parts = 0
 
@@ -101,15 +102,20 @@ class SegmentUpload:
     async def complete(self) -> ObjectInfo:
         await self.drain()
         assert self._upload is not None
-        return await self._upload.complete()
+        info = await self._upload.complete()
+        self._completed = True
+        return info
 
     async def abort(self) -> None:
-        """Cancel in-flight parts and discard the upload (best effort)."""
+        """Cancel in-flight parts and discard the upload (best effort); a completed upload is
+        an object now, which only deleting it removes."""
+        if self._completed:
+            return
         for t in self._tasks:
             t.cancel()
         if self._tasks:
             await asyncio.gather(*list(self._tasks), return_exceptions=True)
         self._tasks.clear()
         if self._upload is not None:
-            with contextlib.suppress(Exception):  # stale uploads are swept at start-up
+            with contextlib.suppress(Exception):  # offloadd gc sweeps stale uploads
                 await self._upload.abort()

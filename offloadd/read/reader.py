@@ -72,13 +72,12 @@ class ReadProbe:
 
 class TierReader:
     def __init__(self, metadata: MetadataStore, blobstore: BlobStore, *, prefetch: int = 4,
-                 index_cache: int = 256, key_prefix: str = "",
+                 index_cache: int = 256,
                  probe: ReadProbe | None = None,
                  clock: Callable[[], float] = time.perf_counter) -> None:
         self.metadata = metadata
         self.blobstore = blobstore
         self.prefetch = max(prefetch, 0)
-        self.key_prefix = key_prefix
         self.probe = probe or ReadProbe()
         self._clock = clock
         self._cache: collections.OrderedDict[str, tuple[StreamingIndex | LedgerIndex, bool]] = (
@@ -256,11 +255,11 @@ class TierReader:
     async def _block_refs(self, seg: Segment, start: Position | None) -> list[_BlockRef]:
         refs: list[_BlockRef] = []
         if seg.kind is SegmentKind.STREAMING:
-            key = streaming_index_key(seg.uid, self.key_prefix)
+            key = streaming_index_key(seg.uid)
             idx, checked = await self._index(key)
             if not isinstance(idx, StreamingIndex):
                 raise FormatError(key, 0, "expected a streaming index, found a ledger-based one")
-            data_key = streaming_data_key(seg.uid, self.key_prefix)
+            data_key = streaming_data_key(seg.uid)
             for r in seg.ranges:
                 try:
                     section = idx.section(r.ledger_id)
@@ -274,11 +273,11 @@ class TierReader:
                             for b in section.blocks)
         else:
             (r,) = seg.ranges
-            key = ledger_index_key(seg.uid, r.ledger_id, self.key_prefix)
+            key = ledger_index_key(seg.uid, r.ledger_id)
             lidx, checked = await self._index(key)
             if not isinstance(lidx, LedgerIndex):
                 raise FormatError(key, 0, "expected a ledger-based index, found a streaming one")
-            data_key = ledger_data_key(seg.uid, r.ledger_id, self.key_prefix)
+            data_key = ledger_data_key(seg.uid, r.ledger_id)
             refs.extend(_BlockRef(data_key, r.ledger_id, b, lidx.block_end(b), checked)
                         for b in lidx.blocks)
         if start is not None:

@@ -28,20 +28,17 @@ compare-and-set, and deleting an absent object is not an error.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import uuid
-from collections.abc import Awaitable, Callable, Collection
+from collections.abc import Callable, Collection
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
 from offloadd._proto import mldataformats_pb2 as pb
-from offloadd.blobstore.base import BlobStore
-from offloadd.config import Settings
-from offloadd.errors import ConfigError, Conflict, FormatError, NotFound, OffloaddError, Retriable
-from offloadd.ledger.base import LedgerSource
-from offloadd.ledger.local import LocalLedgerSource, ledger_files
+from offloadd.blobstore.base import StoreView
+from offloadd.errors import ConfigError, Conflict, FormatError, NotFound, OffloaddError
+from offloadd.ledger.base import SourceView
 from offloadd.metadata import managed_ledger
 from offloadd.metadata.base import CreateOp, DeleteOp, MetadataStore
 from offloadd.model import TopicName, catalog
@@ -70,10 +67,10 @@ __all__ = [
     "DeleteProbe",
     "GcProbe",
     "GcReport",
+    "GcSettings",
     "LedgerAction",
     "SegmentDeletion",
     "gc_pass",
-    "key_prefix",
     "referenced_uids",
     "render_text",
     "retained_uids",
@@ -146,25 +143,34 @@ class GcReport:
         return out
 
 
-async def gc_pass(metadata: MetadataStore, blobstore: BlobStore, source: LedgerSource | None,
-                  settings: Settings, *, now: float, probe: GcProbe | None = None,
+@dataclass(frozen=True)
+class GcSettings:
+    """What a pass needs of the configuration (``[retention]``, each topic's deletion lag)."""
+
+    orphan_grace_s: float = 7200.0
+    limits: RetentionLimits = field(default_factory=RetentionLimits)
+    trim_source: bool = False
+    # managedLedgerOffloadDeletionLagInMillis of a topic (its offload policy)
+    deletion_lag_ms: Callable[[TopicName], int] = lambda topic: 14_400_000
+
+
+async def gc_pass(metadata: MetadataStore, tier: StoreView, source: SourceView | None,
+                  settings: GcSettings, *, now: float, probe: GcProbe | None = None,
                   grace_s: float | None = None, dry_run: bool = False,
                   on_progress: Callable[[str], None] | None = None) -> GcReport:
     """Run one pass; ``now`` is wall-clock seconds (``time.time()``), ``grace_s`` overrides
-    ``[retention] orphan_grace_s``. With ``dry_run`` nothing is written or deleted.
-    ``on_progress`` hears a short description of each step (a terminal status line)."""
-    gc = _Pass(metadata, blobstore, source, settings, now=now, probe=probe,
-               grace_s=settings.retention.orphan_grace_s if grace_s is None else grace_s,
+    ``settings.orphan_grace_s``. With ``dry_run`` nothing is written or deleted.
+    ``on_progress`` hears a short description of each step (a terminal status line).
+
+    Retention deletes ledgers through ``source.deleter`` and drops local copies through
+    ``source.copies``; stale uploads are swept through ``tier.sweeper``: each step that lacks
+    its capability says so in the report's notes (or is skipped, for the sweep)."""
+    gc = _Pass(metadata, tier, source, settings, now=now, probe=probe,
+               grace_s=settings.orphan_grace_s if grace_s is None else grace_s,
                dry_run=dry_run)
     if on_progress is not None:
         gc.on_progress = on_progress
     return await gc.run()
-
-
-def key_prefix(settings: Settings) -> str:
-    """The prefix to put on object keys here: none — a driver applies its own configured key
-    prefix (``[blobstore] prefix`` on aws-s3) to every key and strips it from listings."""
-    return ""
 
 
 def referenced_uids(info: pb.ManagedLedgerInfo,
@@ -228,21 +234,21 @@ _Records = dict[uuid.UUID, tuple[SegmentRecord, int]]  # uid -> (record, node ve
 
 
 class _Pass:
-    def __init__(self, metadata: MetadataStore, blobstore: BlobStore,
-                 source: LedgerSource | None, settings: Settings, *, now: float,
-                 probe: GcProbe | None, grace_s: float, dry_run: bool) -> None:
+    def __init__(self, metadata: MetadataStore, tier: StoreView, source: SourceView | None,
+                 settings: GcSettings, *, now: float, probe: GcProbe | None, grace_s: float,
+                 dry_run: bool) -> None:
         self.metadata = metadata
-        self.blobstore = blobstore
-        self.source = source
+        self.blobstore = tier.store
+        self.sweeper = tier.sweeper
+        self.deleter = source.deleter if source is not None else None
+        self.copies = source.copies if source is not None else None
         self.settings = settings
         self.now = now
         self.now_ms = int(now * 1000)
         self.probe = probe
         self.grace_s = grace_s
         self.dry_run = dry_run
-        self.prefix = key_prefix(settings)
-        ret = settings.retention
-        self.limits = RetentionLimits.from_config(ret.max_age_minutes, ret.max_size_mbytes)
+        self.limits = settings.limits
         self.report = GcReport(dry_run=dry_run)
         # dry run: deletions this pass would start, with the ledgers it would have deleted
         self.planned: list[tuple[DeletionRecord, set[int]]] = []
@@ -347,16 +353,15 @@ class _Pass:
         views = ledger_views(info)
         deleted: set[int] = set()
         doomed = ledgers_to_delete(views, self.limits, self.now_ms)
-        delete: Callable[[TopicName, int], Awaitable[None]] | None = getattr(
-            self.source, "delete_ledger", None)
-        if doomed and delete is None:
+        deleter = self.deleter
+        if doomed and deleter is None:
             self._note("retention is configured but the ledger source cannot delete ledgers "
                        "(with a Pulsar cluster the broker applies retention)")
-        elif doomed and delete is not None:
+        elif doomed and deleter is not None:
             for lid in doomed:
                 if not self.dry_run:
                     try:
-                        await delete(topic, lid)
+                        await deleter.delete_ledger(topic, lid)
                     except NotFound:  # someone else deleted it meanwhile
                         deleted.add(lid)
                         continue
@@ -367,17 +372,17 @@ class _Pass:
                     log.info("%s: retention deleted ledger %d", topic, lid)
                 deleted.add(lid)
                 self.report.deleted_ledgers.append(LedgerAction(str(topic), lid))
-        if self.settings.retention.trim_source:
+        if self.settings.trim_source:
             await self._trim(topic, ml, [v for v in views if v.ledger_id not in deleted])
         return deleted
 
     async def _trim(self, topic: TopicName, ml: str, views: list[LedgerView]) -> None:
-        src = self.source
-        if not isinstance(src, LocalLedgerSource):
+        copies = self.copies
+        if copies is None:
             self._note("trim_source applies to the embedded ledger store only (a Pulsar broker "
                        "deletes offloaded ledgers from BookKeeper itself)")
             return
-        lag = self.settings.policy_for(topic).deletion_lag_ms
+        lag = self.settings.deletion_lag_ms(topic)
         due = set(source_copies_to_trim(views, lag, self.now_ms))
         if self.dry_run:
             self.report.trimmed += [LedgerAction(str(topic), lid) for lid in sorted(due)]
@@ -397,7 +402,7 @@ class _Pass:
             info = await managed_ledger.update(self.metadata, ml, flag)
             flagged |= {v.ledger_id for v in ledger_views(info) if v.source_deleted}
         for lid in sorted(flagged):  # also finishes an unlink a crash interrupted
-            if await _unlink_ledger(src, lid):
+            if await copies.drop_local_copy(lid):
                 log.info("%s: dropped the local copy of offloaded ledger %d", topic, lid)
                 self.report.trimmed.append(LedgerAction(str(topic), lid))
 
@@ -461,7 +466,7 @@ class _Pass:
                               gone: Collection[int] = ()) -> None:
         """Delete a segment's objects; ``version`` None: a dry run's planned deletion, whose
         ledgers ``gone`` the dry run pretends are deleted."""
-        keys = tuple(rec.keys(self.prefix))
+        keys = tuple(rec.keys())
         try:
             info = await self._load(rec.ml)  # the invariant: re-read right before deleting
         except OffloaddError as exc:
@@ -518,12 +523,12 @@ class _Pass:
 
     async def _sweep(self) -> None:
         try:
-            listed = [o async for o in self.blobstore.list(self.prefix)]
-            candidates = orphans(listed, (), self.prefix, self.grace_s, self.now)
+            listed = [o async for o in self.blobstore.list()]
+            candidates = orphans(listed, (), self.grace_s, self.now)
             if candidates:  # references read after the listing: a visible object's
                 # segment was recorded before the object completed, so it is in there
                 refs = await self._all_references()
-                candidates = [k for k in candidates if _uid(k, self.prefix) not in refs]
+                candidates = [k for k in candidates if _uid(k) not in refs]
         except OffloaddError as exc:
             self.report.errors.append(f"orphan sweep skipped: {exc}")
             candidates = []
@@ -536,7 +541,7 @@ class _Pass:
                 self.report.errors.append(f"orphan sweep skipped: {exc}")
                 candidates, refs = [], set()
             for key in candidates:
-                if _uid(key, self.prefix) in refs:
+                if _uid(key) in refs:
                     self._refuse(f"{key} became referenced while gc ran; not deleting")
                     continue
                 try:
@@ -546,12 +551,10 @@ class _Pass:
                     continue
                 log.info("deleted orphan object %s", key)
                 self.report.orphans_removed.append(key)
-        sweep: Callable[[float], Awaitable[int]] | None = (
-            getattr(self.blobstore, "sweep_incomplete_uploads", None)
-            or getattr(self.blobstore, "sweep_uploads", None))
-        if sweep is not None and not self.dry_run:
+        if self.sweeper is not None and not self.dry_run:
             try:
-                self.report.uploads_swept = int(await sweep(self.grace_s))
+                self.report.uploads_swept = await self.sweeper.sweep_incomplete_uploads(
+                    self.grace_s)
             except OffloaddError as exc:
                 self.report.errors.append(f"sweeping incomplete uploads: {exc}")
 
@@ -586,8 +589,8 @@ def _label(ml: str) -> str:
         return ml
 
 
-def _uid(key: str, prefix: str) -> uuid.UUID | None:
-    parsed = parse_key(key, prefix)
+def _uid(key: str) -> uuid.UUID | None:
+    parsed = parse_key(key)
     return parsed.uid if parsed is not None else None
 
 
@@ -625,20 +628,3 @@ async def _names_under(store: MetadataStore, root: str, depth: int) -> list[str]
 async def _ensure(store: MetadataStore, path: str) -> None:
     with contextlib.suppress(Conflict):
         await store.create(path, b"", make_parents=True)
-
-
-async def _unlink_ledger(src: LocalLedgerSource, ledger_id: int) -> bool:
-    """Remove a ledger's files from the embedded store; True if any existed."""
-
-    def unlink() -> bool:
-        found = False
-        for path in ledger_files(src.path, ledger_id).all():
-            with contextlib.suppress(FileNotFoundError):
-                path.unlink()
-                found = True
-        return found
-
-    try:
-        return await asyncio.to_thread(unlink)
-    except OSError as exc:
-        raise Retriable(f"dropping the local copy of ledger {ledger_id}: {exc}") from exc

@@ -205,18 +205,17 @@ def source_copies_to_trim(views: Sequence[LedgerView], deletion_lag_ms: int,
 # -- records ------------------------------------------------------------------------------------
 
 
-def object_keys(uid: uuid.UUID, kind: SegmentKind, ledgers: Iterable[int],
-                prefix: str = "") -> list[str]:
+def object_keys(uid: uuid.UUID, kind: SegmentKind, ledgers: Iterable[int]) -> list[str]:
     """Every object of a segment, index before data.
 
     The index is written last and is the commit marker; removing it first makes a half-deleted
     segment look like an abandoned attempt rather than a committed one with data missing.
     """
     if kind is SegmentKind.STREAMING:
-        return [streaming_index_key(uid, prefix), streaming_data_key(uid, prefix)]
+        return [streaming_index_key(uid), streaming_data_key(uid)]
     keys: list[str] = []
     for lid in ledgers:
-        keys += [ledger_index_key(uid, lid, prefix), ledger_data_key(uid, lid, prefix)]
+        keys += [ledger_index_key(uid, lid), ledger_data_key(uid, lid)]
     return keys
 
 
@@ -315,8 +314,8 @@ class DeletionRecord:
     def of(cls, rec: SegmentRecord, now_ms: int) -> DeletionRecord:
         return cls(rec.uid, rec.ml, rec.kind, rec.ledgers, now_ms)
 
-    def keys(self, prefix: str = "") -> list[str]:
-        return object_keys(self.uid, self.kind, self.ledgers, prefix)
+    def keys(self) -> list[str]:
+        return object_keys(self.uid, self.kind, self.ledgers)
 
     def failed(self, now_ms: int, error: str) -> DeletionRecord:
         return replace(self, attempts=self.attempts + 1, last_attempt_ms=now_ms,
@@ -346,13 +345,13 @@ class DeletionRecord:
 # -- orphans ------------------------------------------------------------------------------------
 
 
-def orphans(objects: Iterable[ObjectInfo], referenced: Collection[uuid.UUID], prefix: str,
-            grace_s: float, now_s: float) -> list[str]:
+def orphans(objects: Iterable[ObjectInfo], referenced: Collection[uuid.UUID], grace_s: float,
+            now_s: float) -> list[str]:
     """Keys of ours (``parse_key``) whose uuid nothing references, last modified more than
     ``grace_s`` ago. Keys that are not ours are never candidates."""
     out: list[str] = []
     for obj in objects:
-        parsed = parse_key(obj.key, prefix)
+        parsed = parse_key(obj.key)
         if parsed is None or parsed.uid in referenced:
             continue
         if now_s - obj.mtime >= grace_s:

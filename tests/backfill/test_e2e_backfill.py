@@ -30,7 +30,7 @@ from tests.backfill.support import write_config
 
 pytestmark = pytest.mark.integration
 
-OFFLOADD = [sys.executable, "-m", "offloadd.cli"]
+OFFLOADD = [sys.executable, "-m", "offloadd"]
 TOPIC = "persistent://public/default/topic-0"  # what `standalone --topics 1` writes
 MiB = 1024 * 1024
 PROGRESS = re.compile(r" (\d+)/(\d+) segments ")

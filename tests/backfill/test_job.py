@@ -20,13 +20,14 @@ from offloadd.backfill.job import (
     make_plan,
     run_backfill,
 )
+from offloadd.commit import epochs
 from offloadd.errors import Conflict
 from offloadd.ledger.local import LocalLedgerSource, ledger_files
-from offloadd.metadata import managed_ledger, ownership
+from offloadd.metadata import managed_ledger
 from offloadd.metadata.embedded import EmbeddedMetadataStore
 from offloadd.model import Position, catalog
 from offloadd.model.catalog import LedgerRange, reassign
-from offloadd.verify import verify
+from offloadd.read.verify import verify
 from tests.backfill.support import TOPIC, Rig, make_rig, write_config, write_ledgers
 
 MiB = 1024 * 1024
@@ -132,7 +133,8 @@ async def _verify(rig: Rig) -> Any:
     md = await wiring.open_metadata(rig.settings)
     bs = await wiring.open_blobstore(rig.settings)
     try:
-        return await verify(md, bs, LocalLedgerSource(rig.settings.source.path, md), [TOPIC],
+        src = wiring.local_view(LocalLedgerSource(rig.settings.source.path, md))
+        return await verify(md, bs, src, [TOPIC],
                             grace_s=0.0)
     finally:
         await bs.close()
@@ -224,7 +226,7 @@ class TestBackfillOnSpark:
         ml = TOPIC.managed_ledger
         other = await EmbeddedMetadataStore.open(rig.settings.metadata.url[len("embedded:"):])
         try:
-            assert await ownership.try_acquire(other, ml, "daemon-a") == 1
+            assert await epochs.try_acquire(other, ml, "daemon-a") == 1
             with pytest.raises(Conflict, match="owned by 'daemon-a'"):
                 await run_backfill(rig.settings, TOPIC, spark=_no_spark)
         finally:
@@ -235,8 +237,8 @@ class TestBackfillOnSpark:
         await run_backfill(rig.settings, TOPIC, spark=lambda: spark, owner_id="backfill-x")
         md = await EmbeddedMetadataStore.open(rig.settings.metadata.url[len("embedded:"):])
         try:
-            state = await ownership.read_state(md, ml)
+            state = await epochs.read_state(md, ml)
             assert state is not None and (state.epoch, state.owner) == (2, "backfill-x")
-            assert await ownership.current_owner(md, ml) is None
+            assert await epochs.current_owner(md, ml) is None
         finally:
             await md.close()

@@ -12,7 +12,7 @@ import pytest
 from offloadd import config, wiring
 from offloadd.backfill.job import run_backfill
 from offloadd.ledger.local import LocalLedgerSource
-from offloadd.verify import verify
+from offloadd.read.verify import verify
 from tests.backfill.support import TOPIC, source_truth, write_config, write_ledgers
 from tests.fixtures.s3 import MIN_PART_SIZE, MotoBucket, moto_server, s3_bucket
 from tests.fixtures.zookeeper import zk_server
@@ -44,8 +44,8 @@ async def test_backfill_on_zookeeper_and_s3_verifies_and_reads_back_as_a_datafra
     bs = await wiring.open_blobstore(settings)
     try:
         # the driver applies [blobstore] prefix itself: callers use bare keys
-        rep = await verify(md, bs, LocalLedgerSource(settings.source.path, md), [TOPIC],
-                           grace_s=0.0)
+        src = wiring.local_view(LocalLedgerSource(settings.source.path, md))
+        rep = await verify(md, bs, src, [TOPIC], grace_s=0.0)
         keys = [o.key async for o in bs.list("")]
     finally:
         await bs.close()

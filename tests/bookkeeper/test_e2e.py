@@ -14,12 +14,12 @@ from pathlib import Path
 import pytest
 
 from offloadd import config
-from offloadd.daemon import Ownership
+from offloadd.commit.ownership import Ownership
 from offloadd.metadata import managed_ledger
 from offloadd.model import Position, TopicName, catalog
 from offloadd.read.reader import TierReader
-from offloadd.runtime import Runtime
-from offloadd.verify import verify
+from offloadd.read.verify import verify
+from offloadd.shell.runtime import Runtime
 from tests.bookkeeper.conftest import Cluster
 from tests.bookkeeper.test_source import expire_session
 
@@ -128,7 +128,7 @@ async def test_sidecar_offloads_three_topics_two_live_through_faults(
         assert sum(metrics.entries.values()) >= sum(len(p.written[t]) for t in (STATIC, *LIVE))
         assert not await cluster.ours.exists(f"/managed-ledgers/{OTHER.managed_ledger}")
 
-        report = await verify(rt.metadata, rt.blobstore, rt.source, [STATIC, *LIVE], grace_s=0)
+        report = await verify(rt.metadata, rt.blobstore, rt.view, [STATIC, *LIVE], grace_s=0)
         assert report.ok, report.to_json()
         for t in report.topics:
             assert t.entries == t.source_checked > 0  # every payload's CRC32C against bookies

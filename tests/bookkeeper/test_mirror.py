@@ -20,14 +20,15 @@ from typing import Any
 
 import pytest
 
-from offloadd import config, status
-from offloadd.daemon import Ownership
+from offloadd import config
+from offloadd.commit.ownership import Ownership
 from offloadd.ledger.bookkeeper import lost_ledgers
 from offloadd.ledger.bookkeeper.client import ClientOptions
 from offloadd.metadata import managed_ledger
 from offloadd.metadata.zookeeper import ZooKeeperMetadataStore
 from offloadd.model import TopicName, catalog
-from offloadd.runtime import Runtime
+from offloadd.shell import status
+from offloadd.shell.runtime import Runtime
 from tests.bookkeeper.cluster import FakePulsar
 from tests.bookkeeper.conftest import Cluster, open_cluster
 from tests.bookkeeper.test_source import payloads, snapshot
@@ -169,7 +170,7 @@ def write_config(cluster: Cluster, tmp: Path, name: str, read_timeout: float = 1
 
 
 def cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "offloadd.cli", *args], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "offloadd", *args], capture_output=True,
                           text=True, timeout=timeout)
 
 

@@ -76,7 +76,7 @@ pytestmark = [pytest.mark.integration]
 CACHE_KEY = "offloadd/sidecar_soak"
 _GAP = re.compile(r"^(?P<ledger>\d+):\d+\.\.before ")
 _COMMIT = re.compile(r"topic (?P<topic>\S+): segment (?P<uid>[0-9a-f-]{36}) offloaded:")
-OFFLOADD = [sys.executable, "-m", "offloadd.cli"]
+OFFLOADD = [sys.executable, "-m", "offloadd"]
 
 CONFIG = """
 [metadata]
@@ -268,7 +268,7 @@ class TierChecker:
 
     async def check(self, topic: TopicName, uid: Any, seg: catalog.Segment | None) -> None:
         try:
-            idx = await self.reader.index(streaming_index_key(uid, ""))
+            idx = await self.reader.index(streaming_index_key(uid))
             assert isinstance(idx, StreamingIndex)
             full = catalog.Segment(uid, catalog.SegmentKind.STREAMING, tuple(
                 catalog.LedgerRange(s.ledger_id, s.blocks[0].first_entry_id, s.last_entry_id)

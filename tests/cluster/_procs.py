@@ -27,7 +27,7 @@ from offloadd.errors import FormatError
 from offloadd.metadata import managed_ledger
 from offloadd.model import catalog
 
-OFFLOADD = [sys.executable, "-m", "offloadd.cli"]
+OFFLOADD = [sys.executable, "-m", "offloadd"]
 DOMAIN = "public/default/persistent"
 
 CONFIG = """

@@ -9,16 +9,17 @@ from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from offloadd import config
+from offloadd import config, wiring
+from offloadd.blobstore.base import StoreView
 from offloadd.blobstore.memory import MemoryBlobStore
-from offloadd.cluster import ClusterOwnership
-from offloadd.daemon import Daemon
+from offloadd.commit.cluster import ClusterOwnership
 from offloadd.ledger.local import LocalLedgerSource, LocalLedgerStore, RolloverPolicy
 from offloadd.metadata import managed_ledger
-from offloadd.metadata.base import MetadataStore, Op, Versioned
+from offloadd.metadata.base import MetadataStore, Op, Sessions, Versioned
 from offloadd.metadata.memory import MemoryMetadataStore, MemoryTree
 from offloadd.model import TopicName, catalog
-from offloadd.verify import Report, verify
+from offloadd.read.verify import Report, verify
+from offloadd.shell.daemon import Daemon
 
 
 class State(enum.Enum):
@@ -124,14 +125,14 @@ async def until(pred: Callable[[], Awaitable[bool] | bool], timeout: float, what
 class Node:
     """One daemon of the in-process cluster."""
 
-    def __init__(self, name: str, store: MetadataStore, path: Path, blob: MemoryBlobStore
-                 ) -> None:
+    def __init__(self, name: str, store: MetadataStore, path: Path, blob: MemoryBlobStore,
+                 sessions: Sessions | None = None) -> None:
         self.name = name
         self.store = store
-        self.ownership = ClusterOwnership(store, name)
-        self.daemon = Daemon(settings(), source=LocalLedgerSource(path, store, poll_interval=0.02),
-                             metadata=store, blobstore=blob, ownership=self.ownership,
-                             discovery_interval_s=0.05)
+        self.ownership = ClusterOwnership(store, name, sessions=sessions)
+        source = wiring.local_view(LocalLedgerSource(path, store, poll_interval=0.02))
+        self.daemon = Daemon(settings(), source=source, metadata=store, tier=StoreView(blob),
+                             ownership=self.ownership, discovery_interval_s=0.05)
         self.task = asyncio.create_task(self.daemon.run(install_signals=False))
 
     @property
@@ -190,8 +191,9 @@ class Cluster:
             await self._writer
         await self.local.writer.close()
 
-    def add(self, name: str, store: MetadataStore | None = None) -> Node:
-        node = Node(name, store or MemoryMetadataStore(self.tree), self.path, self.blob)
+    def add(self, name: str, store: MetadataStore | None = None,
+            sessions: Sessions | None = None) -> Node:
+        node = Node(name, store or MemoryMetadataStore(self.tree), self.path, self.blob, sessions)
         self.nodes[name] = node
         return node
 
@@ -215,5 +217,5 @@ class Cluster:
         return sum((await self.committed()).values()) >= self.written
 
     async def verify(self) -> Report:
-        return await verify(self.writer_store, self.blob, self.local.source, self.topics,
-                            grace_s=0)
+        return await verify(self.writer_store, self.blob, wiring.local_view(self.local.source),
+                            self.topics, grace_s=0)

@@ -15,7 +15,7 @@ from tests.cluster._procs import DOMAIN, Rig
 
 pytestmark = pytest.mark.integration
 
-OFFLOADD = [sys.executable, "-m", "offloadd.cli"]
+OFFLOADD = [sys.executable, "-m", "offloadd"]
 
 
 def closed_port() -> int:

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from offloadd.cluster import rendezvous_owner
+from offloadd.commit.cluster import rendezvous_owner
 from offloadd.model import TopicName
 from tests.cluster._procs import Rig
 

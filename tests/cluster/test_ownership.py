@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from offloadd.cluster import (
+from offloadd.commit import epochs
+from offloadd.commit.cluster import (
     MEMBERS,
     ClusterOwnership,
     EpochFence,
@@ -23,9 +24,8 @@ from offloadd.cluster import (
     read_members,
     rendezvous_owner,
 )
-from offloadd.daemon import Revoke
+from offloadd.commit.ownership import Revoke
 from offloadd.errors import ConfigError, Conflict, Fenced
-from offloadd.metadata import ownership
 from offloadd.metadata.base import CheckOp, SetOp
 from offloadd.metadata.memory import MemoryMetadataStore, MemoryTree
 from offloadd.model import TopicName
@@ -90,9 +90,9 @@ class TestAcquisition:
         assert got_a and got_b
         store = MemoryMetadataStore(tree)
         for t in TOPICS:
-            assert await ownership.current_owner(store, t.managed_ledger) == (
+            assert await epochs.current_owner(store, t.managed_ledger) == (
                 "a" if t in got_a else "b")
-            assert await ownership.current_epoch(store, t.managed_ledger) == 1
+            assert await epochs.current_epoch(store, t.managed_ledger) == 1
 
     async def test_a_member_writes_its_registration_as_json(self) -> None:
         store = MemoryMetadataStore()
@@ -161,7 +161,7 @@ class TestSessions:
     async def test_a_lost_session_revokes_every_topic_held_in_it(self) -> None:
         tree = MemoryTree()
         store = SessionedStore(tree)
-        a = ClusterOwnership(store, "a")
+        a = ClusterOwnership(store, "a", sessions=store)
         told: list[dict[TopicName, Revoke]] = []
         a.bind(lambda verdicts: told.append(dict(verdicts)))
         await joined(a)
@@ -182,7 +182,7 @@ class TestSessions:
 
     async def test_a_new_session_id_voids_holdings_even_without_a_lost_event(self) -> None:
         store = SessionedStore(MemoryTree())
-        a = ClusterOwnership(store, "a")
+        a = ClusterOwnership(store, "a", sessions=store)
         await joined(a)
         assert await a.acquire(TOPICS[0]) is not None
         await store.inner.close()
@@ -193,7 +193,7 @@ class TestSessions:
     async def test_a_suspended_connection_acquires_nothing_but_keeps_running_topics(
             self) -> None:
         store = SessionedStore(MemoryTree())
-        a = ClusterOwnership(store, "a")
+        a = ClusterOwnership(store, "a", sessions=store)
         await joined(a)
         assert await a.acquire(TOPICS[0]) is not None
         store.suspend()
@@ -260,7 +260,7 @@ class TestDaemonsShareTopics:
         cl = Cluster(tmp_path, topics=4)
         await cl.start_writer()
         store = SessionedStore(cl.tree)
-        a = cl.add("a", store)
+        a = cl.add("a", store, sessions=store)
         await until(lambda: len(a.running) == 4, 10, "a to run every topic")
         await until(lambda: _all_committed_some(cl), 10, "a segment on every topic")
         first = dict(a.daemon.topics)

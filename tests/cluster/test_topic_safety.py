@@ -17,18 +17,21 @@ from pathlib import Path
 
 import pytest
 
+from offloadd import wiring
 from offloadd.blobstore.memory import MemoryBlobStore
-from offloadd.cluster import EpochFence
+from offloadd.commit import epochs
+from offloadd.commit.cluster import EpochFence
 from offloadd.errors import Retriable
 from offloadd.ledger.local import LocalLedgerStore, RolloverPolicy
-from offloadd.metadata import managed_ledger, ownership
+from offloadd.metadata import managed_ledger
 from offloadd.metadata.base import Op
 from offloadd.metadata.memory import MemoryMetadataStore, MemoryTree
 from offloadd.model import TopicName, catalog
 from offloadd.offload.buffer import OffloadBuffer
 from offloadd.offload.roller import RollPolicy
 from offloadd.offload.topic import OffloadEnv, TopicOffloader, TopicPolicy
-from offloadd.verify import verify
+from offloadd.read.verify import verify
+from offloadd.retry import Backoff
 from tests.cluster._support import until
 
 pytestmark = pytest.mark.timeout(30)
@@ -41,7 +44,7 @@ ROLL = RollPolicy(20_000, 600, 8192)
 def offloader(store: MemoryMetadataStore, source: LocalLedgerStore, blob: MemoryBlobStore,
               epoch: int) -> TopicOffloader:
     env = OffloadEnv(source=source.source, metadata=store, blobstore=blob,
-                     buffer=OffloadBuffer(8 << 20), retry_base_s=0.01, retry_max_s=0.05,
+                     buffer=OffloadBuffer(8 << 20), retry=Backoff(0.01, 0.05),
                      idle_poll_s=0.05)
     return TopicOffloader(TOPIC, env, lambda: TopicPolicy(ROLL), EpochFence(store, ML, epoch))
 
@@ -74,7 +77,7 @@ async def test_a_commit_whose_reply_is_lost_keeps_the_committed_segments_objects
     tree = MemoryTree()
     store = ReplyLost(tree, nth=2)  # 1: assign, 2: mark offloaded (lands, reply lost)
     local = await history(tmp_path, store)
-    epoch = await ownership.try_acquire(MemoryMetadataStore(tree), ML, "a")
+    epoch = await epochs.try_acquire(MemoryMetadataStore(tree), ML, "a")
     assert epoch is not None
     blob = MemoryBlobStore()
     off = offloader(store, local, blob, epoch)
@@ -83,7 +86,7 @@ async def test_a_commit_whose_reply_is_lost_keeps_the_committed_segments_objects
     await until(lambda: _drained(off, store, 50), 10, "everything committed")
     off.request_stop()
     await asyncio.wait_for(task, 10)
-    rep = await verify(store, blob, local.source, [TOPIC], grace_s=0)
+    rep = await verify(store, blob, wiring.local_view(local.source), [TOPIC], grace_s=0)
     assert rep.ok, rep.to_json()
 
 
@@ -91,10 +94,10 @@ async def test_a_stale_owner_recovering_never_deletes_the_new_owners_segment(
         tmp_path: Path) -> None:
     tree = MemoryTree()
     old_session = MemoryMetadataStore(tree)
-    epoch_a = await ownership.try_acquire(old_session, ML, "a")
+    epoch_a = await epochs.try_acquire(old_session, ML, "a")
     await old_session.close()  # a stalls past its session; b takes over
     store_b = MemoryMetadataStore(tree)
-    epoch_b = await ownership.try_acquire(store_b, ML, "b")
+    epoch_b = await epochs.try_acquire(store_b, ML, "b")
     assert epoch_a == 1 and epoch_b == 2
     local = await history(tmp_path, store_b)
 
@@ -117,7 +120,7 @@ async def test_a_stale_owner_recovering_never_deletes_the_new_owners_segment(
     await until(lambda: _drained(b, store_b, 50), 10, "b's commits")
     b.request_stop()
     await asyncio.wait_for(task_b, 10)
-    rep = await verify(store_b, blob, local.source, [TOPIC], grace_s=0)
+    rep = await verify(store_b, blob, wiring.local_view(local.source), [TOPIC], grace_s=0)
     assert rep.ok, rep.to_json()
 
 

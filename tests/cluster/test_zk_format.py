@@ -18,7 +18,7 @@ from kazoo.client import KazooClient
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
-OFFLOADD = [sys.executable, "-m", "offloadd.cli"]
+OFFLOADD = [sys.executable, "-m", "offloadd"]
 DOMAIN = "public/default/persistent"
 
 VARINT, I64, LEN, I32 = 0, 1, 2, 5

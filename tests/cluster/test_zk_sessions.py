@@ -13,14 +13,14 @@ from collections.abc import Callable
 import pytest
 from kazoo.client import KazooClient
 
-from offloadd.cluster import ClusterOwnership
-from offloadd.daemon import Revoke
+from offloadd.commit import edits as commit
+from offloadd.commit.cluster import ClusterOwnership
+from offloadd.commit.ownership import Revoke
 from offloadd.errors import Fenced
 from offloadd.metadata import managed_ledger
 from offloadd.metadata.managed_ledger import ManagedLedgerInfo
 from offloadd.metadata.zookeeper import ZooKeeperMetadataStore
 from offloadd.model import TopicName
-from offloadd.offload import commit
 from tests.cluster._support import until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
@@ -57,7 +57,7 @@ async def test_a_late_commit_from_an_expired_session_is_rejected_after_takeover(
             return True
 
         await managed_ledger.update(sb, TOPIC.managed_ledger, seed, create=True)
-        a = ClusterOwnership(sa, "a")
+        a = ClusterOwnership(sa, "a", sessions=sa)
         told: list[dict[TopicName, Revoke]] = []
         a.bind(lambda verdicts: told.append(dict(verdicts)))
         await a.revoked([])
@@ -71,7 +71,7 @@ async def test_a_late_commit_from_an_expired_session_is_rejected_after_takeover(
         await until(lambda: sa.session_id not in (None, before), 20, "a's new session")
         assert await a.revoked([TOPIC]) == {TOPIC: Revoke.LOST}
 
-        b = ClusterOwnership(sb, "b")
+        b = ClusterOwnership(sb, "b", sessions=sb)
         await b.revoked([])
         assert b.members == ("a", "b")  # a rejoined with its new session ...
         # ... and is the partitioner's choice or not; either way b may take the topic only

@@ -16,7 +16,7 @@ from offloadd.config import Settings
 from offloadd.lakehouse.tables import open_catalog
 from offloadd.model import TopicName
 
-OFFLOADD = [sys.executable, "-m", "offloadd.cli"]
+OFFLOADD = [sys.executable, "-m", "offloadd"]
 
 def write_config(cwd: Path, body: str = "", *, lakehouse: str = "enabled = true\n",
                  blobstore: str | None = None, name: str = "offloadd.toml") -> Path:

@@ -15,8 +15,10 @@ from typing import Any
 import pytest
 from kazoo.client import KazooClient
 
+from offloadd.commit import epochs
+from offloadd.commit.fence import EpochFence
 from offloadd.errors import Conflict, Fatal, Fenced, NotFound, OffloaddError, Retriable
-from offloadd.metadata import ownership
+from offloadd.metadata import cas
 from offloadd.metadata.base import CreateOp, SetOp, Versioned
 from offloadd.metadata.zookeeper import (
     DigestAcl,
@@ -293,7 +295,7 @@ class TestSessionExpiry:
         b = await open_store(base)
         states: list[SessionState] = []
         a.add_session_listener(states.append)
-        stale = await ownership.try_acquire(a, ML, "daemon-a")
+        stale = await epochs.try_acquire(a, ML, "daemon-a")
         assert stale == 1
         await a.create("/segments/s1", b"assigned")
         seen: list[list[str] | None] = []
@@ -304,18 +306,20 @@ class TestSessionExpiry:
         await asyncio.to_thread(expire_session, a, zk_server)
         await eventually(lambda: _is(SessionState.LOST in states, True))
         await eventually(lambda: _not(b.exists(owner_path(ML))))
-        assert await ownership.try_acquire(b, ML, "daemon-b") == 2
+        assert await epochs.try_acquire(b, ML, "daemon-b") == 2
 
         # kazoo reconnects A with a new session; A is usable but no longer the owner.
         async with asyncio.timeout(15):
             await a.connected_event.wait()
         assert a.session_state is SessionState.CONNECTED
         assert a.session_id not in (None, old_session)
+        fence = EpochFence(a, ML, stale)
         with pytest.raises(Fenced):
-            await ownership.commit(a, ML, stale, [SetOp("/segments/s1", b"stale", 0)])
+            await cas.update(a, "/segments/s1", lambda node: b"stale",
+                             guard=fence.guard_ops(), on_conflict=fence.verify)
         assert await b.get("/segments/s1") == Versioned(b"assigned", 0)
         assert states[-1] is SessionState.CONNECTED
-        assert await ownership.current_owner(a, ML) == "daemon-b"
+        assert await epochs.current_owner(a, ML) == "daemon-b"
         # The watch was re-armed on the new session.
         await b.create("/segments/s2", b"")
         await eventually(lambda: _is(seen[-1:], [["s1", "s2"]]))

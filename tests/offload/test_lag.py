@@ -12,16 +12,19 @@ from pathlib import Path
 
 import pytest
 
+from offloadd import wiring
+from offloadd.blobstore.base import StoreView
 from offloadd.blobstore.memory import MemoryBlobStore
+from offloadd.commit.fence import NoFence
 from offloadd.errors import Retriable
 from offloadd.ledger.local import LocalLedgerStore, RolloverPolicy
 from offloadd.metadata.memory import MemoryMetadataStore
 from offloadd.model import LedgerDesc, LedgerState, Position, TopicName
 from offloadd.offload.buffer import OffloadBuffer
-from offloadd.offload.commit import NoFence
 from offloadd.offload.lag import LacHistory, Lag, LagMonitor, measure, tail_of
 from offloadd.offload.roller import RollPolicy
 from offloadd.offload.topic import OffloadEnv, TopicOffloader, TopicPolicy
+from offloadd.retry import Backoff
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -158,7 +161,7 @@ class TestMonitorWithATopicTask:
         md = MemoryMetadataStore()
         store = LocalLedgerStore(tmp_path / "ledgers", md, RolloverPolicy(max_entries=50))
         env = OffloadEnv(source=store.source, metadata=md, blobstore=MemoryBlobStore(fault),
-                         buffer=OffloadBuffer(8 << 20), retry_base_s=0.01, retry_max_s=0.05,
+                         buffer=OffloadBuffer(8 << 20), retry=Backoff(0.01, 0.05),
                          idle_poll_s=0.05)
         off = TopicOffloader(TOPIC, env, lambda: TopicPolicy(
             RollPolicy(16 * KiB, 0.2, 4 * KiB)), NoFence())
@@ -218,8 +221,8 @@ class TestDaemonLagLoop:
     async def test_lag_is_reported_while_recovery_redoes_a_segment_on_a_hung_store(
             self, tmp_path: Path) -> None:
         from offloadd.config import Settings
-        from offloadd.daemon import Daemon
         from offloadd.metrics import Metrics
+        from offloadd.shell.daemon import Daemon
 
         hang = asyncio.Event()
 
@@ -238,7 +241,7 @@ class TestDaemonLagLoop:
             await store.writer.append(TOPIC, [b"y" * 200])
         # a first owner assigns a segment and dies while completing it: an ASSIGNED record
         env = OffloadEnv(source=store.source, metadata=md, blobstore=blob,
-                         buffer=OffloadBuffer(8 << 20), retry_base_s=0.01, retry_max_s=0.05,
+                         buffer=OffloadBuffer(8 << 20), retry=Backoff(0.01, 0.05),
                          idle_poll_s=0.05)
         first = TopicOffloader(TOPIC, env, lambda: TopicPolicy(RollPolicy(4 * KiB, 600, KiB)),
                                NoFence())
@@ -253,7 +256,8 @@ class TestDaemonLagLoop:
         settings = Settings(metrics={"enabled": False},
                             daemon={"lag_interval_s": 0.1, "status_interval_s": 0.2})
         metrics = Metrics()
-        daemon = Daemon(settings, source=store.source, metadata=md, blobstore=blob,
+        daemon = Daemon(settings, source=wiring.local_view(store.source), metadata=md,
+                        tier=StoreView(blob),
                         probe_factory=lambda t: metrics.topic(t.ns, str(t)), metrics=metrics)
         running = asyncio.create_task(daemon.run(install_signals=False))
         try:

@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from offloadd import wiring
 from offloadd.blobstore.memory import MemoryBlobStore
+from offloadd.commit.fence import NoFence
 from offloadd.errors import Fenced, Retriable
 from offloadd.ledger.local import LocalLedgerStore, RolloverPolicy
 from offloadd.metadata import managed_ledger
@@ -18,11 +20,11 @@ from offloadd.metadata.memory import MemoryMetadataStore
 from offloadd.model import TopicName, catalog
 from offloadd.model.keys import streaming_data_key
 from offloadd.offload.buffer import OffloadBuffer
-from offloadd.offload.commit import NoFence
 from offloadd.offload.roller import RollPolicy
 from offloadd.offload.topic import OffloadEnv, TopicOffloader, TopicPolicy
 from offloadd.read.reader import TierReader
-from offloadd.verify import verify
+from offloadd.read.verify import verify
+from offloadd.retry import Backoff
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -38,8 +40,8 @@ class Rig:
         self.blob = blob or MemoryBlobStore()
         self.buffer = OffloadBuffer(buffer_cap)
         self.env = OffloadEnv(source=self.store.source, metadata=self.metadata,
-                              blobstore=self.blob, buffer=self.buffer, retry_base_s=0.01,
-                              retry_max_s=0.05, idle_poll_s=0.05)
+                              blobstore=self.blob, buffer=self.buffer,
+                              retry=Backoff(0.01, 0.05), idle_poll_s=0.05)
         self.roll = roll
         self.mode = "streaming"
         self.payloads: list[bytes] = []
@@ -65,7 +67,8 @@ class Rig:
         return [bytes(e.payload) async for e in reader.read(TOPIC)]
 
     async def verify_ok(self) -> None:
-        rep = await verify(self.metadata, self.blob, self.store.source, [TOPIC], grace_s=0)
+        rep = await verify(self.metadata, self.blob, wiring.local_view(self.store.source), [TOPIC],
+                           grace_s=0)
         assert rep.ok, rep.to_json()
 
 

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
-OFFLOADD = [sys.executable, "-m", "offloadd.cli"]
+OFFLOADD = [sys.executable, "-m", "offloadd"]
 
 
 def offloadd(args: list[str], cwd: Path, *, timeout: float = 60, check: bool = True,

@@ -16,12 +16,14 @@ from pathlib import Path
 
 import pytest
 
-from offloadd import cli, config
+from offloadd import config, wiring
 from offloadd import logs as logs_mod
+from offloadd.blobstore.base import StoreView
 from offloadd.blobstore.memory import MemoryBlobStore
 from offloadd.metadata.memory import MemoryMetadataStore
 from offloadd.model import TopicName
-from offloadd.ttyline import StatusLine
+from offloadd.shell import cli
+from offloadd.shell.ttyline import StatusLine
 from tests.ops.support import OFFLOADD, offloadd
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -154,14 +156,14 @@ class TestProgress:
         assert out.getvalue() == ""
 
     async def test_verify_and_gc_report_their_steps(self) -> None:
+        from offloadd.read.verify import verify
         from offloadd.retention.gc import gc_pass
-        from offloadd.verify import verify
 
         steps: list[str] = []
         md, bs = MemoryMetadataStore(), MemoryBlobStore()
         await verify(md, bs, None, [], on_progress=steps.append)
-        await gc_pass(md, bs, None, config.load(None), now=time.time(), dry_run=True,
-                      on_progress=steps.append)
+        await gc_pass(md, StoreView(bs), None, wiring.gc_settings(config.load(None)),
+                      now=time.time(), dry_run=True, on_progress=steps.append)
         assert steps == ["looking for orphan objects",
                          "deleting segments whose ledgers are all gone", "sweeping orphan objects"]
 

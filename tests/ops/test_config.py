@@ -11,10 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from offloadd import cli, config
+from offloadd import config
 from offloadd.config import Settings
 from offloadd.errors import ConfigError
 from offloadd.model import TopicName
+from offloadd.shell import cli
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -291,7 +292,7 @@ def test_secret_values_are_never_echoed_in_errors(tmp_path: Path) -> None:
 
 def test_a_real_process_exits_2_with_one_line(tmp_path: Path) -> None:
     p = write(tmp_path, "[offload]\nmode = \"tiered\"\n")
-    out = subprocess.run([sys.executable, "-m", "offloadd.cli", "config", "check", "-c", str(p)],
+    out = subprocess.run([sys.executable, "-m", "offloadd", "config", "check", "-c", str(p)],
                          capture_output=True, text=True, timeout=60, cwd=tmp_path)
     assert out.returncode == 2
     assert out.stderr.splitlines() == [

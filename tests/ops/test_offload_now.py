@@ -17,8 +17,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from offloadd.httpserver import MetricsServer
 from offloadd.metrics import Metrics
+from offloadd.shell.httpserver import MetricsServer
 from tests.ops.support import DaemonProcess, committed_entries, ml, offloadd
 
 TOPIC = "persistent://public/default/now"

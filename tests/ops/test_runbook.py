@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml  # type: ignore[import-untyped]  # PyYAML arrives with moto[server]
 
-from offloadd import cli
+from offloadd.shell import cli
 
 ROOT = Path(__file__).resolve().parents[2]
 RUNBOOK = ROOT / "docs" / "runbook.md"

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from offloadd import config
-from offloadd.service import Notifier
+from offloadd.shell.service import Notifier
 from tests.ops.support import DaemonProcess
 
 ROOT = Path(__file__).resolve().parents[2]

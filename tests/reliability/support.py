@@ -1,7 +1,7 @@
 """Shared pieces of the reliability suite: configs, ``offloadd`` subprocesses, and what the
 metadata says was written and committed (the figures live in conftest.py).
 
-Every ``offloadd`` here is a real process (``[sys.executable, "-m", "offloadd.cli", ...]``) whose
+Every ``offloadd`` here is a real process (``[sys.executable, "-m", "offloadd", ...]``) whose
 stdout, stderr and log files stay on disk, so the security test can search all of them. What the
 tests read from the metadata (written vs committed entries) they read in-process through
 :mod:`offloadd.wiring`, which opens the embedded store or ZooKeeper as the config says.
@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-OFFLOADD = [sys.executable, "-m", "offloadd.cli"]
+OFFLOADD = [sys.executable, "-m", "offloadd"]
 
 TomlValue = str | int | float | bool | list[str]
 Sections = Mapping[str, Mapping[str, TomlValue]]
@@ -117,11 +117,11 @@ def ok(p: subprocess.CompletedProcess[str], what: str = "offloadd") -> str:
 PRELOAD = """
 import sys
 import uvloop
-import offloadd.cli, offloadd.service, offloadd.runtime, offloadd.offload.topic
+import offloadd.shell.cli, offloadd.shell.service, offloadd.shell.runtime, offloadd.offload.topic
 import offloadd.metadata.embedded, offloadd.blobstore.filesystem, offloadd.ledger.local
-import offloadd.retention.gc, offloadd.cluster
+import offloadd.retention.gc, offloadd.commit.cluster
 if sys.stdin.readline().strip() == "go":
-    sys.exit(offloadd.cli.main(sys.argv[1:]))
+    sys.exit(offloadd.shell.cli.main(sys.argv[1:]))
 """
 
 

@@ -8,8 +8,8 @@ managed-ledger node of junk) and read through ``offloadd read`` and ``offloadd v
 bad arguments, bad topic names, invalid configuration and environment values, an oversize entry,
 and signals at awkward moments of a real ``offloadd run``.
 
-The CLI cases run :func:`offloadd.cli.main` in-process (the same code as the process, without a
-second of interpreter start-up per case); the signal cases run real processes.
+The CLI cases run :func:`offloadd.shell.cli.main` in-process (the same code as the process,
+without a second of interpreter start-up per case); the signal cases run real processes.
 """
 
 from __future__ import annotations
@@ -30,10 +30,10 @@ from pathlib import Path
 import crc32c
 import pytest
 
-from offloadd import cli
 from offloadd.metadata import managed_ledger
 from offloadd.metadata.embedded import EmbeddedMetadataStore
 from offloadd.model import catalog
+from offloadd.shell import cli
 from tests.reliability.conftest import Figures
 from tests.reliability.support import (
     Proc,
@@ -115,7 +115,7 @@ class Result:
 
 @pytest.fixture
 def main(capsys: pytest.CaptureFixture[str]) -> Iterator[Callable[..., Result]]:
-    """``main(*argv)``: :func:`offloadd.cli.main` in-process; its logging set-up is undone."""
+    """``main(*argv)``: :func:`offloadd.shell.cli.main` in-process; its logging set-up is undone."""
     root = logging.getLogger()
     saved = (root.handlers[:], root.level)
 

@@ -9,8 +9,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from offloadd import config
+from offloadd import config, wiring
 from offloadd.blobstore.filesystem import FilesystemBlobStore
+from offloadd.commit.fence import NoFence
 from offloadd.config import Settings
 from offloadd.errors import Retriable
 from offloadd.ledger.local import LocalLedgerStore, RolloverPolicy
@@ -18,12 +19,12 @@ from offloadd.metadata import managed_ledger
 from offloadd.metadata.embedded import EmbeddedMetadataStore
 from offloadd.model import Position, TopicName, catalog
 from offloadd.offload.buffer import OffloadBuffer
-from offloadd.offload.commit import NoFence
 from offloadd.offload.roller import RollPolicy
 from offloadd.offload.topic import OffloadEnv, TopicOffloader, TopicPolicy
 from offloadd.read.reader import TierReader
+from offloadd.read.verify import Report, verify
 from offloadd.retention.gc import GcReport, gc_pass
-from offloadd.verify import Report, verify
+from offloadd.retry import Backoff
 
 TOPIC = TopicName.parse("persistent://public/default/keep")
 KiB = 1024
@@ -55,8 +56,8 @@ class Rig:
         self.blob = FlakyStore(tmp / "tier")
         self.roll = RollPolicy(per_segment * FRAME, 600, 4 * KiB)
         self.env = OffloadEnv(source=self.store.source, metadata=md, blobstore=self.blob,
-                              buffer=OffloadBuffer(8 << 20), retry_base_s=0.01,
-                              retry_max_s=0.05, idle_poll_s=0.05)
+                              buffer=OffloadBuffer(8 << 20), retry=Backoff(0.01, 0.05),
+                              idle_poll_s=0.05)
         self.payloads: dict[tuple[int, int], bytes] = {}  # (ledger, entry) -> payload
 
     @classmethod
@@ -111,9 +112,10 @@ class Rig:
 
     async def gc(self, settings: Settings | None = None, *, grace_s: float | None = 0,
                  now: float | None = None, dry_run: bool = False) -> GcReport:
-        return await gc_pass(self.metadata, self.blob, self.store.source,
-                             settings or config.load(None), now=now or time.time(),
-                             grace_s=grace_s, dry_run=dry_run)
+        return await gc_pass(self.metadata, wiring.filesystem_view(self.blob),
+                             wiring.local_view(self.store.source),
+                             wiring.gc_settings(settings or config.load(None)),
+                             now=now or time.time(), grace_s=grace_s, dry_run=dry_run)
 
     def objects(self) -> set[str]:
         root = self.tmp / "tier"
@@ -126,7 +128,8 @@ class Rig:
                 async for e in reader.read(TOPIC)}
 
     async def verify(self) -> Report:
-        return await verify(self.metadata, self.blob, self.store.source, [TOPIC], grace_s=0)
+        return await verify(self.metadata, self.blob, wiring.local_view(self.store.source),
+                            [TOPIC], grace_s=0)
 
 
 def settings(**overrides: Any) -> Settings:

@@ -29,7 +29,7 @@ orphan_grace_s = 3600
 
 
 def offloadd(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "offloadd.cli", *args, "--config", "c.toml"],
+    return subprocess.run([sys.executable, "-m", "offloadd", *args, "--config", "c.toml"],
                           cwd=cwd, capture_output=True, text=True, timeout=60)
 
 

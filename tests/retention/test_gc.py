@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from offloadd import wiring
 from offloadd.errors import NotFound
 from offloadd.ledger.local import ledger_files
 from offloadd.metadata import managed_ledger
@@ -132,7 +133,9 @@ class TestPartialDeletion:
         other = await EmbeddedMetadataStore.open(rig.tmp / "metadata")  # a second client
         try:
             reps = await asyncio.gather(
-                rig.gc(), gc_pass(other, rig.blob, rig.store.source, settings(),
+                rig.gc(), gc_pass(other, wiring.filesystem_view(rig.blob),
+                                  wiring.local_view(rig.store.source),
+                                  wiring.gc_settings(settings()),
                                   now=time.time(), grace_s=0))
         finally:
             await other.close()
@@ -162,7 +165,8 @@ class TestFailedDeletions:
         rig.blob.fails = lambda key: True
         probe = Probe()
         for attempt in (1, 2):
-            rep = await gc_pass(rig.metadata, rig.blob, rig.store.source, settings(),
+            rep = await gc_pass(rig.metadata, wiring.filesystem_view(rig.blob),
+                                wiring.local_view(rig.store.source), wiring.gc_settings(settings()),
                                 now=time.time(), grace_s=0, probe=probe)
             assert not rep.ok
             (failed,) = rep.failed
@@ -177,7 +181,8 @@ class TestFailedDeletions:
         await verify_ok(rig)
 
         rig.blob.fails = lambda key: False
-        rep = await gc_pass(rig.metadata, rig.blob, rig.store.source, settings(),
+        rep = await gc_pass(rig.metadata, wiring.filesystem_view(rig.blob),
+                                wiring.local_view(rig.store.source), wiring.gc_settings(settings()),
                             now=time.time(), grace_s=0, probe=probe)
         assert rep.ok and [d.segment for d in rep.deleted_segments] == [str(s1.uid)]
         assert rep.deleted_segments[0].attempts == 2

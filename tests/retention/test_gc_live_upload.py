@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from offloadd import config
+from offloadd import config, wiring
 from offloadd.blobstore.s3 import S3BlobStore
 from offloadd.metadata.memory import MemoryMetadataStore
 from offloadd.retention.gc import gc_pass
@@ -40,7 +40,8 @@ async def test_gc_leaves_a_live_upload_alone_and_sweeps_it_once_stale(
         await upload.put_part(1, 0, [b"first part of a segment still being written"])
         settings = config.load(None, blobstore__driver="aws-s3", blobstore__bucket=s3_bucket.name)
         assert settings.retention.orphan_grace_s == 3600
-        report = await gc_pass(MemoryMetadataStore(), store, None, settings, now=time.time())
+        report = await gc_pass(MemoryMetadataStore(), wiring.s3_view(store), None,
+                               wiring.gc_settings(settings), now=time.time())
         assert report.uploads_swept == 0, report
         left = [u.key async for u in store.list_incomplete_uploads()]
         assert left == ["live-segment"]

@@ -7,7 +7,7 @@ import uuid
 
 import pytest
 
-from offloadd import config
+from offloadd import config, wiring
 from offloadd.blobstore.s3 import S3BlobStore
 from offloadd.metadata.memory import MemoryMetadataStore
 from offloadd.retention.gc import gc_pass
@@ -25,7 +25,8 @@ async def test_gc_sweeps_orphans_under_the_drivers_key_prefix(s3_bucket: MotoBuc
         await store.put(orphan, [b"x"], {})
         settings = config.load(None, blobstore__driver="aws-s3", blobstore__prefix=prefix,
                                blobstore__bucket=s3_bucket.name)
-        await gc_pass(MemoryMetadataStore(), store, None, settings, now=time.time() + 10,
+        await gc_pass(MemoryMetadataStore(), wiring.s3_view(store), None,
+                      wiring.gc_settings(settings), now=time.time() + 10,
                       grace_s=0)
         keys = [o.key async for o in store.list("")]
         assert orphan not in keys

@@ -1,7 +1,7 @@
 """Shared pieces of the S3 end-to-end tests: configs, subprocess runs, and looking at what the
 S3 server holds (objects, parts, indexes, incomplete uploads) through an independent boto3 client.
 
-Every run is ``[sys.executable, "-m", "offloadd.cli", ...]`` with ``cwd`` a test's directory, so
+Every run is ``[sys.executable, "-m", "offloadd", ...]`` with ``cwd`` a test's directory, so
 the embedded metadata and ledgers live under ``<cwd>/data``.
 """
 
@@ -21,7 +21,7 @@ from typing import Any
 from offloadd.format import StreamingIndex, decode_index
 from tests.fixtures.s3 import MIN_PART_SIZE, MotoBucket
 
-OFFLOADD = [sys.executable, "-m", "offloadd.cli"]
+OFFLOADD = [sys.executable, "-m", "offloadd"]
 UUID = r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
 FORMAT_VERSION_KEY = "s3managedledgeroffloaderformatversion"
 

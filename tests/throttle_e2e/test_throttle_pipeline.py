@@ -46,13 +46,13 @@ import pytest
 import uvloop
 
 from offloadd import config as config_mod
-from offloadd.daemon import Ownership
+from offloadd.commit.ownership import Ownership
 from offloadd.metadata import managed_ledger
 from offloadd.model import catalog
 from offloadd.model.keys import parse_key, streaming_data_key
-from offloadd.produce import topic_names
-from offloadd.runtime import Runtime
-from offloadd.verify import verify
+from offloadd.read.verify import verify
+from offloadd.shell.produce import topic_names
+from offloadd.shell.runtime import Runtime
 from tests.throttle_e2e.recording import (
     RecordingBlobStore,
     Sample,
@@ -139,7 +139,7 @@ async def _scenario(root: Path) -> Run:
         running = asyncio.create_task(daemon.run(install_signals=False))
         with (root / "produce.log").open("wb") as log:
             writer = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "offloadd.cli", "produce", "--config", str(cfg),
+                sys.executable, "-m", "offloadd", "produce", "--config", str(cfg),
                 "--topics", str(TOPICS), "--rate", str(TOPICS * PER_TOPIC_RATE),
                 "--duration", str(WRITE_SECONDS), "--entry-size", str(ENTRY),
                 cwd=root, stdout=asyncio.subprocess.PIPE, stderr=log)
@@ -191,7 +191,7 @@ async def _reality(rt: Runtime, run: Run) -> None:
         run.tier_bytes[t.managed_ledger] = size
     keys = [parse_key(o.key) async for o in rt.blobstore.list()]
     run.tier_data_objects = sum(1 for k in keys if k is not None and not k.is_index)
-    report = await verify(rt.metadata, rt.blobstore, rt.source, names, grace_s=0.0)
+    report = await verify(rt.metadata, rt.blobstore, rt.view, names, grace_s=0.0)
     run.verified = report.to_json()
 
 

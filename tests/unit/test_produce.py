@@ -17,7 +17,7 @@ from offloadd.format.message import decode_entry
 from offloadd.ledger.local import LocalLedgerSource, LocalLedgerWriter
 from offloadd.metadata.memory import MemoryMetadataStore
 from offloadd.model import TopicName
-from offloadd.produce import PulsarEntries, PulsarShape, produce
+from offloadd.shell.produce import PulsarEntries, PulsarShape, produce
 
 TOPIC = TopicName.parse("persistent://public/default/orders")
 

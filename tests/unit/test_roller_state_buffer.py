@@ -6,10 +6,10 @@ import asyncio
 
 import pytest
 
+from offloadd.commit.state import IllegalTransition, SegmentState, is_valid, transition
 from offloadd.offload import roller
 from offloadd.offload.buffer import OffloadBuffer
 from offloadd.offload.roller import RollPolicy, RollReason
-from offloadd.offload.state import IllegalTransition, SegmentState, is_valid, transition
 
 POL = RollPolicy(max_bytes=10_000, max_age_s=60, max_block_size=1_000)
 

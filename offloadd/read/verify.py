@@ -25,7 +25,7 @@ import crc32c
 
 from offloadd.blobstore.base import BlobStore
 from offloadd.errors import NotFound, OffloaddError
-from offloadd.ledger.base import LedgerSource
+from offloadd.ledger.base import EntryChecksums, SourceView, StoredEntries
 from offloadd.metadata import managed_ledger
 from offloadd.metadata.base import MetadataStore
 from offloadd.model import Position, TopicName, catalog
@@ -77,32 +77,30 @@ class Report:
 
 
 class _SourceCrcs:
-    """Per-entry CRC32Cs kept by the embedded store, when the source has them."""
+    """Per-entry CRC32Cs kept by the source, when it keeps them."""
 
-    def __init__(self, source: LedgerSource | None) -> None:
-        self.source = source
+    def __init__(self, checksums: EntryChecksums | None) -> None:
+        self.checksums = checksums
 
     async def get(self, ledger_id: int, first: int, last: int) -> Sequence[int] | None:
-        read_crcs = getattr(self.source, "read_crcs", None)
-        if read_crcs is None:
+        if self.checksums is None:
             return None
         try:
-            crcs: Sequence[int] = await read_crcs(ledger_id, first, last)
+            crcs = await self.checksums.read_crcs(ledger_id, first, last)
         except (NotFound, OffloaddError, OSError):
             return None
         return crcs if len(crcs) == last - first + 1 else None
 
 
-async def _stored_entries(source: LedgerSource | None, ledger_ids: Sequence[int],
+async def _stored_entries(stored: StoredEntries | None, ledger_ids: Sequence[int],
                           rep: TopicReport) -> dict[int, int | None]:
     """What the source's own files hold per ledger (None: gone, or a source that cannot say)."""
-    stored_entries = getattr(source, "stored_entries", None)
     out: dict[int, int | None] = dict.fromkeys(ledger_ids)
-    if stored_entries is None:
+    if stored is None:
         return out
     for lid in ledger_ids:
         try:
-            out[lid] = await stored_entries(lid)
+            out[lid] = await stored.stored_entries(lid)
         except OffloaddError as exc:
             rep.errors.append(f"ledger {lid}: cannot tell what the source holds: {exc}")
     return out
@@ -142,7 +140,7 @@ def _expected_begin(prev: Position | None, ledgers: Sequence[int],
 
 
 async def verify_topic(topic: TopicName, metadata: MetadataStore, blobstore: BlobStore,
-                       reader: TierReader, source: LedgerSource | None,
+                       reader: TierReader, source: SourceView | None,
                        referenced: set[uuid.UUID],
                        on_progress: Callable[[str], None] | None = None) -> TopicReport:
     rep = TopicReport(str(topic))
@@ -162,14 +160,14 @@ async def verify_topic(topic: TopicName, metadata: MetadataStore, blobstore: Blo
         li.ledgerId: (li.entries if li.HasField("entries") else None) for li in info.ledgerInfo}
     if source is not None:
         try:
-            for d in await source.ledgers(topic):
+            for d in await source.source.ledgers(topic):
                 if d.ledger_id in entries and entries[d.ledger_id] is None:
                     entries[d.ledger_id] = None  # open: no end yet
         except OffloaddError:
             pass
-    held = await _stored_entries(source, ledgers, rep)
+    held = await _stored_entries(source.stored if source else None, ledgers, rep)
     _compare_closed(info, held, rep)
-    crcs = _SourceCrcs(source)
+    crcs = _SourceCrcs(source.checksums if source else None)
     prev: Position | None = None
     if committed:
         rep.first = str(committed[0].begin)
@@ -237,15 +235,15 @@ async def _verify_segment(seg: Segment, rep: TopicReport, blobstore: BlobStore,
             rep.errors.append(f"segment {seg.uid}: {bad} entries of ledger {r.ledger_id} differ "
                               f"from the source")
     if seg.kind is SegmentKind.STREAMING:
-        await _verify_object_length(seg.uid, rep, blobstore, reader.key_prefix)
+        await _verify_object_length(seg.uid, rep, blobstore)
 
 
-async def _verify_object_length(uid: uuid.UUID, rep: TopicReport, blobstore: BlobStore,
-                                prefix: str) -> None:
+async def _verify_object_length(uid: uuid.UUID, rep: TopicReport, blobstore: BlobStore
+                                ) -> None:
     """The data object's length equals the one recorded in its index object's metadata (every
     byte of it was already checked block by block, CRC32C included, by the read)."""
-    idx_key = streaming_index_key(uid, prefix)
-    data_key = streaming_data_key(uid, prefix)
+    idx_key = streaming_index_key(uid)
+    data_key = streaming_data_key(uid)
     try:
         want = (await blobstore.head(idx_key)).metadata.get("offloadd-data-length")
         size = (await blobstore.head(data_key)).size
@@ -255,12 +253,12 @@ async def _verify_object_length(uid: uuid.UUID, rep: TopicReport, blobstore: Blo
         rep.errors.append(f"{data_key}: {exc}")
 
 
-async def find_orphans(blobstore: BlobStore, referenced: set[uuid.UUID], prefix: str,
-                       grace_s: float) -> list[str]:
+async def find_orphans(blobstore: BlobStore, referenced: set[uuid.UUID], grace_s: float
+                       ) -> list[str]:
     now = time.time()
     orphans = []
-    async for obj in blobstore.list(prefix):
-        parsed = parse_key(obj.key, prefix)
+    async for obj in blobstore.list():
+        parsed = parse_key(obj.key)
         if parsed is None or parsed.uid in referenced:
             continue
         if now - obj.mtime < grace_s:
@@ -269,12 +267,12 @@ async def find_orphans(blobstore: BlobStore, referenced: set[uuid.UUID], prefix:
     return orphans
 
 
-async def verify(metadata: MetadataStore, blobstore: BlobStore, source: LedgerSource | None,
-                 topics: Sequence[TopicName], *, prefix: str = "", grace_s: float = 300.0,
+async def verify(metadata: MetadataStore, blobstore: BlobStore, source: SourceView | None,
+                 topics: Sequence[TopicName], *, grace_s: float = 300.0,
                  check_orphans: bool = True,
                  on_progress: Callable[[str], None] | None = None) -> Report:
     """``on_progress`` hears a short description of each step (a terminal status line)."""
-    reader = TierReader(metadata, blobstore, key_prefix=prefix)
+    reader = TierReader(metadata, blobstore)
     referenced: set[uuid.UUID] = set()
     reports = []
     for i, t in enumerate(topics):
@@ -297,5 +295,5 @@ async def verify(metadata: MetadataStore, blobstore: BlobStore, source: LedgerSo
             referenced.update(await retained_uids(metadata))
         except OffloaddError as exc:
             reports.append(TopicReport("(retention records)", errors=[str(exc)]))
-    orphans = await find_orphans(blobstore, referenced, prefix, grace_s) if check_orphans else []
+    orphans = await find_orphans(blobstore, referenced, grace_s) if check_orphans else []
     return Report(reports, orphans, len(referenced))

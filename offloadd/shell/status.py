@@ -31,11 +31,13 @@ from dataclasses import asdict
 from datetime import UTC, datetime
 from typing import Any
 
-from offloadd import cluster, wiring
+from offloadd import wiring
+from offloadd.commit import cluster, epochs
 from offloadd.config import Settings
 from offloadd.errors import OffloaddError
+from offloadd.ledger.base import SourceView
 from offloadd.ledger.bookkeeper.layout import lost_ledgers
-from offloadd.metadata import managed_ledger, offload_status, ownership
+from offloadd.metadata import managed_ledger, offload_status
 from offloadd.metadata.base import MetadataStore
 from offloadd.model import Position, TopicName, catalog
 from offloadd.offload.lag import committed_payload_bytes, measure
@@ -49,8 +51,8 @@ async def ownership_status(md: MetadataStore, topic: TopicName) -> dict[str, Any
     ml = topic.managed_ledger
     out: dict[str, Any] = {"owner": None, "epoch": None}
     try:
-        out["owner"] = await ownership.current_owner(md, ml)
-        state = await ownership.read_state(md, ml)
+        out["owner"] = await epochs.current_owner(md, ml)
+        state = await epochs.read_state(md, ml)
         if state is not None:
             out["epoch"] = state.epoch
     except OffloaddError as exc:
@@ -58,7 +60,7 @@ async def ownership_status(md: MetadataStore, topic: TopicName) -> dict[str, Any
     return out
 
 
-async def topic_status(md: MetadataStore, source: Any, topic: TopicName,
+async def topic_status(md: MetadataStore, source: SourceView, topic: TopicName,
                        now_ms: int | None = None) -> dict[str, Any]:
     now_ms = now_ms if now_ms is not None else int(time.time() * 1000)
     out: dict[str, Any] = {"topic": str(topic), **await ownership_status(md, topic)}
@@ -86,8 +88,8 @@ async def topic_status(md: MetadataStore, source: Any, topic: TopicName,
         out["data_lost"] = [{"ledger": x.ledger_id, "first": x.first, "last": x.last,
                              "entries": x.entries} for x in lost]
     try:
-        ledgers = await source.ledgers(topic)
-        cbytes = await committed_payload_bytes(source, last) if last is not None else None
+        ledgers = await source.source.ledgers(topic)
+        cbytes = await committed_payload_bytes(source.offsets, last) if last is not None else None
         lag = measure(ledgers, last, now_ms, committed_bytes=cbytes)
         out["lag"] = {**lag.as_dict(), "measured_by": "status"}
     except OffloaddError as exc:
@@ -126,7 +128,7 @@ def exit_code(st: dict[str, Any]) -> int:
 async def collect(settings: Settings, topics: Sequence[TopicName] | None = None
                   ) -> dict[str, Any]:
     md = await wiring.open_metadata(settings, read_only=True)  # status never writes
-    src = wiring.open_source(settings, md, read_only=True)
+    src = wiring.connect_source(settings, md, read_only=True)
     try:
         names = [TopicName.from_managed_ledger(n) for n in await managed_ledger.list_names(md)]
         if topics:
@@ -140,7 +142,7 @@ async def collect(settings: Settings, topics: Sequence[TopicName] | None = None
         out_topics = [await topic_status(md, src, n, now_ms) for n in names]
         members = [asdict(m) for m in await cluster.read_members(md)]
     finally:
-        await src.close()
+        await src.source.close()
         await md.close()
     out: dict[str, Any] = {"metadata": _redact_url(settings.metadata.url),
                            "driver": settings.blobstore.driver, "members": members,

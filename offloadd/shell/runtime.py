@@ -10,18 +10,19 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from offloadd import wiring
-from offloadd.blobstore.base import BlobStore
-from offloadd.blobstore.health import StoreHealth
-from offloadd.cluster import ClusterOwnership, check_owner_id
+from offloadd.blobstore.base import BlobStore, StoreView
+from offloadd.commit.cluster import ClusterOwnership, check_owner_id
+from offloadd.commit.ownership import Ownership
 from offloadd.config import Settings
-from offloadd.daemon import Daemon, Ownership, default_owner_id
 from offloadd.errors import ConfigError
-from offloadd.httpserver import MetricsServer
-from offloadd.ledger.base import LedgerSource
+from offloadd.ledger.base import LedgerSource, SourceView
 from offloadd.ledger.local import LocalLedgerStore
-from offloadd.metadata.base import MetadataStore
+from offloadd.metadata.base import MetadataStore, Sessions
 from offloadd.metrics import Metrics
 from offloadd.model import TopicName
+from offloadd.offload.scheduler import default_owner_id
+from offloadd.shell.daemon import Daemon
+from offloadd.shell.httpserver import MetricsServer
 
 log = logging.getLogger(__name__)
 
@@ -31,19 +32,18 @@ _CIRCUIT = {"healthy": "closed", "degraded-paused": "open", "recovering": "half_
 _SESSION = {"connected": "closed", "suspended": "open", "lost": "open"}
 
 
-def _watch_circuits(metrics: Metrics, metadata: MetadataStore, blobstore: BlobStore) -> None:
+def _watch_circuits(metrics: Metrics, sessions: Sessions | None, tier: StoreView) -> None:
     """``offloadd_store_circuit_state`` for both stores from the start: a blob store without a
-    circuit breaker (filesystem) is always closed; the metadata store follows its ZooKeeper
-    session (the embedded store is always closed)."""
-    if getattr(blobstore, "health", None) is None:
+    circuit breaker (the in-memory one) is always closed; the metadata store follows its
+    ZooKeeper session (the embedded store has none: always closed)."""
+    if tier.health is None:
         metrics.store_circuit("closed")
-    state = getattr(metadata, "session_state", None)
-    listen = getattr(metadata, "add_session_listener", None)
-    if state is None or listen is None:
+    if sessions is None:
         metrics.store_circuit("closed", store="metadata")
         return
-    metrics.store_circuit(_SESSION.get(state.value, "open"), store="metadata")
-    listen(lambda s: metrics.store_circuit(_SESSION.get(s.value, "open"), store="metadata"))
+    metrics.store_circuit(_SESSION.get(sessions.session_state.value, "open"), store="metadata")
+    sessions.add_session_listener(
+        lambda s: metrics.store_circuit(_SESSION.get(s.value, "open"), store="metadata"))
 
 
 @dataclass
@@ -58,6 +58,8 @@ class Runtime:
     extras: list[Any] = field(default_factory=list)
     server: MetricsServer | None = None
     lakehouse: Any = None  # a LakehouseFollower when [lakehouse] enabled
+    tier: StoreView | None = None  # the blob store with its capabilities
+    view: SourceView | None = None  # the source with its capabilities
 
     @classmethod
     async def open(cls, settings: Settings, *, with_writer: bool = False,
@@ -68,31 +70,32 @@ class Runtime:
         owner_id = (check_owner_id(settings.daemon.owner_id or default_owner_id())
                     if ownership is None and not with_writer else None)
         metrics = Metrics()
-        metadata = await wiring.open_metadata(settings)
+        conn = await wiring.connect_metadata(settings)
+        metadata = conn.store
         try:
-            blobstore = await wiring.open_blobstore(
+            tier = await wiring.open_tier(
                 settings, on_circuit=lambda state: metrics.store_circuit(
                     _CIRCUIT.get(state, state)))
         except BaseException:
             await metadata.close()
             raise
-        _watch_circuits(metrics, metadata, blobstore)
+        _watch_circuits(metrics, conn.sessions, tier)
         local: LocalLedgerStore | None = None
         if with_writer:
             local = wiring.open_local_store(settings, metadata)
-            source: LedgerSource = local.source
+            view = wiring.local_view(local.source)
         else:
-            source = wiring.open_source(settings, metadata)
+            view = wiring.connect_source(settings, metadata)
         if owner_id is not None:
-            ownership = ClusterOwnership(metadata, owner_id)
-        source_metrics = getattr(source, "metrics", None)  # e.g. the BookKeeper source's
-        if source_metrics is not None and hasattr(source_metrics, "register"):
-            source_metrics.register(metrics.registry)
-        daemon = Daemon(settings, source=source, metadata=metadata, blobstore=blobstore,
+            ownership = ClusterOwnership(metadata, owner_id, sessions=conn.sessions)
+        if view.metrics is not None:  # e.g. the BookKeeper client's
+            view.metrics.register(metrics.registry)
+        daemon = Daemon(settings, source=view, metadata=metadata, tier=tier,
                         ownership=ownership,
                         probe_factory=lambda t: metrics.topic(t.ns, str(t)),
                         on_buffer=metrics.buffer, metrics=metrics)
-        return cls(settings, metadata, blobstore, source, daemon, local, metrics)
+        return cls(settings, metadata, tier.store, view.source, daemon, local, metrics,
+                   tier=tier, view=view)
 
     async def start_metrics(self) -> None:
         """Serve /metrics, /healthz, /readyz and /status when ``[metrics] enabled``."""
@@ -149,8 +152,8 @@ class Runtime:
             await self.metadata.exists("/")
         except Exception as exc:
             return False, f"metadata store unreachable: {exc}"
-        health = getattr(self.blobstore, "health", None)
-        if isinstance(health, StoreHealth):
+        health = self.tier.health if self.tier is not None else None
+        if health is not None:
             ok, why = health.readiness()
             if not ok:
                 return False, why

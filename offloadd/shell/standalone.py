@@ -18,11 +18,13 @@ from typing import Any
 
 from offloadd import config as config_mod
 from offloadd.config import Settings
-from offloadd.daemon import Daemon, DaemonState, remove_pid_file, write_pid_file
 from offloadd.errors import OffloaddError
 from offloadd.ledger.local import StoreLock
-from offloadd.produce import PayloadKind, ProduceStats, PulsarShape, produce, topic_names
-from offloadd.runtime import Runtime
+from offloadd.model.lifecycle import Lifecycle
+from offloadd.shell.daemon import Daemon
+from offloadd.shell.pidfile import PidFile
+from offloadd.shell.produce import PayloadKind, ProduceStats, PulsarShape, produce, topic_names
+from offloadd.shell.runtime import Runtime
 
 log = logging.getLogger(__name__)
 
@@ -74,11 +76,11 @@ async def _run_standalone(settings: Settings, *, duration: float | None, rate: f
                           entry_size: int, topics: int, drain_timeout_s: float,
                           config_path: str | None, payload: PayloadKind,
                           shape: PulsarShape | None) -> dict[str, Any]:
-    pid_handle = write_pid_file(settings.daemon.pid_file)  # refuses a second daemon here
+    pid_handle = PidFile.acquire(settings.daemon.pid_file)  # refuses a second daemon here
     try:
         rt = await Runtime.open(settings, with_writer=True)
     except BaseException:
-        remove_pid_file(pid_handle)
+        pid_handle.release()
         raise
     assert rt.local is not None
     stop = asyncio.Event()
@@ -137,7 +139,7 @@ async def _run_standalone(settings: Settings, *, duration: float | None, rate: f
         return summary
     finally:
         await rt.close()
-        remove_pid_file(pid_handle)
+        pid_handle.release()
 
 
 async def _drain(daemon: Daemon, rt: Runtime, timeout: float) -> bool | None:
@@ -147,7 +149,7 @@ async def _drain(daemon: Daemon, rt: Runtime, timeout: float) -> bool | None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         await asyncio.sleep(0.2)
-        if daemon.state is not DaemonState.RUNNING:
+        if daemon.state is not Lifecycle.RUNNING:
             log.info("standalone: stopping before everything written was offloaded; the "
                      "rest stays in the ledger store and a restart offloads it")
             return None

@@ -23,7 +23,7 @@ from typing import Any
 from offloadd import __version__
 from offloadd.errors import ConfigError, OffloaddError
 from offloadd.model import Position, TopicName
-from offloadd.ttyline import StatusLine
+from offloadd.shell.ttyline import StatusLine
 
 log = logging.getLogger("offloadd")
 
@@ -75,7 +75,7 @@ def _payload_args(sp: argparse.ArgumentParser, *, default_compression: str) -> N
 
 
 def _shape(args: argparse.Namespace) -> Any:
-    from offloadd.produce import PulsarShape
+    from offloadd.shell.produce import PulsarShape
 
     codecs = args.compression
     if isinstance(codecs, str):  # argparse does not convert a string default
@@ -302,7 +302,7 @@ def _run(coro: Coroutine[Any, Any, int]) -> int:
 
 
 def _settings(args: argparse.Namespace) -> Any:
-    from offloadd.standalone import load_settings
+    from offloadd.shell.standalone import load_settings
 
     return load_settings(getattr(args, "config", None))
 
@@ -335,7 +335,7 @@ def _setup_logs(settings: Any, args: argparse.Namespace | None = None) -> None:
 
 # ---- commands ------------------------------------------------------------------------------
 def _cmd_standalone(args: argparse.Namespace) -> int:
-    from offloadd.standalone import run_standalone
+    from offloadd.shell.standalone import run_standalone
 
     settings = _settings(args)
     _setup_logs(settings, args)
@@ -363,7 +363,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     # (run_service keeps them ignored until the daemon's handlers are in place)
     for sig in (signal.SIGHUP, signal.SIGUSR1):
         signal.signal(sig, signal.SIG_IGN)
-    from offloadd.service import run_service
+    from offloadd.shell.service import run_service
 
     settings = _settings(args)
     _setup_logs(settings, args)
@@ -373,7 +373,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 def _cmd_produce(args: argparse.Namespace) -> int:
     from offloadd import wiring
     from offloadd.ledger.local import LocalLedgerWriter, StoreLock
-    from offloadd.produce import produce, topic_names
+    from offloadd.shell.produce import produce, topic_names
 
     if args.bytes is None and args.duration is None:
         print("offloadd: produce needs --bytes N or --duration S", file=sys.stderr)
@@ -417,7 +417,7 @@ def _cmd_produce(args: argparse.Namespace) -> int:
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
-    from offloadd.status import collect, exit_code, render_text
+    from offloadd.shell.status import collect, exit_code, render_text
 
     settings = _settings(args)
     _setup_logs(settings, args)
@@ -448,8 +448,7 @@ def _cmd_read(args: argparse.Namespace) -> int:
             await md.close()
             raise
         try:
-            reader = TierReader(md, bs, prefetch=settings.offload.prefetch_blocks(),
-                                key_prefix=_prefix(settings))
+            reader = TierReader(md, bs, prefetch=settings.offload.prefetch_blocks())
             out = sys.stdout.buffer
             async for e in reader.read(args.topic, args.start, args.count):
                 if args.raw:
@@ -469,14 +468,10 @@ def _cmd_read(args: argparse.Namespace) -> int:
         return 0
 
 
-def _prefix(settings: Any) -> str:
-    return ""  # drivers apply their own key prefix
-
-
 def _cmd_verify(args: argparse.Namespace) -> int:
     from offloadd import wiring
     from offloadd.metadata import managed_ledger
-    from offloadd.verify import verify
+    from offloadd.read.verify import verify
 
     settings = _settings(args)
     _setup_logs(settings, args)
@@ -486,15 +481,15 @@ def _cmd_verify(args: argparse.Namespace) -> int:
         try:
             bs = await wiring.open_blobstore(settings)
             try:
-                src = wiring.open_source(settings, md, read_only=True)
+                src = wiring.connect_source(settings, md, read_only=True)
                 try:
                     topics = args.topic or [TopicName.from_managed_ledger(n)
                                             for n in await managed_ledger.list_names(md)]
                     with StatusLine(sys.stderr, prefix="verify") as line:
-                        rep = await verify(md, bs, src, topics, prefix=_prefix(settings),
+                        rep = await verify(md, bs, src, topics,
                                            grace_s=args.orphan_grace, on_progress=line.show)
                 finally:
-                    await src.close()
+                    await src.source.close()
             finally:
                 await bs.close()
         finally:
@@ -535,23 +530,23 @@ def _cmd_gc(args: argparse.Namespace) -> int:
     async def go() -> int:
         md = await wiring.open_metadata(settings, must_exist=True)  # gc never creates a store
         try:
-            bs = await wiring.open_blobstore(settings)
+            tier = await wiring.open_tier(settings)
             try:
                 try:
-                    src = wiring.open_source(settings, md, read_only=True)
+                    src = wiring.connect_source(settings, md, read_only=True)
                 except ConfigError as exc:  # deletions and the sweep need no source
                     log.warning("gc without the ledger source: %s", exc)
                     src = None
                 try:
                     with StatusLine(sys.stderr, prefix="gc") as line:
-                        rep = await gc_pass(md, bs, src, settings, now=time.time(),
-                                            grace_s=args.grace, dry_run=args.dry_run,
-                                            on_progress=line.show)
+                        rep = await gc_pass(md, tier, src, wiring.gc_settings(settings),
+                                            now=time.time(), grace_s=args.grace,
+                                            dry_run=args.dry_run, on_progress=line.show)
                 finally:
                     if src is not None:
-                        await src.close()
+                        await src.source.close()
             finally:
-                await bs.close()
+                await tier.store.close()
         finally:
             await md.close()
         print(json.dumps(rep.to_json(), indent=2) if args.json else render_text(rep))
@@ -604,7 +599,7 @@ def _cmd_lakehouse(args: argparse.Namespace) -> int:
 
 
 def _cmd_offload_now(args: argparse.Namespace) -> int:
-    from offloadd.daemon import read_pid_file
+    from offloadd.shell.pidfile import read_pid_file
 
     settings = _settings(args)
     if args.wait or args.url:

@@ -1,7 +1,8 @@
 """Cluster ownership: several daemons share the topics of one metadata store, each topic offloaded
-by exactly one of them at a time. Implements the daemon's :class:`~offloadd.daemon.Ownership` hook.
+by exactly one of them at a time. Implements the scheduler's
+:class:`~offloadd.commit.ownership.Ownership` hook.
 
-Nodes (the owner and topic-state nodes are :mod:`offloadd.metadata.ownership`'s)::
+Nodes (the owner and topic-state nodes are :mod:`offloadd.commit.epochs`'s)::
 
     /offloadd/members/<owner id>   ephemeral   {"owner", "host", "pid", "nonce", "since_ms"} JSON
     /offloadd/owners/<ml name>     ephemeral   owner id: who offloads the topic now
@@ -51,16 +52,15 @@ import time
 import uuid
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
-from offloadd.daemon import Ownership, Revoke
+from offloadd.commit import epochs
+from offloadd.commit.fence import EpochFence, Fence
+from offloadd.commit.ownership import Ownership, Revoke
 from offloadd.errors import ConfigError, Conflict, FormatError, NotFound, OffloaddError, Retriable
-from offloadd.metadata import ownership
-from offloadd.metadata.base import MetadataStore
+from offloadd.metadata.base import MetadataStore, Sessions
 from offloadd.model import TopicName
 from offloadd.model.keys import OFFLOADD_ROOT
-from offloadd.offload.commit import Fence
-from offloadd.offload.fencing import EpochFence
 
 log = logging.getLogger(__name__)
 
@@ -138,21 +138,6 @@ async def read_members(store: MetadataStore) -> list[Member]:
     return out
 
 
-@runtime_checkable
-class _SessionStore(Protocol):
-    """What a store with sessions (ZooKeeper) exposes; states are enums valued
-    ``connected``/``suspended``/``lost``."""
-
-    @property
-    def session_id(self) -> int | None: ...
-
-    @property
-    def session_state(self) -> Any: ...
-
-    def add_session_listener(self, listener: Callable[[Any], object]
-                             ) -> Callable[[], None]: ...
-
-
 @dataclass(frozen=True)
 class _Held:
     epoch: int
@@ -162,14 +147,18 @@ class _Held:
 class ClusterOwnership(Ownership):
     """Membership, partitioning and fenced acquisition for one daemon (see the module doc)."""
 
-    def __init__(self, store: MetadataStore, owner_id: str, *,
+    owner_id: str
+
+    def __init__(self, store: MetadataStore, owner_id: str, *, sessions: Sessions | None = None,
                  wall_ms: Callable[[], int] = lambda: int(time.time() * 1000)) -> None:
+        """``sessions``: the store's sessions when it has them (ZooKeeper; usually the store
+        itself): without, the store's session ends only with the process."""
         self.store = store
         self.owner_id = check_owner_id(owner_id)
         self.members: tuple[str, ...] = ()  # live members, ourselves included once registered
         self._wall_ms = wall_ms
         self._nonce = uuid.uuid4().hex
-        self._sessions = store if isinstance(store, _SessionStore) else None
+        self._sessions = sessions
         # +1 whenever the session we acted in ends: holdings of an older generation are void.
         self._generation = 0
         self._live_sid: int | None = None
@@ -201,14 +190,14 @@ class ClusterOwnership(Ownership):
                     self._held.pop(topic, None)
                     if not await self._release_node(topic):
                         return None
-                epoch = await ownership.try_acquire(self.store, ml, self.owner_id)
-                if epoch is None and await ownership.current_owner(self.store, ml) == \
+                epoch = await epochs.try_acquire(self.store, ml, self.owner_id)
+                if epoch is None and await epochs.current_owner(self.store, ml) == \
                         self.owner_id:
                     # Our own node from an acquisition whose answer was lost (a Retriable
                     # create that did land): nobody worked under it; drop it and take a new
                     # epoch.
-                    await ownership.release(self.store, ml, self.owner_id)
-                    epoch = await ownership.try_acquire(self.store, ml, self.owner_id)
+                    await epochs.release(self.store, ml, self.owner_id)
+                    epoch = await epochs.try_acquire(self.store, ml, self.owner_id)
             except Retriable as exc:
                 log.info("topic %s: not acquired now: %s", topic, exc)
                 return None
@@ -286,7 +275,7 @@ class ClusterOwnership(Ownership):
         s = self._sessions
         if s is None:
             return True
-        state = getattr(s.session_state, "value", s.session_state)
+        state = s.session_state.value
         if state == "lost":
             self._end_session()
             return False
@@ -315,7 +304,7 @@ class ClusterOwnership(Ownership):
             log.warning("metadata session lost: rejoining the cluster with a new session")
 
     def _on_session(self, state: Any) -> None:
-        value = getattr(state, "value", state)
+        value = state.value
         if value == "suspended":
             log.warning("metadata connection suspended: acquiring nothing until it is back")
             return
@@ -397,7 +386,7 @@ class ClusterOwnership(Ownership):
         if self.owner_for(topic) != self.owner_id:
             return Revoke.HANDOFF
         try:
-            state = await ownership.read_state(self.store, topic.managed_ledger)
+            state = await epochs.read_state(self.store, topic.managed_ledger)
         except Retriable:
             return None  # the commit's fence decides; look again at the next pass
         except FormatError as exc:
@@ -412,7 +401,7 @@ class ClusterOwnership(Ownership):
 
     async def _release_node(self, topic: TopicName) -> bool:
         try:
-            await ownership.release(self.store, topic.managed_ledger, self.owner_id)
+            await epochs.release(self.store, topic.managed_ledger, self.owner_id)
         except OffloaddError as exc:
             self._unreleased.add(topic)
             log.warning("topic %s: release failed (%s); retrying at the next pass", topic, exc)

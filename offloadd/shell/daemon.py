@@ -1,95 +1,51 @@
-"""The daemon: discovers topics, runs one offload task per owned topic, handles signals.
+"""The daemon: the process around the scheduler — signals, reload, discovery passes, and the
+background duties (retention and gc, the read-back check, lag).
 
-Lifecycle ``NEW → RUNNING → STOPPING → STOPPED``. Signals (installed by :meth:`Daemon.run`):
-``SIGUSR1`` closes every open segment now, ``SIGHUP`` reloads the configuration (throttle,
-policies) without dropping work, ``SIGTERM``/``SIGINT`` stop gracefully: no new entries are
-taken, open segments are closed and committed within ``shutdown_deadline_s``, and whatever is
-still in flight then is abandoned safely (nothing half-committed; a later run redoes it).
+Lifecycle ``NEW → RUNNING → STOPPING → STOPPED`` (:class:`~offloadd.model.lifecycle.Lifecycle`).
+Signals (installed by :meth:`Daemon.run`): ``SIGUSR1`` closes every open segment now, ``SIGHUP``
+reloads the configuration (throttle, policies) without dropping work, ``SIGTERM``/``SIGINT``
+stop gracefully: no new entries are taken, open segments are closed and committed within
+``shutdown_deadline_s``, and whatever is still in flight then is abandoned safely (nothing
+half-committed; a later run redoes it). Which topics run is the scheduler's
+(:mod:`offloadd.offload.scheduler`); this module reads the configuration for it.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import enum
-import fcntl
 import fnmatch
-import itertools
 import logging
 import os
 import signal
-import socket
 import time
-from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from offloadd import logs
-from offloadd.blobstore.base import BlobStore
-from offloadd.blobstore.health import StoreHealth
+from offloadd import wiring
+from offloadd.blobstore.base import StoreView
+from offloadd.commit.ownership import Ownership
 from offloadd.config import Settings
 from offloadd.errors import OffloaddError
-from offloadd.ledger.base import LedgerSource
+from offloadd.ledger.base import SourceView
 from offloadd.ledger.metered import MeteredSource, SourceReadProbe
-from offloadd.metadata import managed_ledger, offload_status
+from offloadd.metadata import managed_ledger
 from offloadd.metadata.base import MetadataStore
 from offloadd.metrics import Metrics
 from offloadd.model import LedgerDesc, Position, TopicName, catalog
+from offloadd.model.lifecycle import Lifecycle
 from offloadd.offload.buffer import OffloadBuffer
-from offloadd.offload.commit import Fence, NoFence
 from offloadd.offload.lag import LagMonitor
-from offloadd.offload.recorder import StatusRecorder
 from offloadd.offload.roller import RollPolicy
+from offloadd.offload.scheduler import Running, Scheduler, SchedulerSettings
 from offloadd.offload.threshold import TailLog, Thresholds
 from offloadd.offload.throttle import Throttle
-from offloadd.offload.topic import (
-    OffloadEnv,
-    TaskState,
-    TopicOffloader,
-    TopicPolicy,
-    TopicProbe,
-)
+from offloadd.offload.topic import OffloadEnv, TopicOffloader, TopicPolicy, TopicProbe
+from offloadd.retry import Backoff
 
 log = logging.getLogger(__name__)
 MiB = 1024 * 1024
-ABANDON_GRACE_S = 10.0
-
-
-class DaemonState(enum.Enum):
-    NEW = "new"
-    RUNNING = "running"
-    STOPPING = "stopping"
-    STOPPED = "stopped"
-
-
-class Revoke(enum.Enum):
-    """Why a running topic must stop (see :meth:`Ownership.revoked`)."""
-
-    HANDOFF = "handoff"  # another daemon should own it: close and commit the open segment first
-    LOST = "lost"  # ownership already ended (session lost, newer epoch): stop now, commit nothing
-
-
-class Ownership:
-    """Decides which topics this process offloads; the default owns every topic."""
-
-    async def acquire(self, topic: TopicName) -> Fence | None:
-        return NoFence()
-
-    async def release(self, topic: TopicName) -> None:
-        return None
-
-    async def still_owned(self, topic: TopicName) -> bool:
-        return True
-
-    async def revoked(self, running: Collection[TopicName]) -> Mapping[TopicName, Revoke]:
-        """Before each discovery pass: running topics to give up, and how."""
-        return {}
-
-    def bind(self, revoke: Callable[[Mapping[TopicName, Revoke]], None]) -> None:
-        """``revoke(verdicts)`` stops those running topics at once and runs a discovery pass
-        soon: for what happens between passes (a lost session must stop its tasks before they
-        act on the failed requests it leaves behind)."""
 
 
 @dataclass(frozen=True)
@@ -129,64 +85,64 @@ def _tail(ledgers: Sequence[LedgerDesc]) -> Position | None:
                  if d.last_entry_id >= 0), None)
 
 
-@dataclass
-class _Running:
-    task: asyncio.Task[None]
-    offloader: TopicOffloader
-    recorder: StatusRecorder | None = None
-    lost: bool = False  # ownership ended under it: the status record is the successor's
-
-
 ProbeFactory = Callable[[TopicName], TopicProbe]
 
 
-def default_owner_id() -> str:
-    return f"{socket.gethostname()}-{os.getpid()}"
-
-
 class Daemon:
-    def __init__(self, settings: Settings, *, source: LedgerSource, metadata: MetadataStore,
-                 blobstore: BlobStore, ownership: Ownership | None = None,
+    def __init__(self, settings: Settings, *, source: SourceView, metadata: MetadataStore,
+                 tier: StoreView, ownership: Ownership | None = None,
                  probe_factory: ProbeFactory | None = None,
                  on_buffer: Callable[[int, int], None] | None = None,
                  metrics: Metrics | None = None,
                  discovery_interval_s: float = 1.0) -> None:
         self.settings = settings
-        self.source = source
+        self.source = source.source
+        self.source_view = source
         self.metadata = metadata
-        self.blobstore = blobstore
-        self.ownership = ownership or Ownership()
+        self.tier = tier
+        self.blobstore = tier.store
         self.metrics = metrics
         if metrics is not None:
             metrics.throttle_limit(settings.offload.flow_permits_per_second)
-        self._wake = asyncio.Event()
-        self.ownership.bind(self._revoke_now)
-        self._probe_factory = probe_factory
-        self.state = DaemonState.NEW
+        self.state = Lifecycle.NEW
         off = settings.offload
         self.buffer = OffloadBuffer(off.buffer_max_bytes, on_change=on_buffer)
         self.throttle = Throttle(off.flow_permits_per_second, off.burst_bytes)
         # the pipeline reads through a wrapper that times each read per topic
-        piped: LedgerSource = source if probe_factory is None else MeteredSource(
-            source, self._source_probe)
-        self.env = OffloadEnv(
-            source=piped, metadata=metadata, blobstore=blobstore, buffer=self.buffer,
+        piped = self.source if probe_factory is None else MeteredSource(self.source,
+                                                                        self._source_probe)
+        env = OffloadEnv(
+            source=piped, metadata=metadata, blobstore=self.blobstore, buffer=self.buffer,
             acquire=self._acquire, blocks_in_flight=off.blocks_in_flight,
-            retry_base_s=off.retry_base_s, retry_max_s=off.retry_max_s)
-        self.topics: dict[TopicName, _Running] = {}
+            retry=Backoff(off.retry_base_s, off.retry_max_s))
+        self.scheduler = Scheduler(
+            env, ownership=ownership or Ownership(), wanted=self.wanted, policy=self._policy_fn,
+            probe=probe_factory or (lambda topic: None), settings=self._scheduler_settings,
+            on_gone=self._forget)
         self._stop = asyncio.Event()
         self._discovery_interval = discovery_interval_s
-        self._bg: set[asyncio.Future[None]] = set()  # releases still running
         self.ready = False
-        self.lag_monitor = LagMonitor(source)
+        self.lag_monitor = LagMonitor(source.offsets)
         self._ledgers_seen: dict[TopicName, list[LedgerDesc]] = {}
         self._on_stopping: Callable[[], None] | None = None
         self._reloading: asyncio.Task[None] | None = None
 
+    @property
+    def topics(self) -> dict[TopicName, Running]:
+        """The running topic tasks (the scheduler's)."""
+        return self.scheduler.topics
+
+    @property
+    def env(self) -> OffloadEnv:
+        return self.scheduler.env
+
     def _source_probe(self, topic: TopicName) -> SourceReadProbe | None:
         r = self.topics.get(topic)
-        probe = r.offloader.probe if r is not None else None
-        return probe if hasattr(probe, "ledger_read") else None  # type: ignore[return-value]
+        return r.offloader.probe if r is not None else None
+
+    def _forget(self, topic: TopicName) -> None:
+        if self.metrics is not None:
+            self.metrics.forget_topic(topic.ns, str(topic))
 
     async def _acquire(self, nbytes: int, topic: str) -> float:
         """Take a block's bytes from the broker-wide budget in one request, reporting the wait
@@ -220,6 +176,11 @@ class Daemon:
     def _policy_fn(self, topic: TopicName) -> Callable[[], TopicPolicy]:
         return lambda: self.policy(topic)
 
+    def _scheduler_settings(self) -> SchedulerSettings:
+        d = self.settings.daemon
+        return SchedulerSettings(shutdown_deadline_s=d.shutdown_deadline_s,
+                                 status_interval_s=d.status_interval_s)
+
     def reload(self, settings: Settings) -> None:
         """Apply a new configuration to running work (SIGHUP).
 
@@ -245,9 +206,7 @@ class Daemon:
 
     # ---- control -------------------------------------------------------------------------
     def trigger(self, topics: list[TopicName] | None = None) -> None:
-        for name, r in self.topics.items():
-            if topics is None or name in topics:
-                r.offloader.trigger()
+        self.scheduler.trigger(topics)
 
     def default_trigger_topics(self) -> list[TopicName] | None:
         """What an offload-now naming no topic closes: ``[daemon] offload_now_topics`` (fnmatch
@@ -313,7 +272,7 @@ class Daemon:
                     results[name] = OffloadNow(str(name), "failed", str(tail), _text(done),
                                                error=off.last_error,
                                                seconds=time.monotonic() - t0)
-                elif off.state is TaskState.STOPPED or self.topics.get(name) is None:
+                elif off.state is Lifecycle.STOPPED or self.topics.get(name) is None:
                     results[name] = OffloadNow(str(name), "failed", str(tail), _text(done),
                                                error="the topic's task stopped",
                                                seconds=time.monotonic() - t0)
@@ -333,8 +292,8 @@ class Daemon:
         return [results[n] for n in names]
 
     def request_stop(self) -> None:
-        if self.state in (DaemonState.NEW, DaemonState.RUNNING):
-            self.state = DaemonState.STOPPING
+        if self.state in (Lifecycle.NEW, Lifecycle.RUNNING):
+            self.state = self.state.to(Lifecycle.STOPPING)
             log.info("stopping: no new entries; closing open segments within %.0fs",
                      self.settings.daemon.shutdown_deadline_s)
             if self._on_stopping is not None:
@@ -361,19 +320,16 @@ class Daemon:
             for sig, fn in handlers.items():
                 loop.add_signal_handler(sig, fn)
                 installed.append(sig)
-        self.state = DaemonState.RUNNING
-        gc_task = asyncio.create_task(self._gc_loop(), name="gc")
-        check_task = asyncio.create_task(self._read_check_loop(), name="read check")
+        if self.state is Lifecycle.NEW:
+            self.state = self.state.to(Lifecycle.RUNNING)
+        duties = [asyncio.create_task(self._gc_loop(), name="gc"),
+                  asyncio.create_task(self._read_check_loop(), name="read check")]
         lag_task = asyncio.create_task(self._lag_loop(), name="lag")
         try:
             first = True
             while not self._stop.is_set():
-                self._wake.clear()
-                try:
-                    await self._revoke()
-                    await self._discover()
-                except OffloaddError as exc:
-                    log.error("topic discovery failed: %s", exc)
+                self.scheduler.wake.clear()
+                await self.scheduler.step()
                 if first:
                     first = False
                     self.ready = True
@@ -381,20 +337,18 @@ class Daemon:
                         res = on_ready()
                         if res is not None:
                             await res
-                self._reap()
                 await self._pause()
-            gc_task.cancel()
-            check_task.cancel()
-            await asyncio.gather(gc_task, check_task, return_exceptions=True)
-            await self._shutdown()
+            for t in duties:
+                t.cancel()
+            await asyncio.gather(*duties, return_exceptions=True)
+            await self.scheduler.shutdown()
         finally:
-            gc_task.cancel()
-            check_task.cancel()
-            lag_task.cancel()
-            await asyncio.gather(lag_task, check_task, return_exceptions=True)
+            for t in (*duties, lag_task):
+                t.cancel()
+            await asyncio.gather(*duties, lag_task, return_exceptions=True)
             for sig in installed:
                 loop.remove_signal_handler(sig)
-            self.state = DaemonState.STOPPED
+            self.state = self.state.to(Lifecycle.STOPPED)
             self.ready = False
 
     async def _gc_loop(self) -> None:
@@ -406,8 +360,9 @@ class Daemon:
             await asyncio.sleep(self.settings.retention.interval_s)
             log.debug("gc pass starting")
             try:
-                report = await gc_pass(self.metadata, self.blobstore, self.source,
-                                       self.settings, now=time.time(), probe=self.metrics)
+                report = await gc_pass(self.metadata, self.tier, self.source_view,
+                                       wiring.gc_settings(self.settings), now=time.time(),
+                                       probe=self.metrics)
                 log.debug("gc pass done")
                 if not report.ok:
                     log.warning("gc pass left work pending: %s", report.to_json())
@@ -426,12 +381,11 @@ class Daemon:
                 continue  # off; a reload may turn it on
             for topic, r in list(self.topics.items()):
                 done = r.offloader.last_committed
-                probe = r.offloader.probe
-                if done is None or checked.get(topic) == done or not hasattr(probe, "index_read"):
+                if done is None or checked.get(topic) == done:
                     continue
                 try:
                     seg = await read_back(self.metadata, self.blobstore, topic,
-                                          probe)  # type: ignore[arg-type]
+                                          r.offloader.probe)
                 except Exception as exc:  # the check must outlive any failure; retried
                     log.warning("topic %s: reading the newest committed segment back from the "
                                 "tier failed (readers will fail the same way): %s", topic, exc)
@@ -521,7 +475,8 @@ class Daemon:
 
     async def _pause(self) -> None:
         """Until the next pass is due, a stop is requested or the ownership hook wakes us."""
-        waits = [asyncio.ensure_future(self._stop.wait()), asyncio.ensure_future(self._wake.wait())]
+        waits = [asyncio.ensure_future(self._stop.wait()),
+                 asyncio.ensure_future(self.scheduler.wake.wait())]
         try:
             await asyncio.wait(waits, timeout=self._discovery_interval,
                                return_when=asyncio.FIRST_COMPLETED)
@@ -530,119 +485,13 @@ class Daemon:
                 w.cancel()
             await asyncio.gather(*waits, return_exceptions=True)
 
-    async def _revoke(self) -> None:
-        self._apply_revocations(await self.ownership.revoked(list(self.topics)))
-
-    def _revoke_now(self, verdicts: Mapping[TopicName, Revoke]) -> None:
-        self._apply_revocations(verdicts)
-        self._wake.set()
-
-    def _apply_revocations(self, verdicts: Mapping[TopicName, Revoke]) -> None:
-        """Stop the tasks of topics this process must give up (see :class:`Revoke`)."""
-        for topic, how in verdicts.items():
-            r = self.topics.get(topic)
-            if r is None or r.task.done():
-                continue
-            if how is Revoke.LOST:
-                r.lost = True
-                if not r.task.cancelling():
-                    log.warning("topic %s: ownership lost; stopping now, committing nothing",
-                                topic)
-                    r.task.cancel()
-            elif r.offloader.state is TaskState.RUNNING:
-                log.info("topic %s: handing over to another daemon after closing the open "
-                         "segment", topic)
-                r.offloader.request_stop()
-
-    async def _discover(self) -> None:
-        for topic in await self.source.list_topics():
-            if topic in self.topics or not self.wanted(topic):
-                continue
-            fence = await self.ownership.acquire(topic)
-            if fence is None:
-                continue
-            probe = self._probe_factory(topic) if self._probe_factory else None
-            recorder = await self._recorder(topic, fence)
-            off = TopicOffloader(topic, self.env, self._policy_fn(topic), fence, probe,
-                                 status=recorder)
-            # every line the task logs carries its topic as a field (offloadd.logs)
-            task = asyncio.create_task(off.run(), name=f"offload {topic}",
-                                       context=logs.context_with(topic=str(topic)))
-            self.topics[topic] = _Running(task, off, recorder)
-            log.info("offloading topic %s", topic)
-
-    async def _recorder(self, topic: TopicName, fence: Fence) -> StatusRecorder:
-        """The topic's persisted offload status, continued from what its last owner wrote."""
-        ml = topic.managed_ledger
-        try:
-            previous = await offload_status.read(self.metadata, ml)
-        except OffloaddError as exc:  # unreadable: start afresh rather than not at all
-            log.warning("topic %s: previous offload status unreadable (%s)", topic, exc)
-            previous = None
-        owner = getattr(self.ownership, "owner_id", None) or default_owner_id()
-        recorder = StatusRecorder(self.metadata, ml, fence, owner,
-                                  interval_s=self.settings.daemon.status_interval_s,
-                                  initial=previous)
-        recorder.start()
-        return recorder
-
-    def _let_go(self, r: _Running) -> None:
-        """The topic's task ended: record that this owner stopped, in the background."""
-        if r.recorder is None:
-            return
-        if not r.lost:
-            r.recorder.stopped()
-        self._bg.add(t := asyncio.ensure_future(r.recorder.close()))
-        t.add_done_callback(self._bg.discard)
-
-    def _reap(self) -> None:
-        for topic, r in list(self.topics.items()):
-            if r.task.done():
-                del self.topics[topic]
-                exc = r.task.exception() if not r.task.cancelled() else None
-                if exc is not None:
-                    log.error("topic %s task ended: %r", topic, exc)
-                if self.metrics is not None:
-                    self.metrics.forget_topic(topic.ns, str(topic))
-                self._let_go(r)
-                self._bg.add(t := asyncio.ensure_future(self.ownership.release(topic)))
-                t.add_done_callback(self._bg.discard)
-
-    async def _shutdown(self) -> None:
-        deadline = self.settings.daemon.shutdown_deadline_s
-        for r in self.topics.values():
-            r.offloader.request_stop()
-        tasks = [r.task for r in self.topics.values()]
-        if tasks:
-            _, pending = await asyncio.wait(tasks, timeout=deadline)
-            for t in pending:
-                t.cancel()
-            if pending:
-                log.warning("shutdown deadline (%.0fs) passed: abandoning %d in-flight "
-                            "segment(s); they are redone on the next start", deadline,
-                            len(pending))
-                # abandoning aborts uploads; a hung store must not hold the exit hostage
-                _, stuck = await asyncio.wait(pending, timeout=ABANDON_GRACE_S)
-                if stuck:
-                    log.warning("%d topic task(s) still abandoning after %.0fs; exiting "
-                                "anyway (offloadd gc sweeps what they leave)", len(stuck),
-                                ABANDON_GRACE_S)
-        for r in self.topics.values():
-            self._let_go(r)
-        if self._bg:  # status records are written before ownership is given up
-            await asyncio.wait(list(self._bg), timeout=ABANDON_GRACE_S)
-        for topic in list(self.topics):
-            await self.ownership.release(topic)
-        self.topics.clear()
-
     def status(self) -> dict[str, Any]:
-        health = getattr(self.blobstore, "health", None)
-        circuit = getattr(getattr(health, "state", None), "value", "healthy")
-        ready, reason = health.readiness() if isinstance(health, StoreHealth) else (True, "")
+        health = self.tier.health
+        ready, reason = health.readiness() if health is not None else (True, "")
         return {
             "state": self.state.value,
             "pid": os.getpid(),
-            "store_circuit": circuit,
+            "store_circuit": health.state.value if health is not None else "healthy",
             "store_ready": ready,
             "store_reason": reason,
             "throttle": {"bytes_per_s": self.throttle.rate, "waiting": self.throttle.waiting},
@@ -666,135 +515,3 @@ def _dig(settings: Settings, key: str) -> object:
     return getattr(getattr(settings, section), name)
 
 
-# ---- pid file ------------------------------------------------------------------------------
-class PidFile:
-    """The daemon's pid file, locked with ``flock`` for as long as the process runs.
-
-    The lock, not the number in the file, says whether a daemon is running: the kernel drops
-    it when the process dies, however it dies, so a pid file left behind by a crash (whose pid
-    may since name an unrelated process) is recognised as stale and never signalled.
-    """
-
-    def __init__(self, path: Path, fd: int) -> None:
-        self.path = path
-        self._fd: int | None = fd
-
-    @classmethod
-    def acquire(cls, path: Path) -> PidFile:
-        """Lock ``path`` and write our pid into it; ``OffloaddError`` if another live process
-        holds it."""
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        try:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                other = _read_pid(path)
-                raise OffloaddError(
-                    f"another offloadd (pid {other if other is not None else '?'}) is running "
-                    f"with pid file {path}; stop it first or give this one its own data"
-                ) from None
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        except BaseException:
-            os.close(fd)
-            raise
-        return cls(path, fd)
-
-    def release(self) -> None:
-        """Remove the file (while still holding the lock), then unlock; idempotent."""
-        fd, self._fd = self._fd, None
-        if fd is None:
-            return
-        try:
-            with contextlib.suppress(FileNotFoundError):
-                if _read_pid(self.path) == os.getpid():
-                    self.path.unlink()
-        finally:
-            os.close(fd)
-
-
-def write_pid_file(path: Path) -> PidFile:
-    """Lock and write the pid file (see :class:`PidFile`); release it with
-    :func:`remove_pid_file` or ``PidFile.release()``."""
-    return PidFile.acquire(path)
-
-
-def remove_pid_file(handle: PidFile) -> None:
-    handle.release()
-
-
-def _read_pid(path: Path) -> int | None:
-    try:
-        return int(path.read_text().strip())
-    except (OSError, ValueError):
-        return None
-
-
-def _lock_holders(path: Path) -> set[int] | None:
-    """Pids holding an ``flock`` on ``path``'s inode, from ``/proc/locks``; None where that
-    cannot be read."""
-    try:
-        st = os.stat(path)
-        text = Path("/proc/locks").read_text()
-    except OSError:
-        return None
-    want = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
-    holders = set()
-    for line in text.splitlines():
-        f = line.split()
-        # "1: FLOCK  ADVISORY  WRITE 4242 08:01:1234 0 EOF" (blocked waiters carry a "->")
-        if len(f) >= 6 and f[1] == "FLOCK" and "->" not in f and f[5] == want:
-            with contextlib.suppress(ValueError):
-                holders.add(int(f[4]))
-    return holders
-
-
-def _runs_offloadd(cmdline: bytes) -> bool:
-    """``/proc/<pid>/cmdline`` is offloadd's: the ``offloadd`` script (run directly or by its
-    interpreter) or ``python -m offloadd[.cli]``."""
-    args = cmdline.rstrip(b"\0").split(b"\0")
-    if any(os.path.basename(a) == b"offloadd" for a in args[:2]):
-        return True
-    return any(a == b"-m" and nxt.split(b".")[0] == b"offloadd"
-               for a, nxt in itertools.pairwise(args[:4]))
-
-
-def read_pid_file(path: Path) -> int:
-    """The pid of the live offloadd that holds ``path``; ``OffloaddError`` (naming why) when
-    there is none, so a caller never signals a process that merely reused a stale pid."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except FileNotFoundError:
-        raise OffloaddError(f"no daemon pid file at {path}: is offloadd running with this "
-                            "config? (see [daemon] pid_file)") from None
-    try:
-        pid = _read_pid(path)
-        if pid is None:
-            raise OffloaddError(f"pid file {path} does not hold a process id")
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except BlockingIOError:
-            pass  # held: a daemon is running
-        else:
-            raise OffloaddError(f"pid file {path} names process {pid}, which is not running "
-                                "(stale pid file): no offloadd holds its lock")
-    finally:
-        os.close(fd)
-    holders = _lock_holders(path)
-    if holders is not None and pid not in holders:
-        raise OffloaddError(f"pid file {path} names process {pid}, but the process holding "
-                            f"its lock is {', '.join(map(str, sorted(holders))) or 'unknown'}; "
-                            "not signalling")
-    try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except FileNotFoundError:
-        raise OffloaddError(f"pid file {path} names process {pid}, which is not running "
-                            "(stale pid file)") from None
-    except OSError:
-        return pid  # /proc hidden from us (hidepid): the lock check stands alone
-    if not _runs_offloadd(cmdline):
-        what = cmdline.replace(b"\0", b" ").decode(errors="replace").strip()[:80]
-        raise OffloaddError(f"pid file {path} names process {pid}, which is not offloadd "
-                            f"({what!r}); not signalling")
-    return pid

@@ -18,9 +18,9 @@ from collections.abc import Callable
 
 from offloadd import config as config_mod
 from offloadd.config import Settings
-from offloadd.daemon import PidFile
 from offloadd.ledger.local import StoreLock
-from offloadd.runtime import Runtime
+from offloadd.shell.pidfile import PidFile
+from offloadd.shell.runtime import Runtime
 
 log = logging.getLogger(__name__)
 MiB = 1024 * 1024

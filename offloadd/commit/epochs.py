@@ -16,9 +16,11 @@ Fencing. A commit of an owner at epoch N is a ``multi`` that starts with :func:`
 ``CheckOp(topic_state_path(ml), N - 1)``. Once a newer owner acquired epoch N + 1 the node is at
 version N, so the stale owner's check fails and ZooKeeper (or the embedded store) rejects the
 whole ``multi``: nothing of the stale commit is applied, and the store raises ``Conflict``.
-:func:`commit` wraps this and turns that ``Conflict`` into :class:`~offloadd.errors.Fenced` after
-re-reading the epoch. The check needs no lock or lease timing: a stale owner that is
-partitioned, paused or whose session has expired learns it only at commit, and loses there.
+:class:`~offloadd.commit.fence.EpochFence` puts that op into every write of the owner (through
+the compare-and-set loop, :mod:`offloadd.metadata.cas`) and turns the failure into
+:class:`~offloadd.errors.Fenced` after re-reading the epoch (:func:`check_epoch`). The check
+needs no lock or lease timing: a stale owner that is partitioned, paused or whose session has
+expired learns it only at commit, and loses there.
 
 A session that ends (expiry, crash, ``close``) drops the owner node, so another instance can
 acquire. The same owner id in a new session is a new owner: a node left by a previous session
@@ -29,11 +31,11 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 from offloadd.errors import Conflict, Fenced, FormatError, NotFound
-from offloadd.metadata.base import CheckOp, CreateOp, MetadataStore, Op, SetOp
+from offloadd.metadata import cas
+from offloadd.metadata.base import CheckOp, CreateOp, MetadataStore, Versioned
 from offloadd.model.keys import owner_path, topic_state_path
 
 _ATTEMPTS = 50
@@ -87,30 +89,34 @@ async def current_owner(store: MetadataStore, ml_name: str) -> str | None:
         return None
 
 
+class _Held(Exception):
+    """The owner node exists: someone else holds the topic."""
+
+
 async def try_acquire(store: MetadataStore, ml_name: str, owner_id: str) -> int | None:
     """Take the topic for this store's session: the new epoch, or None if someone holds it."""
     owner, state_path = owner_path(ml_name), topic_state_path(ml_name)
     await _ensure_parent(store, owner)
-    await _ensure_parent(store, state_path)
-    for _ in range(_ATTEMPTS):
-        state = await read_state(store, ml_name)
-        claim: Op
-        if state is None:
-            claim = CreateOp(state_path, TopicState(1, owner_id, 0).encode())
-            epoch = 1
-        else:
-            epoch = state.epoch + 1
-            claim = SetOp(state_path, TopicState(epoch, owner_id, state.version + 1).encode(),
-                          state.version)
-        try:
-            await store.multi([CreateOp(owner, owner_id.encode(), ephemeral=True), claim])
-            return epoch
-        except (Conflict, NotFound):
-            if await store.exists(owner):
-                return None
-            # Lost a race on the topic-state node (another acquirer that has since gone):
-            # read again.
-    raise Conflict(f"{state_path}: gave up acquiring after {_ATTEMPTS} lost races")
+    epoch = 0
+
+    def bump(node: Versioned | None) -> bytes:
+        nonlocal epoch
+        state = None if node is None else TopicState.decode(node.data, node.version, state_path)
+        epoch = 1 if state is None else state.epoch + 1
+        return TopicState(epoch, owner_id, epoch - 1).encode()
+
+    async def held() -> None:
+        if await store.exists(owner):
+            raise _Held
+        # Lost a race on the topic-state node (another acquirer that has since gone): again.
+
+    try:
+        await cas.update(store, state_path, bump, create=True,
+                         also=[CreateOp(owner, owner_id.encode(), ephemeral=True)],
+                         on_conflict=held, attempts=_ATTEMPTS)
+    except _Held:
+        return None
+    return epoch
 
 
 async def release(store: MetadataStore, ml_name: str, owner_id: str) -> bool:
@@ -136,25 +142,10 @@ def fence_op(ml_name: str, epoch: int) -> CheckOp:
 
 
 async def check_epoch(store: MetadataStore, ml_name: str, epoch: int) -> None:
-    """Raise ``Fenced`` unless ``epoch`` is the latest (a read; commits use :func:`commit`)."""
+    """Raise ``Fenced`` unless ``epoch`` is the latest (a read; writes carry :func:`fence_op`)."""
     latest = await current_epoch(store, ml_name)
     if latest != epoch:
         raise Fenced(f"{ml_name}: epoch {epoch} is stale, the topic is at epoch {latest}")
-
-
-async def commit(store: MetadataStore, ml_name: str, epoch: int,
-                 ops: Sequence[Op]) -> list[int | str | None]:
-    """Apply ``ops`` atomically only while ``epoch`` is the latest; results without the fence.
-
-    ``Fenced`` if a newer owner exists; ``Conflict``/``NotFound`` from ``ops`` themselves pass
-    through (re-read and retry those as usual).
-    """
-    try:
-        results = await store.multi([fence_op(ml_name, epoch), *ops])
-    except (Conflict, NotFound):
-        await check_epoch(store, ml_name, epoch)
-        raise
-    return results[1:]
 
 
 async def _ensure_parent(store: MetadataStore, path: str) -> None:

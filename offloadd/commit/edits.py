@@ -1,0 +1,49 @@
+"""Fenced edits of a topic's catalog: the commit.
+
+Every change the offloader and the backfill make to a topic's offload records (assign a segment,
+mark it offloaded, give a redo a fresh uuid, drop an abandoned attempt) goes through
+:func:`apply`: a pure edit from :mod:`offloadd.model.catalog` applied under the one
+compare-and-set loop (:func:`offloadd.metadata.managed_ledger.update`), in one transaction with
+the fence's guard ops. A lost race on the managed-ledger node re-reads and re-applies; a failed
+guard means another process owns the topic now and raises ``Fenced``: a stale owner can never
+commit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from offloadd._proto import mldataformats_pb2 as pb
+from offloadd.commit.fence import Fence
+from offloadd.errors import NotFound
+from offloadd.metadata import managed_ledger
+from offloadd.metadata.base import MetadataStore
+from offloadd.model.keys import managed_ledger_path
+
+__all__ = ["apply"]
+
+
+async def apply(store: MetadataStore, ml_name: str,
+                edit: Callable[[pb.ManagedLedgerInfo], bool], fence: Fence, *,
+                on_write: Callable[[], None] | None = None) -> pb.ManagedLedgerInfo:
+    """Apply ``edit`` to ``ml_name``'s ``ManagedLedgerInfo`` under ``fence``; the stored value.
+
+    An edit that no longer applies (``ValueError``/``KeyError``: a ledger deleted, a record
+    replaced meanwhile) raises ``NotFound``: the caller redoes its work from a fresh read.
+    ``on_write`` runs once the write landed (not when the edit changed nothing).
+    """
+    wrote = False
+
+    def guarded(info: pb.ManagedLedgerInfo) -> bool:
+        nonlocal wrote
+        try:
+            wrote = edit(info)
+        except (ValueError, KeyError) as exc:
+            raise NotFound(f"{managed_ledger_path(ml_name)}: {exc}") from exc
+        return wrote
+
+    info = await managed_ledger.update(store, ml_name, guarded, guard=list(fence.guard_ops()),
+                                       on_conflict=fence.verify)
+    if wrote and on_write is not None:
+        on_write()
+    return info

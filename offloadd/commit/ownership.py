@@ -1,0 +1,47 @@
+"""Which topics this process offloads: the scheduler's ownership hook.
+
+The default, :class:`Ownership`, owns every topic with :class:`~offloadd.commit.fence.NoFence`
+(one process on its own store). :class:`~offloadd.commit.cluster.ClusterOwnership` divides a
+shared store's topics among daemons and hands out epoch fences.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Collection, Mapping
+
+from offloadd.commit.fence import Fence, NoFence
+from offloadd.model import TopicName
+
+__all__ = ["Ownership", "Revoke"]
+
+
+class Revoke(enum.Enum):
+    """Why a running topic must stop (see :meth:`Ownership.revoked`)."""
+
+    HANDOFF = "handoff"  # another daemon should own it: close and commit the open segment first
+    LOST = "lost"  # ownership already ended (session lost, newer epoch): stop now, commit nothing
+
+
+class Ownership:
+    """Decides which topics this process offloads; the default owns every topic."""
+
+    owner_id: str | None = None  # who this process is in the ownership records, if anyone
+
+    async def acquire(self, topic: TopicName) -> Fence | None:
+        return NoFence()
+
+    async def release(self, topic: TopicName) -> None:
+        return None
+
+    async def still_owned(self, topic: TopicName) -> bool:
+        return True
+
+    async def revoked(self, running: Collection[TopicName]) -> Mapping[TopicName, Revoke]:
+        """Before each discovery pass: running topics to give up, and how."""
+        return {}
+
+    def bind(self, revoke: Callable[[Mapping[TopicName, Revoke]], None]) -> None:
+        """``revoke(verdicts)`` stops those running topics at once and runs a discovery pass
+        soon: for what happens between passes (a lost session must stop its tasks before they
+        act on the failed requests it leaves behind)."""

@@ -1,0 +1,1 @@
+"""Ledger sources: what the pipeline tails (``base.py``: the protocol and its capabilities)."""

@@ -1,0 +1,93 @@
+"""The one compare-and-set loop: read a node, compute its new bytes, write them back only if
+nobody changed the node meanwhile; on a lost race, back off and start over.
+
+Every read-modify-write of the metadata store goes through :func:`update`: the ledger writers'
+and the offloader's edits of ``ManagedLedgerInfo`` (:func:`offloadd.metadata.managed_ledger.
+update`, :func:`offloadd.commit.edits.apply`), topic ownership epochs
+(:mod:`offloadd.commit.epochs`) and the topic offload status records
+(:mod:`offloadd.metadata.offload_status`)::
+
+    read node (absent: None) ──▶ edit(node) ── None: nothing to change, return the node
+        ▲                           │ new bytes
+        │                           ▼
+        └── back off ◀── lost ── one transaction: guard ops, extra ops, set (CAS on the
+           (retry.CAS)   race     node's version) or create ── ok: return the new node
+
+``guard`` ops ride in the same transaction (a fence's version check on the topic's epoch, so a
+stale owner's write fails as a whole); when the transaction fails, ``on_conflict`` runs before
+the retry and may raise to end the loop (the fence's ``verify`` raises ``Fenced`` when it was
+the guard, not the node, that moved). ``also`` ops are applied together with the write (an
+ephemeral owner node created with its epoch).
+
+It lives with the metadata protocol, not in :mod:`offloadd.commit`, because the edges use it too:
+the embedded store and the BookKeeper mirror append and close ledgers with it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable, Sequence
+
+from offloadd.errors import Conflict, NotFound
+from offloadd.metadata.base import CreateOp, MetadataStore, Op, SetOp, Versioned
+from offloadd.retry import CAS, Backoff
+
+__all__ = ["Edit", "update"]
+
+# node as read (None: absent) -> the bytes to store, or None to leave the node as it is
+Edit = Callable[[Versioned | None], bytes | None]
+
+ATTEMPTS = 100
+
+
+async def update(store: MetadataStore, path: str, edit: Edit, *, create: bool = False,
+                 guard: Sequence[Op] = (), also: Sequence[Op] = (),
+                 on_conflict: Callable[[], Awaitable[None]] | None = None,
+                 attempts: int = ATTEMPTS, backoff: Backoff = CAS,
+                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> Versioned | None:
+    """Apply ``edit`` to ``path`` under compare-and-set; the node as stored afterwards (None if
+    it is absent and ``edit`` left it so).
+
+    ``create``: an absent node is handed to ``edit`` as None and created (with its parents);
+    otherwise an absent node raises ``NotFound``. ``Conflict`` after ``attempts`` lost races.
+    """
+    for attempt in range(1, attempts + 1):
+        try:
+            node: Versioned | None = await store.get(path)
+        except NotFound:
+            if not create:
+                raise
+            node = None
+        data = edit(node)
+        if data is None:
+            return node
+        try:
+            if node is None:
+                await _ensure_parent(store, path)
+                write: Op = CreateOp(path, data)
+            else:
+                write = SetOp(path, data, node.version)
+            ops = [*guard, *also, write]
+            if len(ops) > 1:
+                await store.multi(ops)
+            elif node is None:
+                await store.create(path, data)
+            else:
+                await store.set(path, data, node.version)
+        except (Conflict, NotFound):
+            # the node changed, appeared or vanished since the read; or the guard failed
+            if on_conflict is not None:
+                await on_conflict()
+            await sleep(backoff.delay(attempt))
+            continue
+        return Versioned(data, 0 if node is None else node.version + 1)
+    raise Conflict(f"{path}: gave up after {attempts} lost compare-and-set races")
+
+
+async def _ensure_parent(store: MetadataStore, path: str) -> None:
+    parent = path.rsplit("/", 1)[0]
+    if not parent or await store.exists(parent):
+        return
+    with contextlib.suppress(Conflict):  # created by someone else meanwhile
+        await store.create(parent, b"", make_parents=True)

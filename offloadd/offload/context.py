@@ -1,0 +1,168 @@
+"""What one topic's task and its two modes share: collaborators, position, commits, reports.
+
+:class:`OffloadEnv` is what every topic task of a process shares (the stores, the buffer, the
+throttle, clocks); :class:`TopicContext` is one topic's: its readers and uploads, where it
+stands (next position, last commit), the segment in progress and its state, and the two commit
+steps every segment goes through — both fenced compare-and-sets of the catalog
+(:func:`offloadd.commit.edits.apply`), each after its state transition
+(:mod:`offloadd.commit.state`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+
+from offloadd._proto import mldataformats_pb2 as pb
+from offloadd.blobstore.base import BlobStore
+from offloadd.commit import edits
+from offloadd.commit.fence import Fence
+from offloadd.commit.state import SegmentState, Tracked, transition
+from offloadd.ledger.base import LedgerSource
+from offloadd.metadata import managed_ledger
+from offloadd.metadata.base import MetadataStore
+from offloadd.model import LedgerDesc, Position, TopicName, catalog
+from offloadd.offload.attempt import SegmentAttempt, Uploads
+from offloadd.offload.buffer import OffloadBuffer
+from offloadd.offload.probes import StatusSink, TopicProbe
+from offloadd.offload.roller import RollPolicy
+from offloadd.offload.runs import RunReader
+from offloadd.offload.threshold import Thresholds
+from offloadd.retry import Backoff
+
+__all__ = ["OffloadEnv", "TopicContext", "TopicPolicy"]
+
+DEFAULT_RETRY = Backoff(0.5, 30.0)  # [offload] retry_base_s, retry_max_s
+
+
+@dataclass(frozen=True)
+class TopicPolicy:
+    roll: RollPolicy
+    mode: str = "streaming"
+    # what stays only in the source for now (threshold.py)
+    thresholds: Thresholds = field(default_factory=Thresholds)
+
+
+@dataclass
+class OffloadEnv:
+    """The collaborators every topic task shares (injected; no globals)."""
+
+    source: LedgerSource
+    metadata: MetadataStore
+    blobstore: BlobStore
+    buffer: OffloadBuffer
+    acquire: Callable[[int, str], Awaitable[object]] | None = None  # throttle
+    clock: Callable[[], float] = time.monotonic
+    wall_ms: Callable[[], int] = lambda: int(time.time() * 1000)
+    blocks_in_flight: int = 4
+    retry: Backoff = DEFAULT_RETRY  # a failing topic's retries (and its recovery's)
+    idle_poll_s: float = 1.0
+
+
+class TopicContext:
+    def __init__(self, topic: TopicName, env: OffloadEnv, policy: Callable[[], TopicPolicy],
+                 fence: Fence, probe: TopicProbe, status: StatusSink | None) -> None:
+        self.topic = topic
+        self.env = env
+        self.policy = policy
+        self.fence = fence
+        self.probe = probe
+        self.status_sink = status
+        self.reader = RunReader(env.source, env.buffer, topic)
+        self.uploads = Uploads(env.blobstore, topic.managed_ledger, env.blocks_in_flight,
+                               acquire=self._acquire_fn(), on_part_done=self._part_done)
+        self.position: Position | None = None  # next position to offload
+        self.last_committed: Position | None = None
+        self.last_commit_ms: int | None = None  # wall time of the last commit, if known
+        self.committed_segments = 0
+        self.failed_attempts = 0
+        self.last_error: str | None = None
+        self.attempt: SegmentAttempt | None = None  # the open streaming attempt
+        self.segment: Tracked | None = None  # the state of the segment in progress
+        self.wake = asyncio.Event()  # a trigger or a stop request cuts a wait short
+
+    # ---- reading -------------------------------------------------------------------------
+    async def ledgers(self) -> list[LedgerDesc]:
+        return await self.env.source.ledgers(self.topic)
+
+    async def load(self) -> pb.ManagedLedgerInfo:
+        info, _ = await managed_ledger.load(self.env.metadata, self.topic.managed_ledger)
+        return info
+
+    async def wait(self, pos: Position | None, timeout: float) -> None:
+        """Until the topic may have moved past ``pos``, a wake-up, or ``timeout``."""
+        self.wake.clear()
+        waits: list[asyncio.Task[object]] = [asyncio.ensure_future(self.wake.wait())]
+        if pos is not None:
+            waits.append(asyncio.ensure_future(self.env.source.wait_for_entries(
+                self.topic, pos.ledger_id, pos.entry_id - 1, timeout)))
+        try:
+            await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waits:
+                w.cancel()
+            await asyncio.gather(*waits, return_exceptions=True)
+
+    # ---- the two commit steps ------------------------------------------------------------
+    async def assign(self, edit: Callable[[pb.ManagedLedgerInfo], bool],
+                     segment: Tracked) -> None:
+        """Record the segment's range (ASSIGNED, ``complete = false``)."""
+        self.segment = segment
+        transition(segment.state, SegmentState.ASSIGNED)  # an illegal change is never written
+        await self.commit(edit)
+        segment.to(SegmentState.ASSIGNED)
+
+    async def offloaded(self, edit: Callable[[pb.ManagedLedgerInfo], bool], segment: Tracked,
+                        uid: uuid.UUID, end: Position, entries: int, nbytes: int, t0: float,
+                        done_ms: int) -> None:
+        """Record the segment OFFLOADED (``complete = true``) and report the commit."""
+        transition(segment.state, SegmentState.OFFLOADED)
+        await self.commit(edit)
+        segment.to(SegmentState.OFFLOADED)
+        self.last_committed = end
+        self.committed_segments += 1
+        self.failed_attempts = 0
+        self.last_error = None
+        self.last_commit_ms = done_ms
+        self.probe.last_offloaded(*end)
+        self.probe.last_commit_time(done_ms / 1000)
+        if self.status_sink is not None:
+            self.status_sink.succeeded(end, str(uid), done_ms)
+        self.probe.segment_committed(entries, nbytes, self.env.clock() - t0)
+
+    async def commit(self, edit: Callable[[pb.ManagedLedgerInfo], bool]) -> None:
+        await edits.apply(self.env.metadata, self.topic.managed_ledger, edit, self.fence,
+                          on_write=self.probe.metadata_write)
+
+    def driver(self) -> pb.OffloadDriverMetadata:
+        """What the catalog records of the blob store a segment is written to."""
+        store = self.env.blobstore
+        return catalog.driver_metadata(store.name, dict(store.driver_properties()))
+
+    # ---- reporting -----------------------------------------------------------------------
+    def publish_states(self, segs: Sequence[catalog.Segment]) -> None:
+        assigned = sum(1 for s in segs if not s.complete)
+        offloaded = sum(1 for s in segs if s.complete)
+        failed = 1 if self.segment is not None and self.segment.state is SegmentState.FAILED \
+            else 0
+        self.committed_segments = offloaded
+        self.probe.segment_states(assigned - failed if assigned >= failed else 0, offloaded,
+                                  failed)
+
+    def _acquire_fn(self) -> Callable[[int], Awaitable[object]] | None:
+        acquire = self.env.acquire
+        if acquire is None:
+            return None
+        topic = str(self.topic)
+
+        async def take(n: int) -> object:
+            return await acquire(n, topic)
+
+        return take
+
+    def _part_done(self, nbytes: int, seconds: float) -> None:
+        self.probe.offload_bytes(nbytes)
+        self.probe.upload_latency(seconds)

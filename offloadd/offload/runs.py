@@ -1,0 +1,79 @@
+"""Reading the source into the offload buffer, one block's worth at a time.
+
+:class:`RunReader` is the only code that touches the buffer's accounting (``reserve``,
+``lease``, ``release``, ``grow``, ``give_back``): the streaming mode, the ledger-based mode and
+the backfill task all read through it. Each read::
+
+    reserve(budget) ─▶ lease an array ─▶ source.read(..., max_bytes=budget, into=array)
+        ─▶ release what the run did not use (or grow: one oversize entry) ─▶ Run
+
+and the returned :class:`Run` holds its bytes until its ``release()`` runs — once the parts
+built from it have landed (or failed). The reservation comes *before* the read: when the buffer
+is full nothing is read, and the entries stay in the source (PIP-76's fallback).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+
+from offloadd.ledger.base import LedgerSource
+from offloadd.model import EntryRun, TopicName
+from offloadd.model.catalog import LedgerRange
+from offloadd.offload.buffer import OffloadBuffer
+
+__all__ = ["Run", "RunReader"]
+
+
+@dataclass(frozen=True)
+class Run:
+    """A run of entries in buffer memory, and what frees that memory (call it exactly once)."""
+
+    entries: EntryRun
+    release: Callable[[], None]
+
+
+class RunReader:
+    """One topic's reads into a shared :class:`OffloadBuffer`."""
+
+    def __init__(self, source: LedgerSource, buffer: OffloadBuffer, topic: TopicName) -> None:
+        self._source = source
+        self._buffer = buffer
+        self._topic = topic
+
+    async def read(self, ledger_id: int, first: int, last: int, budget: int) -> Run:
+        """Entries ``first..`` (at most ``last``) of the ledger, at most ``budget`` frame bytes
+        (at least one entry, however big)."""
+        buf = self._buffer
+        await buf.reserve(budget)
+        lease = buf.lease(budget)
+        try:
+            run = await self._source.read(self._topic, ledger_id, first, last, max_bytes=budget,
+                                          into=lease)
+        except BaseException:
+            buf.release(budget)
+            buf.give_back(lease)
+            raise
+        size = len(run.data)
+        if size < budget:
+            buf.release(budget - size)
+        elif size > budget:  # an oversize entry: account for what we actually hold
+            buf.grow(size - budget)
+
+        def release() -> None:
+            buf.release(size)
+            buf.give_back(lease)
+
+        return Run(run, release)
+
+    async def runs(self, r: LedgerRange, budget: int,
+                   before: Callable[[], Awaitable[None]] | None = None) -> AsyncIterator[Run]:
+        """``r`` as consecutive runs; ``before`` is awaited ahead of each read (wait for room
+        in the upload, so reading never runs further ahead than uploading)."""
+        nxt = r.first
+        while nxt <= r.last:
+            if before is not None:
+                await before()
+            run = await self.read(r.ledger_id, nxt, r.last, budget)
+            yield run
+            nxt = run.entries.last_entry_id + 1
