@@ -321,9 +321,7 @@ class OffloaddReader(DataSourceReader):
                     if done:
                         break
             finally:
-                aclose = getattr(entries, "aclose", None)  # an async generator: close it
-                if aclose is not None:
-                    loop.run_until_complete(aclose())
+                loop.run_until_complete(entries.aclose())
                 loop.run_until_complete(bs.close())
         finally:
             loop.close()

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Protocol
 
 from offloadd.ledger.base import LedgerSource
 from offloadd.model import EntryRun, LedgerDesc, TopicName
@@ -55,7 +55,3 @@ class MeteredSource:
 
     async def close(self) -> None:
         await self.inner.close()
-
-    def __getattr__(self, name: str) -> Any:
-        # what a concrete source offers beyond the protocol (cumulative sizes, its metrics)
-        return getattr(self.inner, name)

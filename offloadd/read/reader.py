@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 
 import crc32c
@@ -90,7 +90,7 @@ class TierReader:
         return [s for s in segs if s.complete] if committed_only else segs
 
     async def read(self, topic: TopicName, start: Position | None = None,
-                   count: int | None = None) -> AsyncIterator[Entry]:
+                   count: int | None = None) -> AsyncGenerator[Entry, None]:
         """Entries from ``start`` (or the first offloaded one), in log order, at most ``count``.
 
         ``NotFound`` when ``start`` is not an offloaded entry: past the last one, or before the
@@ -114,7 +114,7 @@ class TierReader:
                 return
 
     async def read_segment(self, seg: Segment, start: Position | None = None
-                           ) -> AsyncIterator[Entry]:
+                           ) -> AsyncGenerator[Entry, None]:
         refs = await self._block_refs(seg, start)
         pending: collections.deque[asyncio.Task[bytes]] = collections.deque()
         i = 0

@@ -32,11 +32,12 @@ import contextlib
 import logging
 import uuid
 from collections.abc import Callable, Collection
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Protocol
 
 from offloadd._proto import mldataformats_pb2 as pb
 from offloadd.blobstore.base import StoreView
+from offloadd.commit.state import SegmentState, transition
 from offloadd.errors import ConfigError, Conflict, FormatError, NotFound, OffloaddError
 from offloadd.ledger.base import SourceView
 from offloadd.metadata import managed_ledger
@@ -113,6 +114,7 @@ class SegmentDeletion:
     keys: tuple[str, ...]
     attempts: int = 0  # failed attempts so far, this one included when it failed
     error: str | None = None
+    state: str = SegmentState.OFFLOADED.value  # "deleted" once every object is gone
 
 
 @dataclass
@@ -484,6 +486,9 @@ class _Pass:
         if self.dry_run:
             self.report.deleted_segments.append(done)
             return
+        # a tracked segment is OFFLOADED; once its objects are gone it is DELETED (terminal:
+        # its deletion record goes, and with it the last trace of the segment)
+        deleted = transition(SegmentState.OFFLOADED, SegmentState.DELETED)
         problems: list[str] = []
         for key in keys:
             try:
@@ -501,7 +506,7 @@ class _Pass:
             with contextlib.suppress(Conflict, NotFound):
                 await self.metadata.delete(deletion_path(rec.uid), version)
         log.info("deleted segment %s of %s (%s)", rec.uid, rec.ml, ", ".join(keys))
-        self.report.deleted_segments.append(done)
+        self.report.deleted_segments.append(replace(done, state=deleted.value))
 
     async def _failed(self, rec: DeletionRecord, version: int | None, keys: tuple[str, ...],
                       error: str) -> None:

@@ -20,13 +20,15 @@ JSON records under ``/offloadd`` keep that knowledge (paths in :mod:`offloadd.mo
        "attempts": <failed attempts so far>, "last_attempt_ms": <ms> | null,
        "last_error": "<why the last attempt failed>" | null}
 
-Life of a segment, KIP-405 style (each arrow is one compare-and-set or transaction)::
+Life of a segment, KIP-405 style (each arrow is one compare-and-set or transaction; the states
+are :mod:`offloadd.commit.state`'s)::
 
-    committed in ManagedLedgerInfo ──track──▶ SegmentRecord(deleted=[])
+    OFFLOADED in ManagedLedgerInfo ──track──▶ SegmentRecord(deleted=[])
       ──a ledger leaves the managed ledger──▶ mark: SegmentRecord(deleted=[...])
       ──every ledger marked──▶ DeletionRecord (created in the same transaction that
                                removes the SegmentRecord)
-      ──all objects deleted──▶ (no record)      failure ──▶ DeletionRecord(attempts+1), retried
+      ──all objects deleted──▶ DELETED: (no record)   failure ──▶ DeletionRecord(attempts+1),
+                                                                  retried
 
 A ledger is marked once it is absent from its topic's ``ManagedLedgerInfo`` (or the whole
 managed ledger is gone): ledger ids are never reused and a deleted ledger never comes back, so

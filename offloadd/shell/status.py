@@ -36,10 +36,10 @@ from offloadd.commit import cluster, epochs
 from offloadd.config import Settings
 from offloadd.errors import OffloaddError
 from offloadd.ledger.base import SourceView
-from offloadd.ledger.bookkeeper.layout import lost_ledgers
 from offloadd.metadata import managed_ledger, offload_status
 from offloadd.metadata.base import MetadataStore
 from offloadd.model import Position, TopicName, catalog
+from offloadd.model.losses import lost_ledgers
 from offloadd.offload.lag import committed_payload_bytes, measure
 
 EXIT_OK, EXIT_FAILING, EXIT_DATA_LOST = 0, 1, 3

@@ -41,12 +41,13 @@ from __future__ import annotations
 
 import enum
 import json
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 
 from offloadd._proto import bookkeeper_pb2
 from offloadd._proto import mldataformats_pb2 as mlpb
 from offloadd.errors import FormatError
+from offloadd.model.losses import LOST_PREFIX, LostLedger, lost_ledgers
 
 __all__ = [
     "DEFAULT_LEDGERS_ROOT",
@@ -72,7 +73,6 @@ __all__ = [
 DEFAULT_LEDGERS_ROOT = "/ledgers"
 HIERARCHICAL_FACTORY = "org.apache.bookkeeper.meta.HierarchicalLedgerManagerFactory"
 METADATA_HEADER = b"BookieMetadataFormatVersion\t"
-LOST_PREFIX = "offloadd.lost."
 PULSAR_LIST_KEY = "offloadd.pulsar.list"
 _SHORT_LIMIT = 2**31 - 1  # Integer.MAX_VALUE: ids from here on use the long layout
 
@@ -309,47 +309,6 @@ def mirrored_list(info: mlpb.ManagedLedgerInfo) -> tuple[int, int] | None:
     return None
 
 
-@dataclass(frozen=True)
-class LostLedger:
-    """Entries ``first..last`` of a ledger that Pulsar deleted before offloadd held them.
-
-    ``last`` is -1 when the ledger's end was never known (it was deleted while open);
-    ``bytes`` counts payload bytes when known, else -1.
-    """
-
-    ledger_id: int
-    first: int
-    last: int
-    bytes: int
-    at_ms: int
-
-    @property
-    def entries(self) -> int:
-        return self.last - self.first + 1 if self.last >= self.first else 0
-
-    def key(self) -> str:
-        return f"{LOST_PREFIX}{self.ledger_id}"
-
-    def value(self) -> str:
-        return json.dumps({"first": self.first, "last": self.last, "bytes": self.bytes,
-                           "at_ms": self.at_ms}, sort_keys=True)
-
-
-def lost_ledgers(info: mlpb.ManagedLedgerInfo) -> list[LostLedger]:
-    """The losses recorded in a mirror node, by ledger id."""
-    out: list[LostLedger] = []
-    for kv in info.properties:
-        if not kv.key.startswith(LOST_PREFIX):
-            continue
-        try:
-            v = json.loads(kv.value)
-            out.append(LostLedger(int(kv.key[len(LOST_PREFIX):]), int(v["first"]),
-                                  int(v["last"]), int(v["bytes"]), int(v["at_ms"])))
-        except (ValueError, KeyError, TypeError):
-            continue
-    return sorted(out, key=lambda lost: lost.ledger_id)
-
-
 @dataclass
 class MirrorChange:
     """What :func:`mirror_edit` did: ledgers added, closed and dropped, losses recorded, loss
@@ -468,15 +427,3 @@ def mirror_edit(info: mlpb.ManagedLedgerInfo, listed: PulsarList, now_ms: int,
     for lost in change.lost:
         info.properties.add(key=lost.key(), value=lost.value())
     return change
-
-
-def describe_lost(losses: Iterable[LostLedger]) -> str:
-    parts = []
-    for lost in losses:
-        if lost.last >= lost.first:
-            parts.append(f"ledger {lost.ledger_id} entries {lost.first}..{lost.last} "
-                         f"({lost.entries} entries)")
-        else:
-            parts.append(f"ledger {lost.ledger_id} from entry {lost.first} (its end was never "
-                         "known)")
-    return "; ".join(parts)

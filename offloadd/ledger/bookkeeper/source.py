@@ -67,7 +67,6 @@ from offloadd.ledger.bookkeeper.layout import (
     PulsarList,
     check_layout,
     decode_ledger_metadata,
-    describe_lost,
     ledger_path,
     mirror_edit,
 )
@@ -79,6 +78,7 @@ from offloadd.metadata.zookeeper import Watch
 from offloadd.model import FRAME as _HEADER
 from offloadd.model import FRAME_OVERHEAD, EntryRun, LedgerDesc, LedgerState, TopicName
 from offloadd.model.keys import managed_ledger_path
+from offloadd.model.losses import describe_lost
 
 log = logging.getLogger(__name__)
 
