@@ -25,7 +25,7 @@ a topic waits (nobody acquires a topic another session holds) instead of being o
 
 Fencing. An acquisition hands the topic task an :class:`EpochFence`: its guard op is
 ``CheckOp(topic state, epoch - 1)``, so a commit of a stale owner fails as a whole however late it
-arrives (see ownership.py). Nothing here relies on timing for safety; sessions only decide how
+arrives (see epochs.py). Nothing here relies on timing for safety; sessions only decide how
 fast a dead owner's topics move.
 
 Sessions (ZooKeeper). While the connection is suspended nothing is acquired and running topics

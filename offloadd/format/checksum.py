@@ -11,7 +11,7 @@ so every block can be checked on its own by a ranged read, while Pulsar still re
 Whether a block must carry the mark is *not* decided by the mark: a damaged mark would otherwise
 switch the check off for exactly the block whose bytes are suspect. The caller says so from
 metadata it trusts (offloadd writes every block of its objects with the mark, and says so in the
-objects' user metadata, see ``offload/objects.py``): then a block without the mark is an error.
+objects' user metadata, see ``model/objects.py``): then a block without the mark is an error.
 Only for objects nothing marks as ours (Pulsar's own, or the conformance vectors) is a block
 without the mark accepted unchecked.
 """

@@ -29,11 +29,11 @@ Pure: no I/O.
 
 from __future__ import annotations
 
-import enum
 import struct
 import zlib
 
 from offloadd.errors import FormatError
+from offloadd.format.compression import Compression as CompressionType  # the same enum
 from offloadd.format.varint import decode_varint
 
 MAGIC = 0x4778
@@ -42,14 +42,6 @@ HEADER = struct.Struct(">HI")  # magic, metadata length
 # ZooKeeper's default jute.maxbuffer is 1 MiB; a metadata record claiming far more than that
 # uncompressed is junk, and refusing it bounds the memory a corrupt header can make us allocate.
 MAX_UNCOMPRESSED = 256 * 1024 * 1024
-
-
-class CompressionType(enum.IntEnum):
-    NONE = 0
-    LZ4 = 1
-    ZLIB = 2
-    ZSTD = 3
-    SNAPPY = 4
 
 
 def is_envelope(data: bytes) -> bool:

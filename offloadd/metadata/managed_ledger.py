@@ -67,13 +67,6 @@ async def update(
     return stored
 
 
-def ledger_info(info: pb.ManagedLedgerInfo, ledger_id: int) -> pb.ManagedLedgerInfo.LedgerInfo:
-    for li in info.ledgerInfo:
-        if li.ledgerId == ledger_id:
-            return li
-    raise NotFound(f"ledger {ledger_id} is not in the managed ledger")
-
-
 async def list_names(store: MetadataStore) -> list[str]:
     """Every managed-ledger name (``tenant/ns/persistent/topic``) under ``/managed-ledgers``."""
     names: list[str] = []

@@ -5,13 +5,14 @@ with ``endEntryId`` = its last entry in that ledger (DESIGN §6). Its begin in e
 implicit: the entry after the previous segment's end in that ledger, or 0. A ledger offloaded
 whole in the ledger-based format (PIP-17) carries an ``OffloadContext`` with ``complete``.
 
-State of a segment (one module owns the transitions: :mod:`offloadd.commit.state`)::
+What the records store of a segment's state (the transitions are :mod:`offloadd.commit.state`'s,
+and only its commit steps call the edits below)::
 
     ASSIGNED  (records present, complete=false)  -> range fixed, objects being written
     OFFLOADED (complete=true on every record)    -> readable from the tier
 
 Everything here works on the protobuf message in memory; persisting is the caller's job
-(:func:`offloadd.metadata.managed_ledger.update`).
+(:func:`offloadd.commit.edits.apply`, through the compare-and-set loop).
 """
 
 from __future__ import annotations

@@ -20,8 +20,8 @@ A reader decides from this metadata, never from a block's own bytes, whether a b
 a checksum (objects offloadd wrote before the key existed carry ``offloadd-format-version``,
 and always stamped every block: either key means "required").
 
-The streaming pipeline (``offload/topic.py``) and the Spark backfill (``backfill/task.py``) write
-identical keys through these helpers.
+The streaming pipeline and the Spark backfill both write their objects through
+``offload/attempt.py``, so they write identical keys through these helpers.
 """
 
 from __future__ import annotations

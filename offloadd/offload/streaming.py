@@ -21,11 +21,11 @@ from collections.abc import Sequence
 
 from offloadd._proto import mldataformats_pb2 as pb
 from offloadd.commit.state import Tracked
-from offloadd.errors import NotFound
+from offloadd.errors import NotFound, OffloaddError
 from offloadd.model import LedgerDesc, Position, catalog
 from offloadd.model.catalog import LedgerRange
 from offloadd.offload import roller
-from offloadd.offload.attempt import SegmentAttempt, open_streaming
+from offloadd.offload.attempt import SegmentAttempt, delete_attempt, open_streaming
 from offloadd.offload.context import TopicContext
 from offloadd.offload.roller import Action, Decision, OpenSegment
 
@@ -150,3 +150,35 @@ class StreamingMode:
                 parts = att.feed(run, stamps[r.ledger_id])
                 log.debug("segment %s: %d part(s) uploading", att.uid, parts)
         await self.close(att)
+
+    async def abandon(self) -> None:
+        """Discard the open attempt's uncommitted work.
+
+        Its objects are deleted only when the metadata, read *now*, does not record the attempt:
+        a commit whose reply was lost may have landed (then the objects are the committed
+        segment's), and an ASSIGNED record belongs to recovery, which redoes it and deletes the
+        dead attempt's objects itself. When the metadata cannot be read, nothing is deleted
+        (``offloadd gc`` sweeps real orphans later).
+        """
+        ctx = self.ctx
+        att = ctx.attempt
+        if att is None:
+            return
+        try:
+            await att.abort()
+            try:
+                info = await ctx.load()
+            except OffloaddError as exc:
+                log.warning("topic %s: attempt %s abandoned; metadata unreadable (%s), its "
+                            "objects are left for offloadd gc", ctx.topic, att.uid, exc)
+                return
+            if any(s.uid == att.uid for s in catalog.segments(info)):
+                return
+            try:
+                await delete_attempt(ctx.env.blobstore, att.uid)
+            except OffloaddError as exc:
+                log.warning("topic %s: could not delete objects of abandoned attempt %s: %s "
+                            "(offloadd gc removes them)", ctx.topic, att.uid, exc)
+        finally:
+            if ctx.attempt is att:
+                ctx.attempt = None

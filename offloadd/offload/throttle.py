@@ -1,8 +1,10 @@
 """The broker-wide offload byte-rate throttle (PIP-211).
 
-One :class:`Throttle` is shared by every topic task in the process. Before a task reads or
-uploads a chunk it calls ``await throttle.acquire(nbytes, topic)``; the call returns when the
-chunk may go, with the seconds it waited (for the ``throttle_wait`` probe).
+One :class:`Throttle` is shared by every topic task in the process. Before a part of a data
+object leaves for the store, its upload calls ``await throttle.acquire(nbytes, topic)``
+(``offload/upload.py``; reads from the source are bounded by the offload buffer instead); the
+call returns when the part may go, with the seconds it waited (for the ``throttle_wait``
+probe).
 
 Budget: a token bucket
 ----------------------

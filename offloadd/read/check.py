@@ -14,8 +14,6 @@ interval; it changes nothing in the tier or the metadata.
 
 from __future__ import annotations
 
-from typing import Protocol
-
 from offloadd.blobstore.base import BlobStore
 from offloadd.metadata import managed_ledger
 from offloadd.metadata.base import MetadataStore
@@ -23,30 +21,23 @@ from offloadd.model import TopicName, catalog
 from offloadd.model.catalog import Segment
 from offloadd.read.reader import ReadProbe, TierReader
 
-__all__ = ["ReadMetrics", "TopicReadProbe", "read_back"]
+__all__ = ["read_back"]
 
 
-class ReadMetrics(Protocol):
-    """What :class:`offloadd.metrics.TopicProbe` offers for reads."""
+class _Counting:
+    """A probe that passes every report on and counts the errors it reported."""
 
-    def index_read(self, seconds: float) -> None: ...
-    def data_read(self, seconds: float) -> None: ...
-    def read_offload(self, nbytes: int) -> None: ...
-    def read_error(self) -> None: ...
-
-
-class TopicReadProbe(ReadProbe):
-    """The reader's hooks onto a topic's metrics probe; counts the errors it reported."""
-
-    def __init__(self, probe: ReadMetrics) -> None:
+    def __init__(self, probe: ReadProbe) -> None:
         self._probe = probe
         self.errors = 0
 
     def index_read(self, seconds: float) -> None:
         self._probe.index_read(seconds)
 
-    def data_read(self, seconds: float, nbytes: int) -> None:
+    def data_read(self, seconds: float) -> None:
         self._probe.data_read(seconds)
+
+    def read_offload(self, nbytes: int) -> None:
         self._probe.read_offload(nbytes)
 
     def read_error(self) -> None:
@@ -55,7 +46,7 @@ class TopicReadProbe(ReadProbe):
 
 
 async def read_back(metadata: MetadataStore, blobstore: BlobStore, topic: TopicName,
-                    probe: ReadMetrics, *, head_bytes: int = 64 * 1024) -> Segment | None:
+                    probe: ReadProbe, *, head_bytes: int = 64 * 1024) -> Segment | None:
     """Check the newest committed segment of ``topic`` (None when it has none). A failure to
     read the tier counts once in ``probe.read_error`` and raises; a metadata failure only
     raises (it is not a tier read)."""
@@ -64,7 +55,7 @@ async def read_back(metadata: MetadataStore, blobstore: BlobStore, topic: TopicN
     if not done:
         return None
     seg = done[-1]
-    counting = TopicReadProbe(probe)
+    counting = _Counting(probe)
     reader = TierReader(metadata, blobstore, prefetch=0, index_cache=1, probe=counting)
     try:
         await reader.check_segment(seg, head_bytes)

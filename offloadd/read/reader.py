@@ -19,6 +19,7 @@ import collections
 import time
 from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import crc32c
 
@@ -26,6 +27,7 @@ from offloadd.blobstore.base import BlobStore
 from offloadd.errors import FormatError, NotFound
 from offloadd.format import (
     HEADER_LEN,
+    BlockHeader,
     IndexEntry,
     LedgerIndex,
     StreamingIndex,
@@ -62,12 +64,21 @@ class _BlockRef:
     checksummed: bool  # the pair's trusted metadata says every block carries a CRC32C
 
 
-class ReadProbe:
-    """Hooks for metrics; the default does nothing."""
+class ReadProbe(Protocol):
+    """What the reader reports: the read half of a topic's probe
+    (:class:`offloadd.metrics.TopicProbe` implements it)."""
 
     def index_read(self, seconds: float) -> None: ...
-    def data_read(self, seconds: float, nbytes: int) -> None: ...
+    def data_read(self, seconds: float) -> None: ...
+    def read_offload(self, nbytes: int) -> None: ...
     def read_error(self) -> None: ...
+
+
+class NullReadProbe:
+    def index_read(self, seconds: float) -> None: pass
+    def data_read(self, seconds: float) -> None: pass
+    def read_offload(self, nbytes: int) -> None: pass
+    def read_error(self) -> None: pass
 
 
 class TierReader:
@@ -78,7 +89,7 @@ class TierReader:
         self.metadata = metadata
         self.blobstore = blobstore
         self.prefetch = max(prefetch, 0)
-        self.probe = probe or ReadProbe()
+        self.probe: ReadProbe = probe or NullReadProbe()
         self._clock = clock
         self._cache: collections.OrderedDict[str, tuple[StreamingIndex | LedgerIndex, bool]] = (
             collections.OrderedDict())
@@ -140,14 +151,20 @@ class TierReader:
             if pending:
                 await asyncio.gather(*pending, return_exceptions=True)
 
-    async def _fetch(self, ref: _BlockRef) -> bytes:
+    async def _get(self, ref: _BlockRef, end: int) -> bytes:
+        """Bytes ``ref.block.offset .. end`` of the block's data object, timed and counted."""
         t0 = self._clock()
         try:
-            data = await self.blobstore.get_range(ref.data_key, ref.block.offset, ref.end)
+            data = await self.blobstore.get_range(ref.data_key, ref.block.offset, end)
         except Exception:
             self.probe.read_error()
             raise
-        self.probe.data_read(self._clock() - t0, len(data))
+        self.probe.data_read(self._clock() - t0)
+        self.probe.read_offload(len(data))
+        return data
+
+    async def _fetch(self, ref: _BlockRef) -> bytes:
+        data = await self._get(ref, ref.end)
         if len(data) != ref.end - ref.block.offset:
             self.probe.read_error()
             raise FormatError(ref.data_key, ref.block.offset + len(data),
@@ -155,19 +172,29 @@ class TierReader:
                               f"{ref.end - ref.block.offset} bytes")
         return data
 
+    @staticmethod
+    def _where(ref: _BlockRef) -> str:
+        return f"{ref.data_key} (block {ref.block.part_id} at byte {ref.block.offset})"
+
+    @staticmethod
+    def _header(buf: bytes, ref: _BlockRef, where: str) -> BlockHeader:
+        """The block's header, checked against what the index says of the block."""
+        hdr = parse_block_header(buf, 0, where)
+        if hdr.block_len != ref.end - ref.block.offset:
+            raise FormatError(where, 12, f"block length {hdr.block_len} disagrees with the "
+                              f"index ({ref.end - ref.block.offset})")
+        if hdr.first_entry_id != ref.block.first_entry_id:
+            raise FormatError(where, 20, f"first entry {hdr.first_entry_id} but the index "
+                              f"says {ref.block.first_entry_id}")
+        if hdr.ledger_id is not None and hdr.ledger_id != ref.ledger_id:
+            raise FormatError(where, 28, f"ledger {hdr.ledger_id} but the index says "
+                              f"{ref.ledger_id}")
+        return hdr
+
     def _entries(self, ref: _BlockRef, buf: bytes) -> list[tuple[int, memoryview]]:
-        where = f"{ref.data_key} (block {ref.block.part_id} at byte {ref.block.offset})"
+        where = self._where(ref)
         try:
-            hdr = parse_block_header(buf, 0, where)
-            if hdr.block_len != len(buf):
-                raise FormatError(where, 12, f"block length {hdr.block_len} disagrees with the "
-                                  f"index ({len(buf)})")
-            if hdr.first_entry_id != ref.block.first_entry_id:
-                raise FormatError(where, 20, f"first entry {hdr.first_entry_id} but the index "
-                                  f"says {ref.block.first_entry_id}")
-            if hdr.ledger_id is not None and hdr.ledger_id != ref.ledger_id:
-                raise FormatError(where, 28, f"ledger {hdr.ledger_id} but the index says "
-                                  f"{ref.ledger_id}")
+            hdr = self._header(buf, ref, where)
             verify_block_checksum(buf, 0, hdr.block_len, where, required=ref.checksummed)
             out = list(iter_block_entries(buf, 0, where))
         except FormatError:
@@ -189,28 +216,13 @@ class TierReader:
             raise FormatError(str(seg.uid), 0, "the segment's index lists no block")
         ref = refs[-1]
         end = min(ref.end, ref.block.offset + max(head_bytes, HEADER_LEN))
-        t0 = self._clock()
-        try:
-            data = await self.blobstore.get_range(ref.data_key, ref.block.offset, end)
-        except Exception:
-            self.probe.read_error()
-            raise
-        self.probe.data_read(self._clock() - t0, len(data))
-        where = f"{ref.data_key} (block {ref.block.part_id} at byte {ref.block.offset})"
+        data = await self._get(ref, end)
+        where = self._where(ref)
         try:
             if len(data) != end - ref.block.offset:
                 raise FormatError(where, len(data), f"got {len(data)} of "
                                   f"{end - ref.block.offset} bytes")
-            hdr = parse_block_header(data, 0, where)
-            if hdr.block_len != ref.end - ref.block.offset:
-                raise FormatError(where, 12, f"block length {hdr.block_len} disagrees with the "
-                                  f"index ({ref.end - ref.block.offset})")
-            if hdr.first_entry_id != ref.block.first_entry_id:
-                raise FormatError(where, 20, f"first entry {hdr.first_entry_id} but the index "
-                                  f"says {ref.block.first_entry_id}")
-            if hdr.ledger_id is not None and hdr.ledger_id != ref.ledger_id:
-                raise FormatError(where, 28, f"ledger {hdr.ledger_id} but the index says "
-                                  f"{ref.ledger_id}")
+            self._header(data, ref, where)
         except FormatError:
             self.probe.read_error()
             raise

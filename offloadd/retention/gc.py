@@ -5,9 +5,10 @@ A pass, in order (the records and rules are in :mod:`offloadd.retention.policy`)
     for every topic (every managed ledger, plus those only segment records still remember):
       1 track   a SegmentRecord for each committed segment not recorded yet
       2 retain  [retention] max_age_minutes / max_size_mbytes: delete the oldest offloaded
-                ledgers from the managed ledger through the source's ``delete_ledger``
-      3 trim    [retention] trim_source: drop the local copy of ledgers offloaded more than
-                offload.deletion_lag_ms ago (set ``bookkeeperDeleted`` first, then unlink)
+                ledgers through the source's ``LedgerDeleter`` (the embedded store's)
+      3 trim    [retention] trim_source: drop the source's copy of ledgers offloaded more than
+                offload.deletion_lag_ms ago (set ``bookkeeperDeleted`` first, then the source's
+                ``LocalCopies`` drops the data: gc itself touches no file)
       4 mark    ledgers gone from the managed ledger are marked in the records; a record with
                 every ledger marked becomes a DeletionRecord (created in the transaction that
                 removes the SegmentRecord)
@@ -32,8 +33,8 @@ import contextlib
 import logging
 import uuid
 from collections.abc import Callable, Collection
-from dataclasses import asdict, dataclass, field, replace
-from typing import Any, Protocol
+from dataclasses import dataclass, field, replace
+from typing import Protocol
 
 from offloadd._proto import mldataformats_pb2 as pb
 from offloadd.blobstore.base import StoreView
@@ -63,6 +64,7 @@ from offloadd.retention.policy import (
     orphans,
     source_copies_to_trim,
 )
+from offloadd.retention.report import GcReport, LedgerAction, Mark, SegmentDeletion, render_text
 
 __all__ = [
     "DeleteProbe",
@@ -92,57 +94,6 @@ class GcProbe(Protocol):
     (orphans belong to no topic and are not counted)."""
 
     def topic_named(self, topic: str) -> DeleteProbe: ...
-
-
-@dataclass(frozen=True)
-class LedgerAction:
-    topic: str
-    ledger_id: int
-
-
-@dataclass(frozen=True)
-class Mark:
-    topic: str
-    ledger_id: int
-    segment: str
-
-
-@dataclass(frozen=True)
-class SegmentDeletion:
-    segment: str
-    topic: str
-    keys: tuple[str, ...]
-    attempts: int = 0  # failed attempts so far, this one included when it failed
-    error: str | None = None
-    state: str = SegmentState.OFFLOADED.value  # "deleted" once every object is gone
-
-
-@dataclass
-class GcReport:
-    """What one pass did (with ``dry_run``: what it would have done)."""
-
-    dry_run: bool = False
-    tracked: int = 0  # segment records created
-    marked: list[Mark] = field(default_factory=list)
-    deleted_ledgers: list[LedgerAction] = field(default_factory=list)  # retention
-    trimmed: list[LedgerAction] = field(default_factory=list)  # source copies dropped
-    deleted_segments: list[SegmentDeletion] = field(default_factory=list)
-    failed: list[SegmentDeletion] = field(default_factory=list)  # pending, retried next pass
-    orphans_removed: list[str] = field(default_factory=list)
-    orphans_failed: list[str] = field(default_factory=list)
-    uploads_swept: int = 0
-    refused: list[str] = field(default_factory=list)  # the invariant stopped a deletion
-    notes: list[str] = field(default_factory=list)
-    errors: list[str] = field(default_factory=list)
-
-    @property
-    def ok(self) -> bool:
-        return not (self.failed or self.orphans_failed or self.refused or self.errors)
-
-    def to_json(self) -> dict[str, Any]:
-        out = asdict(self)
-        out["ok"] = self.ok
-        return out
 
 
 @dataclass(frozen=True)
@@ -199,35 +150,6 @@ async def retained_uids(metadata: MetadataStore) -> set[uuid.UUID]:
         out.update(_uuids(await _children(metadata, segment_records_path(ml))))
     out.update(_uuids(await _children(metadata, DELETIONS)))
     return out
-
-
-def render_text(rep: GcReport) -> str:
-    """The human report of ``offloadd gc``."""
-    would = "would " if rep.dry_run else ""
-    lines: list[str] = []
-    lines += [f"{would}delete ledger {a.ledger_id} of {a.topic} (retention)"
-              for a in rep.deleted_ledgers]
-    lines += [f"{would}drop the local copy of ledger {a.ledger_id} of {a.topic}"
-              for a in rep.trimmed]
-    lines += [f"marked ledger {m.ledger_id} of {m.topic} deleted (segment {m.segment})"
-              for m in rep.marked]
-    for d in rep.deleted_segments:
-        lines.append(f"{would}delete segment {d.segment} of {d.topic}: {', '.join(d.keys)}")
-    for d in rep.failed:
-        lines.append(f"FAILED segment {d.segment} of {d.topic} (attempt {d.attempts}, stays "
-                     f"pending): {d.error}")
-    lines += [f"{would}delete orphan {k}" for k in rep.orphans_removed]
-    lines += [f"FAILED orphan {k}" for k in rep.orphans_failed]
-    lines += [f"REFUSED {r}" for r in rep.refused]
-    lines += [f"note: {n}" for n in rep.notes]
-    lines += [f"ERROR {e}" for e in rep.errors]
-    lines.append(
-        f"gc{' (dry run)' if rep.dry_run else ''}: {len(rep.deleted_segments)} segment(s), "
-        f"{len(rep.orphans_removed)} orphan(s), {rep.uploads_swept} stale upload(s) removed; "
-        f"{len(rep.deleted_ledgers)} ledger(s) expired, {len(rep.trimmed)} local cop(ies) "
-        f"dropped; {rep.tracked} segment(s) newly tracked; {len(rep.failed)} deletion(s) "
-        f"pending after failure; {'OK' if rep.ok else 'FAILED'}")
-    return "\n".join(lines)
 
 
 # -- the pass -----------------------------------------------------------------------------------

@@ -7,23 +7,17 @@ Run `offloadd COMMAND --help` for a command's options and examples."""
 from __future__ import annotations
 
 import argparse
-import asyncio
-import base64
-import json
 import logging
 import math
-import os
-import signal
 import sys
 import textwrap
-from collections.abc import Callable, Coroutine, Sequence
-from pathlib import Path
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from offloadd import __version__
 from offloadd.errors import ConfigError, OffloaddError
 from offloadd.model import Position, TopicName
-from offloadd.shell.ttyline import StatusLine
+from offloadd.shell import commands
 
 log = logging.getLogger("offloadd")
 
@@ -72,15 +66,6 @@ def _payload_args(sp: argparse.ArgumentParser, *, default_compression: str) -> N
                     f"snappy), used in turn (default {default_compression})")
     sp.add_argument("--max-batch", type=_positive_int, default=16, metavar="N",
                     help="pulsar entries: at most this many messages per entry (default 16)")
-
-
-def _shape(args: argparse.Namespace) -> Any:
-    from offloadd.shell.produce import PulsarShape
-
-    codecs = args.compression
-    if isinstance(codecs, str):  # argparse does not convert a string default
-        codecs = _compressions(codecs)
-    return PulsarShape(compression=codecs, max_batch=args.max_batch)
 
 
 def _topic(text: str) -> TopicName:
@@ -295,390 +280,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
 
 
-def _run(coro: Coroutine[Any, Any, int]) -> int:
-    import uvloop
-
-    return uvloop.run(coro)
-
-
-def _settings(args: argparse.Namespace) -> Any:
-    from offloadd.shell.standalone import load_settings
-
-    return load_settings(getattr(args, "config", None))
-
-
 def _dispatch(args: argparse.Namespace) -> int:
     handlers: dict[str, Callable[[argparse.Namespace], int]] = {
-        "run": _cmd_run,
-        "standalone": _cmd_standalone,
-        "produce": _cmd_produce,
-        "status": _cmd_status,
-        "read": _cmd_read,
-        "verify": _cmd_verify,
-        "offload-now": _cmd_offload_now,
-        "gc": _cmd_gc,
-        "backfill": _cmd_backfill,
-        "config": _cmd_config,
-        "query": _cmd_query,
-        "lakehouse": _cmd_lakehouse,
+        "run": commands.cmd_run,
+        "standalone": commands.cmd_standalone,
+        "produce": commands.cmd_produce,
+        "status": commands.cmd_status,
+        "read": commands.cmd_read,
+        "verify": commands.cmd_verify,
+        "offload-now": commands.cmd_offload_now,
+        "gc": commands.cmd_gc,
+        "backfill": commands.cmd_backfill,
+        "config": commands.cmd_config,
+        "query": commands.cmd_query,
+        "lakehouse": commands.cmd_lakehouse,
     }
     return handlers[args.command](args)
-
-
-def _setup_logs(settings: Any, args: argparse.Namespace | None = None) -> None:
-    from offloadd import logs
-    from offloadd.config import secret_values
-
-    level = getattr(args, "log_level", None) or settings.daemon.log_level
-    logs.configure(settings.daemon.log_format, level, secret_values(settings))
-
-
-# ---- commands ------------------------------------------------------------------------------
-def _cmd_standalone(args: argparse.Namespace) -> int:
-    from offloadd.shell.standalone import run_standalone
-
-    settings = _settings(args)
-    _setup_logs(settings, args)
-    summary = _run_dict(run_standalone(settings, duration=args.duration, rate=args.rate,
-                                       entry_size=args.entry_size, topics=args.topics,
-                                       config_path=args.config, payload=args.payload,
-                                       shape=_shape(args)))
-    print(json.dumps(summary))
-    return 1 if summary.get("drained") is False else 0
-
-
-def _run_dict(coro: Coroutine[Any, Any, dict[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-
-    async def wrap() -> int:
-        out.update(await coro)
-        return 0
-
-    _run(wrap())
-    return out
-
-
-def _cmd_run(args: argparse.Namespace) -> int:
-    # SIGHUP and SIGUSR1 terminate by default: ignore them before the second or so of imports
-    # (run_service keeps them ignored until the daemon's handlers are in place)
-    for sig in (signal.SIGHUP, signal.SIGUSR1):
-        signal.signal(sig, signal.SIG_IGN)
-    from offloadd.shell.service import run_service
-
-    settings = _settings(args)
-    _setup_logs(settings, args)
-    return _run(run_service(settings, args.config))
-
-
-def _cmd_produce(args: argparse.Namespace) -> int:
-    from offloadd import wiring
-    from offloadd.ledger.local import LocalLedgerWriter, StoreLock
-    from offloadd.shell.produce import produce, topic_names
-
-    if args.bytes is None and args.duration is None:
-        print("offloadd: produce needs --bytes N or --duration S", file=sys.stderr)
-        return 2
-    settings = _settings(args)
-    _setup_logs(settings, args)
-    topics = [args.topic] if args.topic else topic_names(args.topics)
-
-    # one writer per store: a second one would close this one's open ledgers under it
-    lock = StoreLock.acquire(settings.source.path, StoreLock.WRITER, holder="offloadd produce")
-
-    async def go() -> int:
-        md = await wiring.open_metadata(settings)
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
-        try:
-            writer = LocalLedgerWriter(settings.source.path, md, wiring.rollover_policy(settings),
-                                       max_entry_bytes=settings.source.max_entry_bytes)
-            try:
-                stats = await produce(writer, topics, entry_size=args.entry_size,
-                                      total_bytes=args.bytes, rate=args.rate,
-                                      duration=args.duration, stop=stop,
-                                      payload=args.payload, shape=_shape(args))
-            finally:
-                await writer.close()
-        finally:
-            await md.close()
-        out = {"entries": stats.entries, "bytes": stats.bytes,
-               "seconds": round(stats.seconds, 3), "topics": [str(t) for t in topics]}
-        if stats.digests:
-            out["sent"] = {str(t): d.to_json() for t, d in stats.digests.items()}
-        print(json.dumps(out))
-        return 0
-
-    try:
-        return _run(go())
-    finally:
-        lock.release()
-
-
-def _cmd_status(args: argparse.Namespace) -> int:
-    from offloadd.shell.status import collect, exit_code, render_text
-
-    settings = _settings(args)
-    _setup_logs(settings, args)
-
-    async def go() -> int:
-        st = await collect(settings, args.topic)
-        if args.json:
-            print(json.dumps(st, indent=2))
-        else:
-            print(render_text(st))
-        return exit_code(st)
-
-    return _run(go())
-
-
-def _cmd_read(args: argparse.Namespace) -> int:
-    from offloadd import wiring
-    from offloadd.read.reader import TierReader
-
-    settings = _settings(args)
-    _setup_logs(settings, args)
-
-    async def go() -> int:
-        md = await wiring.open_metadata(settings, read_only=True)
-        try:
-            bs = await wiring.open_blobstore(settings)
-        except BaseException:
-            await md.close()
-            raise
-        try:
-            reader = TierReader(md, bs, prefetch=settings.offload.prefetch_blocks())
-            out = sys.stdout.buffer
-            async for e in reader.read(args.topic, args.start, args.count):
-                if args.raw:
-                    out.write(e.payload)
-                else:
-                    out.write(f"{e.position}\t".encode() + base64.b64encode(e.payload) + b"\n")
-            out.flush()
-        finally:
-            await bs.close()
-            await md.close()
-        return 0
-
-    try:
-        return _run(go())
-    except BrokenPipeError:
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 0
-
-
-def _cmd_verify(args: argparse.Namespace) -> int:
-    from offloadd import wiring
-    from offloadd.metadata import managed_ledger
-    from offloadd.read.verify import verify
-
-    settings = _settings(args)
-    _setup_logs(settings, args)
-
-    async def go() -> int:
-        md = await wiring.open_metadata(settings, read_only=True)
-        try:
-            bs = await wiring.open_blobstore(settings)
-            try:
-                src = wiring.connect_source(settings, md, read_only=True)
-                try:
-                    topics = args.topic or [TopicName.from_managed_ledger(n)
-                                            for n in await managed_ledger.list_names(md)]
-                    with StatusLine(sys.stderr, prefix="verify") as line:
-                        rep = await verify(md, bs, src, topics,
-                                           grace_s=args.orphan_grace, on_progress=line.show)
-                finally:
-                    await src.source.close()
-            finally:
-                await bs.close()
-        finally:
-            await md.close()
-        if args.json:
-            print(json.dumps(rep.to_json(), indent=2))
-        else:
-            for t in rep.topics:
-                mark = "ok " if t.ok else "BAD"
-                print(f"{mark} {t.topic}: {t.segments} segments, {t.entries} entries, "
-                      f"last offloaded {t.last_offloaded}, gaps {len(t.gaps)}, "
-                      f"duplicates {t.duplicates}, checksum mismatches {t.checksum_mismatches}"
-                      + (f", differences from the source {t.source_mismatches}"
-                         if t.source_mismatches else ""))
-                for e in t.errors + t.gaps:
-                    print(f"    {e}")
-            print(f"orphans: {len(rep.orphans)}")
-            for o in rep.orphans:
-                print(f"    {o}")
-            print("verify: OK" if rep.ok else "verify: FAILED")
-        return 0 if rep.ok else 1
-
-    return _run(go())
-
-
-def _cmd_gc(args: argparse.Namespace) -> int:
-    import time
-
-    from offloadd import wiring
-    from offloadd.retention.gc import gc_pass, render_text
-
-    settings = _settings(args)
-    _setup_logs(settings, args)
-    if args.grace is not None and args.grace < 0:
-        print("offloadd: --grace must not be negative", file=sys.stderr)
-        return 2
-
-    async def go() -> int:
-        md = await wiring.open_metadata(settings, must_exist=True)  # gc never creates a store
-        try:
-            tier = await wiring.open_tier(settings)
-            try:
-                try:
-                    src = wiring.connect_source(settings, md, read_only=True)
-                except ConfigError as exc:  # deletions and the sweep need no source
-                    log.warning("gc without the ledger source: %s", exc)
-                    src = None
-                try:
-                    with StatusLine(sys.stderr, prefix="gc") as line:
-                        rep = await gc_pass(md, tier, src, wiring.gc_settings(settings),
-                                            now=time.time(), grace_s=args.grace,
-                                            dry_run=args.dry_run, on_progress=line.show)
-                finally:
-                    if src is not None:
-                        await src.source.close()
-            finally:
-                await tier.store.close()
-        finally:
-            await md.close()
-        print(json.dumps(rep.to_json(), indent=2) if args.json else render_text(rep))
-        return 0 if rep.ok else 1
-
-    return _run(go())
-
-
-# Optional features (pyproject's [project.optional-dependencies]): extra -> modules it brings.
-EXTRAS: dict[str, tuple[str, ...]] = {"spark": ("pyspark", "pyarrow")}
-
-
-def _need_extra(extra: str, command: str) -> None:
-    """``OffloaddError`` naming what to install when an optional feature's packages are
-    missing (a daemon install leaves them out)."""
-    import importlib.util
-
-    missing = [m for m in EXTRAS[extra] if importlib.util.find_spec(m) is None]
-    if missing:
-        raise OffloaddError(
-            f"{command} needs the '{extra}' extra ({', '.join(missing)} not installed): "
-            f"install it with  pip install 'offloadd[{extra}]'  (or  uv pip install "
-            f"'offloadd[{extra}]'  into this environment; the backfill container image "
-            "has it)")
-
-
-def _cmd_backfill(args: argparse.Namespace) -> int:
-    settings = _settings(args)
-    _need_extra("spark", "offloadd backfill")
-    from offloadd.backfill.command import backfill_command
-
-    _setup_logs(settings, args)
-    return backfill_command(settings, args)
-
-
-def _cmd_query(args: argparse.Namespace) -> int:
-    from offloadd.lakehouse.command import cmd_query
-
-    settings = _settings(args)
-    _setup_logs(settings, args)
-    return cmd_query(settings, args)
-
-
-def _cmd_lakehouse(args: argparse.Namespace) -> int:
-    from offloadd.lakehouse.command import cmd_lakehouse
-
-    settings = _settings(args)
-    _setup_logs(settings, args)
-    return cmd_lakehouse(settings, args, _run)
-
-
-def _cmd_offload_now(args: argparse.Namespace) -> int:
-    from offloadd.shell.pidfile import read_pid_file
-
-    settings = _settings(args)
-    if args.wait or args.url:
-        return _offload_now_http(settings, args)
-    pid_file = Path(settings.daemon.pid_file)
-    pid = read_pid_file(pid_file)  # refuses a stale file or a process that is not offloadd
-    if args.topic:
-        trig = pid_file.with_suffix(".trigger")
-        trig.write_text("".join(f"{t}\n" for t in args.topic))
-    os.kill(pid, signal.SIGUSR1)
-    print(f"asked offloadd (pid {pid}) to close its open segment(s) now")
-    return 0
-
-
-def _offload_now_http(settings: Any, args: argparse.Namespace) -> int:
-    """POST /offload-now on the daemon's metrics endpoint (``--url`` or ``[metrics] bind``)."""
-    import urllib.error
-    import urllib.request
-
-    url = args.url
-    if url is None:
-        if not settings.metrics.enabled:
-            raise ConfigError("offload-now --wait talks to the daemon's metrics endpoint, "
-                              "which [metrics] enabled = false turns off: enable it, or give "
-                              "--url, or drop --wait (then SIGUSR1 is sent)")
-        host, _, port = settings.metrics.bind.rpartition(":")
-        host = host.strip("[]")
-        if host in ("0.0.0.0", "::", ""):
-            host = "127.0.0.1"
-        url = f"http://{'[' + host + ']' if ':' in host else host}:{port}"
-    endpoint = url.rstrip("/") + "/offload-now"
-    body = {"topics": [str(t) for t in args.topic] if args.topic else None,
-            "wait": bool(args.wait), "timeout_s": args.timeout}
-    req = urllib.request.Request(endpoint, data=json.dumps(body).encode(), method="POST",
-                                 headers={"Content-Type": "application/json"})
-    token = settings.metrics.control_token
-    if token is not None:
-        req.add_header("Authorization", f"Bearer {token.get_secret_value()}")
-    try:
-        with urllib.request.urlopen(req, timeout=args.timeout + 30) as resp:
-            answer = json.loads(resp.read())
-    except urllib.error.HTTPError as exc:
-        try:
-            why = json.loads(exc.read()).get("error", exc.reason)
-        except ValueError:
-            why = exc.reason
-        raise OffloaddError(f"{endpoint}: HTTP {exc.code}: {why}") from None
-    except (OSError, ValueError) as exc:
-        raise OffloaddError(f"{endpoint}: no answer from offloadd ({exc}); is it running, "
-                            "with its metrics endpoint there?") from None
-    results = answer.get("results", [])
-    if args.json:
-        print(json.dumps(answer, indent=2))
-    else:
-        for r in results:
-            line = f"{r['topic']}: {r['result']}"
-            if r.get("result") == "committed":
-                line += f" up to {r['last_committed']} in {r['seconds']:.1f}s"
-            elif r.get("target"):
-                line += f" (target {r['target']}, last committed {r.get('last_committed')})"
-            if r.get("error"):
-                line += f": {r['error']}"
-            print(line)
-        if not results:
-            print("no topic to close")
-    return 0 if answer.get("ok") else 1
-
-
-def _cmd_config(args: argparse.Namespace) -> int:
-    from offloadd import config
-
-    if args.config_command == "reference":
-        print(config.reference_markdown(), end="")
-        return 0
-    settings = config.load(args.config)
-    print(f"{args.config or '<defaults>'}: ok (metadata {settings.metadata.url.split('@')[-1]}, "
-          f"driver {settings.blobstore.driver}, {len(settings.namespaces)} namespace and "
-          f"{len(settings.topics)} topic override(s))")
-    return 0
 
 
 if __name__ == "__main__":

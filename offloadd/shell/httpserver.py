@@ -1,4 +1,5 @@
-"""The operator's HTTP endpoint: ``/metrics``, ``/healthz``, ``/readyz``.
+"""The operator's HTTP endpoint: ``/metrics``, ``/healthz``, ``/readyz``, ``/status``, and
+``POST /offload-now``.
 
 ==========  =====================================================================================
 path        answer
@@ -68,7 +69,7 @@ def parse_bind(bind: str) -> tuple[str, int]:
 
 
 class MetricsServer:
-    """aiohttp server for the three endpoints; see the module docstring."""
+    """aiohttp server for the endpoints in the module docstring."""
 
     def __init__(
         self,

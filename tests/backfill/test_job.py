@@ -13,13 +13,8 @@ import pytest
 
 from offloadd import wiring
 from offloadd._proto import mldataformats_pb2 as pb
-from offloadd.backfill.job import (
-    BackfillFailed,
-    HistorySizes,
-    closed_ledgers,
-    make_plan,
-    run_backfill,
-)
+from offloadd.backfill.job import BackfillFailed, run_backfill
+from offloadd.backfill.plan import HistorySizes, closed_ledgers, make_plan
 from offloadd.commit import epochs
 from offloadd.errors import Conflict
 from offloadd.ledger.local import LocalLedgerSource, ledger_files

@@ -22,7 +22,7 @@ from offloadd.blobstore.base import StoreView
 from offloadd.blobstore.memory import MemoryBlobStore
 from offloadd.metadata.memory import MemoryMetadataStore
 from offloadd.model import TopicName
-from offloadd.shell import cli
+from offloadd.shell import cli, commands
 from offloadd.shell.ttyline import StatusLine
 from tests.ops.support import OFFLOADD, offloadd
 
@@ -87,9 +87,9 @@ class TestLogLevel:
         old = (root.level, root.handlers[:])
         try:
             args = cli.build_parser().parse_args(["status", "--log-level", "error"])
-            cli._setup_logs(config.load(None), args)
+            commands.setup_logs(config.load(None), args)
             assert root.level == logging.ERROR
-            cli._setup_logs(config.load(None), cli.build_parser().parse_args(["status"]))
+            commands.setup_logs(config.load(None), cli.build_parser().parse_args(["status"]))
             assert root.level == logging.INFO
         finally:
             root.setLevel(old[0])

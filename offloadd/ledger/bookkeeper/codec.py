@@ -60,6 +60,7 @@ import crc32c
 
 from offloadd._proto import bookkeeper_protocol_pb2 as pb
 from offloadd.errors import FormatError
+from offloadd.format.varint import encode_varint as _varint_slow
 
 __all__ = [
     "ENTRY_HEADER_LEN",
@@ -320,17 +321,6 @@ def decode_entry(body: bytes | memoryview, digest: Digest, *, ledger_id: int | N
 
 
 # ---- varints (protobuf wire format) -----------------------------------------------------------
-
-
-def _varint_slow(v: int) -> bytes:
-    if v < 0:
-        v += 1 << 64  # int64 negatives are ten-byte varints
-    out = bytearray()
-    while v >= 0x80:
-        out.append((v & 0x7F) | 0x80)
-        v >>= 7
-    out.append(v)
-    return bytes(out)
 
 
 _VARINTS = [_varint_slow(v) for v in range(1 << 14)]  # every one- and two-byte varint

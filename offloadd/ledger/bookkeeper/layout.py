@@ -47,6 +47,7 @@ from dataclasses import dataclass, field
 from offloadd._proto import bookkeeper_pb2
 from offloadd._proto import mldataformats_pb2 as mlpb
 from offloadd.errors import FormatError
+from offloadd.format.varint import encode_varint as _varint
 from offloadd.model.losses import LOST_PREFIX, LostLedger, lost_ledgers
 
 __all__ = [
@@ -188,15 +189,6 @@ class LedgerMetadata:
 def write_set(entry_id: int, ensemble_size: int, write_quorum: int) -> list[int]:
     """Ensemble positions holding ``entry_id``: ``(e + j) mod ensembleSize``, ``j < quorum``."""
     return [(entry_id + j) % ensemble_size for j in range(min(write_quorum, ensemble_size))]
-
-
-def _varint(v: int) -> bytes:
-    out = bytearray()
-    while v >= 0x80:
-        out.append((v & 0x7F) | 0x80)
-        v >>= 7
-    out.append(v)
-    return bytes(out)
 
 
 def decode_ledger_metadata(data: bytes, ledger_id: int, where: str) -> LedgerMetadata:
