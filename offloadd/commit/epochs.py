@@ -68,11 +68,8 @@ class TopicState:
 async def read_state(store: MetadataStore, ml_name: str) -> TopicState | None:
     """The topic's epoch and last acquirer; None if it was never owned."""
     path = topic_state_path(ml_name)
-    try:
-        node = await store.get(path)
-    except NotFound:
-        return None
-    return TopicState.decode(node.data, node.version, path)
+    node = await cas.read(store, path)
+    return None if node is None else TopicState.decode(node.data, node.version, path)
 
 
 async def current_epoch(store: MetadataStore, ml_name: str) -> int:

@@ -77,6 +77,19 @@ class Part:
     block: BlockPlan
 
 
+@dataclass(frozen=True)
+class ObjectPair:
+    """A whole object pair, either format: the data object's parts, its length and the index."""
+
+    parts: list[Part]
+    index: bytes
+    length: int
+
+    def data_bytes(self) -> bytes:
+        """The data object as one bytes value (copies; for tests and small objects)."""
+        return b"".join([b for p in self.parts for b in p.buffers])
+
+
 def make_part(
     plan: BlockPlan, part_number: int, offset: int, header: bytes, data: memoryview
 ) -> Part:

@@ -37,7 +37,7 @@ from offloadd.errors import FormatError, NotFound
 from offloadd.format import _index
 from offloadd.format._index import IndexEntry
 from offloadd.format.block import HEADER_LEN, MIN_PADDING, pack_ledger_header
-from offloadd.format.layout import Part, make_part, plan_blocks
+from offloadd.format.layout import ObjectPair, Part, make_part, plan_blocks
 from offloadd.model.frames import EntryRun
 
 Buffer = bytes | bytearray | memoryview
@@ -196,17 +196,7 @@ def build_ledger_metadata(
     return meta.SerializeToString()
 
 
-@dataclass(frozen=True)
-class LedgerObject:
-    """A whole ledger-based object pair: the data object's parts, its length and the index."""
-
-    parts: list[Part]
-    index: bytes
-    length: int
-
-    def data_bytes(self) -> bytes:
-        """The data object as one bytes value (copies; for tests and small objects)."""
-        return b"".join([b for p in self.parts for b in p.buffers])
+LedgerObject = ObjectPair  # a whole ledger-based object pair
 
 
 def build_ledger_object(

@@ -40,7 +40,7 @@ from offloadd.errors import FormatError, NotFound
 from offloadd.format import _index
 from offloadd.format._index import IndexEntry
 from offloadd.format.block import HEADER_LEN, pack_streaming_header
-from offloadd.format.layout import Part, make_part, plan_blocks
+from offloadd.format.layout import ObjectPair, Part, make_part, plan_blocks
 from offloadd.model.frames import FRAME_OVERHEAD, EntryRun
 
 Buffer = bytes | bytearray | memoryview
@@ -202,17 +202,7 @@ def _parse_ledger_info(raw: bytes, obj: str, at: int) -> ManagedLedgerInfo.Ledge
     return info
 
 
-@dataclass(frozen=True)
-class StreamingObject:
-    """A whole streaming object pair: the data object's parts, its length and the index."""
-
-    parts: list[Part]
-    index: bytes
-    length: int
-
-    def data_bytes(self) -> bytes:
-        """The data object as one bytes value (copies; for tests and small objects)."""
-        return b"".join([b for p in self.parts for b in p.buffers])
+StreamingObject = ObjectPair  # a whole streaming object pair
 
 
 @dataclass

@@ -33,7 +33,7 @@ from offloadd.errors import Conflict, NotFound
 from offloadd.metadata.base import CreateOp, MetadataStore, Op, SetOp, Versioned
 from offloadd.retry import CAS, Backoff
 
-__all__ = ["Edit", "update"]
+__all__ = ["Edit", "read", "update"]
 
 # node as read (None: absent) -> the bytes to store, or None to leave the node as it is
 Edit = Callable[[Versioned | None], bytes | None]
@@ -83,6 +83,14 @@ async def update(store: MetadataStore, path: str, edit: Edit, *, create: bool = 
             continue
         return Versioned(data, 0 if node is None else node.version + 1)
     raise Conflict(f"{path}: gave up after {attempts} lost compare-and-set races")
+
+
+async def read(store: MetadataStore, path: str) -> Versioned | None:
+    """The node, or None when it is absent (the read half of a read-modify-write)."""
+    try:
+        return await store.get(path)
+    except NotFound:
+        return None
 
 
 async def _ensure_parent(store: MetadataStore, path: str) -> None:

@@ -27,7 +27,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-from offloadd.errors import FormatError, NotFound
+from offloadd.errors import FormatError
 from offloadd.metadata import cas
 from offloadd.metadata.base import MetadataStore, Op
 from offloadd.model.keys import offload_status_path
@@ -76,11 +76,8 @@ class OffloadStatus:
 async def read(store: MetadataStore, ml_name: str) -> OffloadStatus | None:
     """The topic's recorded status; None if no owner ever wrote one."""
     path = offload_status_path(ml_name)
-    try:
-        node = await store.get(path)
-    except NotFound:
-        return None
-    return OffloadStatus.decode(node.data, path)
+    node = await cas.read(store, path)
+    return None if node is None else OffloadStatus.decode(node.data, path)
 
 
 async def write(store: MetadataStore, ml_name: str, status: OffloadStatus,
