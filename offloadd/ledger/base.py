@@ -12,7 +12,7 @@ one by one. ``EntryRun.offsets`` holds the start of every frame plus the end of 
 An open ledger is readable only up to its last-add-confirmed entry (``LedgerDesc.last_entry_id``);
 a source never hands out bytes past it, and never a torn entry.
 
-Implementations: ``local.py`` (the embedded managed-ledger store), ``bookkeeper.py`` (a Pulsar
+Implementations: ``local/`` (the embedded managed-ledger store), ``bookkeeper/`` (a Pulsar
 cluster), ``memory.py`` (unit tests).
 """
 
