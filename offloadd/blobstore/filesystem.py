@@ -53,7 +53,7 @@ from typing import Any, TypeVar
 
 from offloadd.blobstore.base import Buffers, ObjectInfo
 from offloadd.blobstore.health import HealthPolicy, StoreHealth
-from offloadd.blobstore.memory import check_parts, check_range
+from offloadd.blobstore.parts import check_part, check_parts, check_range
 from offloadd.errors import ConfigError, Fatal, NotFound, OffloaddError, Retriable
 
 log = logging.getLogger(__name__)
@@ -464,8 +464,7 @@ class FilesystemUpload:
 
     async def put_part(self, part_number: int, offset: int, data: Buffers) -> None:
         self._check_open()
-        if part_number < 1 or offset < 0:
-            raise Fatal(f"upload of {self.key}: bad part {part_number} at offset {offset}")
+        check_part(f"upload of {self.key}", part_number, offset)
         views = _as_bytes_views(data)
         nbytes = sum(v.nbytes for v in views)
         self._in_flight += 1
@@ -481,7 +480,7 @@ class FilesystemUpload:
         if self._in_flight:
             raise Fatal(f"upload of {self.key}: complete() while {self._in_flight} parts are "
                         "still being written; await every put_part first")
-        size = check_parts(self.key, self._parts)
+        size = check_parts(f"upload of {self.key}", self._parts)
         self._state = "completing"
         try:
             info = await self._store._run("complete", f"completing upload of {self.key} "
