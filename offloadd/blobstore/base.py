@@ -12,10 +12,21 @@ used for index objects.
 Errors: ``NotFound``, ``Retriable`` (transient; caller may retry), ``Fatal``; nothing else.
 
 Implementations: ``filesystem.py``, ``s3.py`` (aiobotocore), ``memory.py`` (unit tests).
+
+Optional capabilities, each a protocol below, handed to their users by :mod:`offloadd.wiring`
+(which built the store; nobody probes an object for a method):
+
+=====================  ===========================================  ==========================
+capability             used by                                      implemented by
+=====================  ===========================================  ==========================
+``UploadSweeper``      the gc pass's sweep of stale uploads         filesystem, s3
+``StoreHealthView``    ``/readyz``, ``/status``, the circuit gauge  ``health.StoreHealth``
+=====================  ===========================================  ==========================
 """
 
 from __future__ import annotations
 
+import enum
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
@@ -69,3 +80,29 @@ class BlobStore(Protocol):
         ...
 
     async def close(self) -> None: ...
+
+
+# ---- optional capabilities (see the module docstring) -------------------------------------------
+
+class UploadSweeper(Protocol):
+    """A store whose incomplete uploads outlive the process that started them (S3 multipart
+    uploads, the filesystem store's ``.uploads`` files)."""
+
+    async def sweep_incomplete_uploads(self, older_than_s: float) -> int:
+        """Discard uploads started more than ``older_than_s`` ago and never completed; how
+        many were discarded."""
+        ...
+
+
+class StoreHealthView(Protocol):
+    """A store's health circuit as the pipeline sees it (:class:`~offloadd.blobstore.health.
+    StoreHealth`): the state the circuit gauge shows and the readiness ``/readyz`` answers."""
+
+    @property
+    def state(self) -> enum.Enum:
+        """``.value`` is ``healthy``, ``degraded-paused`` or ``recovering``."""
+        ...
+
+    def readiness(self) -> tuple[bool, str]:
+        """(ready, why): False while the circuit is open or the store refuses everything."""
+        ...

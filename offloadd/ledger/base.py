@@ -14,15 +14,33 @@ a source never hands out bytes past it, and never a torn entry.
 
 Implementations: ``local/`` (the embedded managed-ledger store), ``bookkeeper/`` (a Pulsar
 cluster), ``memory.py`` (unit tests).
+
+Optional capabilities, each a protocol of its own below, declared by the implementations that
+have them and handed to the code that uses them by :mod:`offloadd.wiring` (which built the
+source and so knows its type; nobody probes an object for a method):
+
+=====================  ==========================================  ===========================
+capability             used by                                     implemented by
+=====================  ==========================================  ===========================
+``LedgerDeleter``      retention (``retention/gc.py``)             local, memory
+``LocalCopies``        ``[retention] trim_source``                 local
+``EntryChecksums``     ``offloadd verify``                         local, bookkeeper
+``StoredEntries``      ``offloadd verify``                         local
+``FrameOffsets``       lag bytes, the backfill splitter            local
+``SourceMetrics``      the daemon's ``/metrics``                   bookkeeper
+=====================  ==========================================  ===========================
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from offloadd.model import LedgerDesc, TopicName
+
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
 
 FRAME_OVERHEAD = 12  # int32 length + int64 entry id
 
@@ -82,3 +100,59 @@ class LedgerSource(Protocol):
         ...
 
     async def close(self) -> None: ...
+
+
+# ---- optional capabilities (see the module docstring) -------------------------------------------
+
+class LedgerDeleter(Protocol):
+    """A source that applies retention itself (the embedded store). A Pulsar broker deletes its
+    own ledgers: the BookKeeper source has no such capability."""
+
+    async def delete_ledger(self, topic: TopicName, ledger_id: int) -> None:
+        """Drop the closed ledger from the topic's managed ledger (compare-and-set), then its
+        data. ``NotFound`` if the topic does not list it, ``Conflict`` if it is open."""
+        ...
+
+
+class LocalCopies(Protocol):
+    """A source that keeps its own copy of each ledger's data (the embedded store's files) and
+    can drop it once the tier holds the ledger (``[retention] trim_source``; the managed ledger
+    keeps listing the ledger with ``offloadContext.bookkeeperDeleted`` set)."""
+
+    async def drop_local_copy(self, ledger_id: int) -> bool:
+        """Remove the ledger's data; True if any was there. Idempotent (a crash between the
+        flag and the removal is finished by the next call). ``Retriable`` on I/O errors."""
+        ...
+
+
+class EntryChecksums(Protocol):
+    """A source that keeps a CRC32C of every payload."""
+
+    async def read_crcs(self, ledger_id: int, first_entry_id: int,
+                        last_entry_id: int) -> Sequence[int]:
+        """The stored CRC32C of each payload of entries ``first..last`` (all readable)."""
+        ...
+
+
+class StoredEntries(Protocol):
+    """A source that can count what its own storage holds, whatever the metadata says."""
+
+    async def stored_entries(self, ledger_id: int) -> int | None:
+        """How many whole entries the ledger's data holds; None when its data is gone."""
+        ...
+
+
+class FrameOffsets(Protocol):
+    """A source that knows where every entry's frame starts without reading the entries."""
+
+    def cumulative_bytes(self, ledger_id: int, entry_id: int) -> int:
+        """Frame bytes of entries ``0 .. entry_id - 1`` (``entry_id`` may be the count of
+        readable entries). Blocking: call it from a worker thread. ``NotFound`` for a missing
+        ledger or an entry past the readable ones."""
+        ...
+
+
+class SourceMetrics(Protocol):
+    """A source with Prometheus series of its own (the BookKeeper client's)."""
+
+    def register(self, registry: CollectorRegistry) -> None: ...

@@ -9,13 +9,18 @@ every ``set``. ``set``/``delete`` with ``version >= 0`` are compare-and-set: the
 
 Implementations: ``embedded.py`` (SQLite, several processes on one machine),
 ``zookeeper.py`` (kazoo), ``memory.py`` (unit tests).
+
+Optional capability: :class:`Sessions`, a store whose ephemeral nodes live in a session that can
+be suspended and lost (ZooKeeper). :mod:`offloadd.wiring` hands it to cluster ownership and the
+circuit gauge; the embedded and memory stores end a session only when the process ends.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import enum
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 
 @dataclass(frozen=True)
@@ -96,3 +101,20 @@ class MetadataStore(Protocol):
         ...
 
     async def close(self) -> None: ...
+
+
+class Sessions(Protocol):
+    """A store with sessions; its states are an enum valued ``connected``, ``suspended`` and
+    ``lost`` (a lost session took its ephemeral nodes with it)."""
+
+    @property
+    def session_id(self) -> int | None:
+        """The current session's id while connected (a new one after ``lost``)."""
+        ...
+
+    @property
+    def session_state(self) -> enum.Enum: ...
+
+    def add_session_listener(self, listener: Callable[[Any], object]) -> Callable[[], None]:
+        """Call ``listener(state)`` on the event loop at each transition; returns the remover."""
+        ...
