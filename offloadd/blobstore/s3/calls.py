@@ -2,8 +2,9 @@
 
 Retries
   Only what can succeed later is retried (:func:`~offloadd.blobstore.s3.errors.translate` says
-  ``Retriable``), with exponential backoff and full jitter (``uniform(0, min(retry_max_s,
-  retry_base_s * 2**n))``), at most ``max_attempts`` times while the store is healthy.
+  ``Retriable``), waiting as the product's one backoff policy says (:class:`offloadd.retry.Backoff`
+  from ``retry_base_s`` to ``retry_max_s``: capped exponential, full jitter), at most
+  ``max_attempts`` times while the store is healthy.
 
 Deadlines
   Every operation has one overall deadline: ``request_timeout_s``, plus ``nbytes /
@@ -48,6 +49,7 @@ from offloadd.blobstore.s3.errors import BACKEND_ERRORS, is_refusal, translate
 from offloadd.blobstore.s3.options import S3Options
 from offloadd.blobstore.s3.session import Endpoint
 from offloadd.errors import Fatal, NotFound, OffloaddError, Retriable
+from offloadd.retry import Backoff
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +73,7 @@ class Requests:
         self.health = health
         self.state = State.OPEN
         self._readers = (*replicas, primary) if replicas else ()
+        self._backoff = Backoff(options.retry_base_s, options.retry_max_s)
         self._rng = random.Random()
 
     def key(self, key: str) -> str:
@@ -87,10 +90,6 @@ class Requests:
         if self.options.sse_kms_key_id:
             args["SSEKMSKeyId"] = self.options.sse_kms_key_id
         return args
-
-    def _backoff(self, attempt: int) -> float:
-        o = self.options
-        return self._rng.uniform(0.0, min(o.retry_max_s, o.retry_base_s * 2 ** (attempt - 1)))
 
     def pick(self, read: bool, skip: set[int]) -> Endpoint:
         if not read or not self._readers:
@@ -228,7 +227,7 @@ class Requests:
                 attempts += 1
                 if attempts >= self.options.max_attempts:
                     raise Retriable(f"{err} (gave up after {attempts} attempts)") from err
-            delay = self._backoff(max(attempts, 1))
+            delay = self._backoff.delay(max(attempts, 1), self._rng)
             if loop.time() + delay >= deadline:
                 raise missed("still failing, and another try would pass the deadline") from err
             log.debug("retrying %s %s in %.2fs: %s", op, self.where(key), delay, err)
