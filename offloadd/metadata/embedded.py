@@ -34,7 +34,7 @@ from typing import TypeVar
 
 from offloadd.errors import Conflict, Fatal, NotFound, OffloaddError, Retriable
 from offloadd.metadata.base import CheckOp, CreateOp, DeleteOp, Op, SetOp, Versioned
-from offloadd.metadata.memory import check_path, parent_of
+from offloadd.metadata.nodes import check_path, parent_of
 
 T = TypeVar("T")
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field, replace
 
 from offloadd.errors import Conflict, Fatal, NotFound
 from offloadd.metadata.base import CheckOp, CreateOp, DeleteOp, Op, SetOp, Versioned
+from offloadd.metadata.nodes import check_path, parent_of
 
 _sessions = itertools.count(1)
 
@@ -34,16 +35,6 @@ class _Node:
 @dataclass
 class MemoryTree:
     nodes: dict[str, _Node] = field(default_factory=lambda: {"/": _Node(b"")})
-
-
-def check_path(path: str) -> None:
-    """Reject what ZooKeeper rejects: relative paths, trailing ``/``, empty components."""
-    if not path.startswith("/") or (path != "/" and (path.endswith("/") or "//" in path)):
-        raise Fatal(f"invalid metadata path {path!r}: must be absolute, no empty components")
-
-
-def parent_of(path: str) -> str:
-    return path.rsplit("/", 1)[0] or "/"
 
 
 def _child_prefix(path: str) -> str:
