@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 
 from offloadd.errors import Conflict, Fatal, NotFound
 from offloadd.metadata.base import CheckOp, CreateOp, DeleteOp, Op, SetOp, Versioned
-from offloadd.metadata.nodes import check_path, parent_of
+from offloadd.metadata.nodes import apply_all, check_path, parent_of
 
 _sessions = itertools.count(1)
 
@@ -96,12 +96,7 @@ class MemoryMetadataStore:
         # Nodes are immutable, so a shallow copy is a snapshot; it is swapped in only if
         # every op succeeds.
         staged = dict(self._tree.nodes)
-        results: list[int | str | None] = []
-        for i, op in enumerate(ops):
-            try:
-                results.append(self._apply(staged, op))
-            except (Conflict, NotFound, Fatal) as e:
-                raise type(e)(f"multi op {i} {op!r} failed: {e}") from e
+        results = apply_all(ops, lambda op: self._apply(staged, op))
         self._tree.nodes = staged
         return results
 
