@@ -15,7 +15,8 @@ always write the bare protobuf back. All integers are big-endian::
 
     enum CompressionType { NONE = 0; LZ4 = 1; ZLIB = 2; ZSTD = 3; SNAPPY = 4; }
 
-The codecs are Pulsar's message codecs: ZLIB is ``java.util.zip.Deflater`` with its zlib header,
+The codecs are Pulsar's message codecs (the enum is :class:`offloadd.format.compression.Compression`,
+here also ``CompressionType``): ZLIB is ``java.util.zip.Deflater`` with its zlib header,
 flushed with ``SYNC_FLUSH`` and never finished, so the stream has no final block and no Adler-32
 trailer and a decoder must accept an unterminated stream; LZ4 is one raw LZ4 block (no frame);
 SNAPPY is raw Snappy; ZSTD is one zstd frame. Only NONE and ZLIB decode with the standard library;
@@ -29,13 +30,11 @@ Pure: no I/O.
 
 from __future__ import annotations
 
-import enum
 import struct
 import zlib
 
-from offloadd._proto import mldataformats_pb2 as pb
 from offloadd.errors import FormatError
-from offloadd.metadata import managed_ledger
+from offloadd.format.compression import Compression as CompressionType
 
 MAGIC = 0x4778
 HEADER = struct.Struct(">HI")  # magic, metadata length
@@ -43,14 +42,6 @@ HEADER = struct.Struct(">HI")  # magic, metadata length
 # ZooKeeper's default jute.maxbuffer is 1 MiB; a metadata record claiming far more than that
 # uncompressed is junk, and refusing it bounds the memory a corrupt header can make us allocate.
 MAX_UNCOMPRESSED = 256 * 1024 * 1024
-
-
-class CompressionType(enum.IntEnum):
-    NONE = 0
-    LZ4 = 1
-    ZLIB = 2
-    ZSTD = 3
-    SNAPPY = 4
 
 
 def is_envelope(data: bytes) -> bool:
@@ -84,12 +75,6 @@ def unwrap(data: bytes, where: str = "ManagedLedgerInfo") -> bytes:
         raise FormatError(where, meta_end, f"envelope body is {len(payload)} bytes uncompressed, "
                                            f"metadata says {size}")
     return payload
-
-
-def decode_managed_ledger_info(data: bytes,
-                               where: str = "ManagedLedgerInfo") -> pb.ManagedLedgerInfo:
-    """Parse a ``/managed-ledgers/<name>`` value in either layout."""
-    return managed_ledger.decode(unwrap(data, where), where)
 
 
 def _parse_metadata(data: bytes, start: int, end: int, where: str) -> tuple[CompressionType, int]:

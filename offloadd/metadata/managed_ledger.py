@@ -12,16 +12,16 @@ from collections.abc import Callable
 from offloadd._proto import mldataformats_pb2 as pb
 from offloadd.errors import Conflict, FormatError, NotFound
 from offloadd.metadata.base import MetadataStore, Versioned
+from offloadd.metadata.envelope import unwrap
 from offloadd.paths import managed_ledger_path
 
 ManagedLedgerInfo = pb.ManagedLedgerInfo
 LedgerInfo = pb.ManagedLedgerInfo.LedgerInfo
 
 
-def decode(data: bytes, where: str) -> pb.ManagedLedgerInfo:
-    """Parse ``ManagedLedgerInfo`` bytes; ``FormatError`` names the znode on junk."""
-    from offloadd.metadata.envelope import unwrap  # Pulsar's optional compressed envelope
-
+def decode(data: bytes, where: str = "ManagedLedgerInfo") -> pb.ManagedLedgerInfo:
+    """Parse ``ManagedLedgerInfo`` bytes, bare or in Pulsar's compressed envelope
+    (:mod:`offloadd.metadata.envelope`); ``FormatError`` names the znode on junk."""
     info = pb.ManagedLedgerInfo()
     try:
         info.ParseFromString(unwrap(data, where))
