@@ -18,7 +18,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 
-from offloadd.blobstore.base import Buffers, ObjectInfo
+from offloadd.blobstore.base import BlobStore, Buffers, MultipartUpload, ObjectInfo
 from offloadd.blobstore.parts import check_part, check_parts, check_range
 from offloadd.errors import Fatal, NotFound
 
@@ -35,7 +35,7 @@ class _Object:
         return ObjectInfo(key, len(self.data), self.metadata, self.mtime)
 
 
-class MemoryBlobStore:
+class MemoryBlobStore(BlobStore):
     name = "memory"
 
     def __init__(self, fault: FaultHook | None = None) -> None:
@@ -91,7 +91,7 @@ class MemoryBlobStore:
         return obj
 
 
-class MemoryUpload:
+class MemoryUpload(MultipartUpload):
     def __init__(self, store: MemoryBlobStore, key: str, metadata: dict[str, str]) -> None:
         self.key = key
         self._store = store

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from offloadd.errors import Conflict, Fatal, NotFound
-from offloadd.metadata.base import CheckOp, CreateOp, DeleteOp, Op, SetOp, Versioned
+from offloadd.metadata.base import CheckOp, CreateOp, DeleteOp, MetadataStore, Op, SetOp, Versioned
 from offloadd.metadata.nodes import apply_all, check_path, parent_of
 
 _sessions = itertools.count(1)
@@ -41,7 +41,7 @@ def _child_prefix(path: str) -> str:
     return "/" if path == "/" else path + "/"
 
 
-class MemoryMetadataStore:
+class MemoryMetadataStore(MetadataStore):
     def __init__(self, tree: MemoryTree | None = None) -> None:
         self._tree = tree if tree is not None else MemoryTree()
         self._session = next(_sessions)

@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from pathlib import Path
 from typing import TypeVar
 
-from offloadd.blobstore.base import Buffers, ObjectInfo
+from offloadd.blobstore.base import BlobStore, Buffers, ObjectInfo, UploadSweeper
 from offloadd.blobstore.filesystem.tree import Tree, check_key, translate
 from offloadd.blobstore.filesystem.upload import FilesystemUpload
 from offloadd.blobstore.filesystem.workers import Workers
@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
-class FilesystemBlobStore:
+class FilesystemBlobStore(BlobStore, UploadSweeper):
     name = "filesystem"
 
     def __init__(self, root: str | Path, *, request_timeout_s: float = 30.0,

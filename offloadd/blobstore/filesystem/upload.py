@@ -15,7 +15,7 @@ import threading
 import uuid
 from typing import TYPE_CHECKING
 
-from offloadd.blobstore.base import Buffers, ObjectInfo
+from offloadd.blobstore.base import Buffers, MultipartUpload, ObjectInfo
 from offloadd.blobstore.filesystem.tree import as_bytes_views, fsync_dir, pwritev_all
 from offloadd.blobstore.parts import check_part, check_parts
 from offloadd.errors import Fatal
@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from offloadd.blobstore.filesystem.store import FilesystemBlobStore
 
 
-class FilesystemUpload:
+class FilesystemUpload(MultipartUpload):
     """One object being written into ``.uploads/<random>``; ``key`` is its final name."""
 
     def __init__(self, store: FilesystemBlobStore, key: str, metadata: dict[str, str]) -> None:

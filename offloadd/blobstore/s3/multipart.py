@@ -23,7 +23,7 @@ from typing import Any, Literal
 
 from botocore.exceptions import ClientError
 
-from offloadd.blobstore.base import Buffers, ObjectInfo
+from offloadd.blobstore.base import Buffers, MultipartUpload, ObjectInfo
 from offloadd.blobstore.parts import check_part, check_parts
 from offloadd.blobstore.s3.calls import Requests
 from offloadd.blobstore.s3.checksums import crc32c_b64, multipart_etag
@@ -137,7 +137,7 @@ class _Part:
     checksum: str
 
 
-class S3MultipartUpload:
+class S3MultipartUpload(MultipartUpload):
     """One S3 multipart upload; see the module docstring."""
 
     def __init__(self, uploads: Uploads, key: str, upload_id: str,

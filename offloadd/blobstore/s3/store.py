@@ -11,7 +11,7 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
-from offloadd.blobstore.base import Buffers, ObjectInfo
+from offloadd.blobstore.base import BlobStore, Buffers, ObjectInfo, UploadSweeper
 from offloadd.blobstore.health import StoreHealth
 from offloadd.blobstore.parts import check_range
 from offloadd.blobstore.s3.calls import Requests, State
@@ -23,7 +23,7 @@ from offloadd.blobstore.s3.session import connect
 from offloadd.errors import NotFound, Retriable
 
 
-class S3BlobStore:
+class S3BlobStore(BlobStore, UploadSweeper):
     """:class:`~offloadd.blobstore.base.BlobStore` on S3; create with :meth:`open`."""
 
     name = "aws-s3"

@@ -167,6 +167,16 @@ def discard_files(files: LedgerFiles, fds: Sequence[int]) -> None:
         path.unlink(missing_ok=True)
 
 
+def remove_files(files: LedgerFiles) -> bool:
+    """Unlink every file of the ledger; True if any was there."""
+    found = False
+    for path in files.all():
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+            found = True
+    return found
+
+
 def close_fds(fds: Sequence[int]) -> None:
     for fd in fds:
         with contextlib.suppress(OSError):

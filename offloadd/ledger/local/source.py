@@ -10,8 +10,17 @@ from bisect import bisect_right
 from collections.abc import Sequence
 from pathlib import Path
 
-from offloadd.errors import ConfigError, Conflict, FormatError, NotFound
-from offloadd.ledger.base import FRAME_OVERHEAD, EntryRun
+from offloadd.errors import ConfigError, Conflict, FormatError, NotFound, Retriable
+from offloadd.ledger.base import (
+    FRAME_OVERHEAD,
+    EntryChecksums,
+    EntryRun,
+    FrameOffsets,
+    LedgerDeleter,
+    LedgerSource,
+    LocalCopies,
+    StoredEntries,
+)
 from offloadd.ledger.local.check import RunCheck
 from offloadd.ledger.local.files import (
     LedgerFiles,
@@ -23,6 +32,7 @@ from offloadd.ledger.local.files import (
     os_error,
     pread,
     pread_into,
+    remove_files,
     scan,
     scan_files,
 )
@@ -46,8 +56,11 @@ def _not_readable(topic: TopicName, ledger_id: int, first: int, last: int,
                     "more, its files are truncated or their offset index is corrupt)")
 
 
-class LocalLedgerSource:
-    """:class:`~offloadd.ledger.base.LedgerSource` over the files of the embedded store.
+class LocalLedgerSource(LedgerSource, LedgerDeleter, LocalCopies, EntryChecksums, StoredEntries,
+                        FrameOffsets):
+    """:class:`~offloadd.ledger.base.LedgerSource` over the files of the embedded store, with
+    every optional capability a source may have but metrics of its own (see
+    :mod:`offloadd.ledger.base`).
 
     Reads need no metadata: a ledger's files hold exactly its readable entries plus, while it is
     open, possibly a torn tail that is clamped away. ``verify_crc`` (the default) checks every
@@ -215,14 +228,19 @@ class LocalLedgerSource:
         except NotFound as exc:
             raise NotFound(f"{topic}: cannot delete ledger {ledger_id}: {exc}") from exc
 
-        def unlink() -> None:
-            for path in ledger_files(self.path, ledger_id).all():
-                path.unlink(missing_ok=True)
-
         try:
-            await asyncio.to_thread(unlink)
+            await asyncio.to_thread(remove_files, ledger_files(self.path, ledger_id))
         except OSError as exc:
             raise os_error(exc, f"{topic}: deleting files of ledger {ledger_id}") from exc
+
+    async def drop_local_copy(self, ledger_id: int) -> bool:
+        """Remove the ledger's files, keeping its place in the managed ledger (``[retention]
+        trim_source``, once the tier holds it); True if any file was there. Idempotent: it also
+        finishes a removal a crash interrupted. ``Retriable`` on any I/O error."""
+        try:
+            return await asyncio.to_thread(remove_files, ledger_files(self.path, ledger_id))
+        except OSError as exc:
+            raise Retriable(f"dropping the local copy of ledger {ledger_id}: {exc}") from exc
 
     async def close(self) -> None:
         """Nothing to release: reads open and close their files."""

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from offloadd.errors import Fatal, NotFound, Retriable
-from offloadd.metadata.base import Op, Versioned
+from offloadd.metadata.base import MetadataStore, Op, Versioned
 from offloadd.metadata.embedded import tree
 from offloadd.metadata.embedded.database import (
     connect,
@@ -25,7 +25,7 @@ from offloadd.metadata.nodes import apply_all, check_path
 T = TypeVar("T")
 
 
-class EmbeddedMetadataStore:
+class EmbeddedMetadataStore(MetadataStore):
     """A :class:`~offloadd.metadata.base.MetadataStore` session on ``<path>/metadata.db``.
 
     Construction does no I/O; the database is opened on first use, or by :meth:`open`.

@@ -15,7 +15,16 @@ from kazoo.exceptions import RolledBackError, RuntimeInconsistency
 from kazoo.retry import KazooRetry
 
 from offloadd.errors import Conflict, Fatal, NotFound, Retriable
-from offloadd.metadata.base import CheckOp, CreateOp, DeleteOp, Op, SetOp, Versioned
+from offloadd.metadata.base import (
+    CheckOp,
+    CreateOp,
+    DeleteOp,
+    MetadataStore,
+    Op,
+    Sessions,
+    SetOp,
+    Versioned,
+)
 from offloadd.metadata.nodes import check_path
 from offloadd.metadata.zookeeper.acl import DigestAcl, kazoo_logger, release_logger
 from offloadd.metadata.zookeeper.bridge import Bridge
@@ -32,7 +41,7 @@ log = logging.getLogger(__name__)
 _ATOMIC_DELETE_LIMIT = 1000
 
 
-class ZooKeeperMetadataStore:
+class ZooKeeperMetadataStore(MetadataStore, Sessions):
     """One ZooKeeper session. Open with :meth:`open`; the constructor is internal."""
 
     def __init__(self, *, url: ZooKeeperUrl, client: KazooClient, acl: DigestAcl | None,
