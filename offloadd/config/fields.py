@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from typing import Any
 
 from pydantic import AliasChoices, BaseModel, ConfigDict
+
+from offloadd.errors import ConfigError
+from offloadd.model import TopicName
 
 MiB = 1024 * 1024
 
@@ -13,6 +17,16 @@ MiB = 1024 * 1024
 def alias(*names: str) -> Any:
     """A key and the Pulsar names accepted for it (``alias("key", "pulsarName")``)."""
     return AliasChoices(*names)
+
+
+def topic_keys(names: Iterable[str]) -> None:
+    """Every table key must be a full topic name (``persistent://tenant/ns/topic``); for a
+    validator, so the error names the key."""
+    for name in names:
+        try:
+            TopicName.parse(name)
+        except ConfigError as exc:
+            raise ValueError(str(exc)) from None
 
 
 class Section(BaseModel):

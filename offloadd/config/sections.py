@@ -10,9 +10,7 @@ from typing import Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 
-from offloadd.config.fields import MiB, Section, alias
-from offloadd.errors import ConfigError
-from offloadd.model import TopicName
+from offloadd.config.fields import MiB, Section, alias, topic_keys
 
 S3_MIN_PART_SIZE = 5 * MiB  # S3 refuses a smaller part but the last: EntityTooSmall
 
@@ -232,11 +230,7 @@ class LakehouseSettings(Section):
     @field_validator("json_fields")
     @classmethod
     def _check_json_topics(cls, v: dict[str, dict[str, str]]) -> dict[str, dict[str, str]]:
-        for name in v:
-            try:
-                TopicName.parse(name)
-            except ConfigError as exc:
-                raise ValueError(str(exc)) from None
+        topic_keys(v)
         return v
 
 

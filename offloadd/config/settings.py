@@ -11,7 +11,7 @@ from typing import Any
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
-from offloadd.config.fields import MiB, key_text
+from offloadd.config.fields import MiB, key_text, topic_keys
 from offloadd.config.policy import OffloadPolicy, OffloadSettings, PolicyOverride
 from offloadd.config.sections import (
     BlobstoreSettings,
@@ -22,7 +22,6 @@ from offloadd.config.sections import (
     RetentionSettings,
     SourceSettings,
 )
-from offloadd.errors import ConfigError
 from offloadd.model import TopicName
 
 # The smallest block there is: a 128-byte header, one 0-byte frame header... and 4 bytes of padding
@@ -63,11 +62,7 @@ class Settings(BaseSettings):
     @field_validator("topics")
     @classmethod
     def _check_topics(cls, v: dict[str, PolicyOverride]) -> dict[str, PolicyOverride]:
-        for name in v:
-            try:
-                TopicName.parse(name)
-            except ConfigError as exc:
-                raise ValueError(str(exc)) from None
+        topic_keys(v)
         return v
 
     @field_validator("namespaces")

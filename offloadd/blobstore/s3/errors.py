@@ -120,8 +120,8 @@ HINTS = {
 }
 
 
-def _client_error_parts(exc: Any) -> tuple[str, int, str]:
-    response: Mapping[str, Any] = getattr(exc, "response", None) or {}
+def _client_error_parts(exc: ClientError) -> tuple[str, int, str]:
+    response: Mapping[str, Any] = exc.response or {}
     error: Mapping[str, Any] = response.get("Error") or {}
     meta: Mapping[str, Any] = response.get("ResponseMetadata") or {}
     status = int(meta.get("HTTPStatusCode") or 0)

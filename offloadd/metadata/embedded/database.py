@@ -62,6 +62,7 @@ def volume_full(path: Path) -> bool:
 
 
 def translate(e: sqlite3.Error, what: str) -> OffloaddError:
+    # errors sqlite3 raises itself (a closed connection, a misuse) carry no SQLite error code
     code = getattr(e, "sqlite_errorcode", 0) & 0xFF
     text = str(e)
     if code in (_SQLITE_BUSY, _SQLITE_LOCKED) or "locked" in text or "busy" in text:

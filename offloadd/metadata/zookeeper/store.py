@@ -181,6 +181,10 @@ class ZooKeeperMetadataStore(MetadataStore, Sessions):
 
         threading.Thread(target=stop, name="offloadd-zk-abandon", daemon=True).start()
 
+    @property
+    def url(self) -> ZooKeeperUrl:
+        return self._url
+
     def __repr__(self) -> str:
         user = f", user={self._digest.username!r}" if self._digest is not None else ""
         state = "closed" if self._closed else self._session.state.value
@@ -190,13 +194,13 @@ class ZooKeeperMetadataStore(MetadataStore, Sessions):
     # -- session (the Sessions capability) -----------------------------------------------------
 
     @property
-    def url(self) -> ZooKeeperUrl:
-        return self._url
-
-    @property
     def session_state(self) -> SessionState:
         """``connected``, ``suspended`` or ``lost`` (see :mod:`.session`)."""
         return self._session.state
+
+    def add_session_listener(self, listener: SessionListener) -> Callable[[], None]:
+        """Call ``listener(state)`` on the event loop at each transition; returns the remover."""
+        return self._session.add_listener(listener)
 
     @property
     def session_id(self) -> int | None:
@@ -207,10 +211,6 @@ class ZooKeeperMetadataStore(MetadataStore, Sessions):
     def connected_event(self) -> asyncio.Event:
         """Set while the session is connected; await ``.wait()`` to wait for a reconnect."""
         return self._session.connected
-
-    def add_session_listener(self, listener: SessionListener) -> Callable[[], None]:
-        """Call ``listener(state)`` on the event loop at each transition; returns the remover."""
-        return self._session.add_listener(listener)
 
     def _rearm_watches(self) -> None:
         for watch in list(self.watches):
