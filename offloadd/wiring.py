@@ -97,7 +97,7 @@ async def open_blobstore(settings: Settings,
         max_pool_connections=bs.max_pool_connections, connect_timeout_s=bs.connect_timeout_s,
         read_timeout_s=bs.read_timeout_s, request_timeout_s=bs.request_timeout_s,
         min_transfer_rate_bytes_per_s=bs.min_transfer_rate_bytes_per_s,
-        parts_in_flight=settings.offload.blocks_in_flight, max_attempts=bs.max_attempts,
+        max_attempts=bs.max_attempts,
         read_endpoints=tuple(ReadEndpoint(e.url, e.zone) for e in bs.read_endpoints),
         local_zone=bs.local_zone, health=policy)
     return await S3BlobStore.open(opts, health=health)

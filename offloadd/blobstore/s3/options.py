@@ -40,7 +40,6 @@ class S3Options:
     read_timeout_s: float = 20.0  # per attempt; below request_timeout_s so a retry fits
     request_timeout_s: float = 30.0  # overall deadline of one operation, retries included...
     min_transfer_rate_bytes_per_s: float = 1024 * 1024  # ...plus its bytes at this rate
-    parts_in_flight: int = 4  # not used here: the uploader reads it
     # retries of one operation (see offloadd.blobstore.s3.calls)
     max_attempts: int = 8
     retry_base_s: float = 0.2
@@ -64,8 +63,8 @@ class S3Options:
             raise bad("set both access_key_id and secret_access_key, or neither")
         if self.session_token is not None and self.access_key_id is None:
             raise bad("session_token needs access_key_id and secret_access_key")
-        if self.max_attempts < 1 or self.parts_in_flight < 1 or self.max_pool_connections < 1:
-            raise bad("max_attempts, parts_in_flight and max_pool_connections must be >= 1")
+        if self.max_attempts < 1 or self.max_pool_connections < 1:
+            raise bad("max_attempts and max_pool_connections must be >= 1")
         if not min(self.connect_timeout_s, self.read_timeout_s, self.retry_base_s,
                    self.request_timeout_s, self.min_transfer_rate_bytes_per_s) > 0:
             raise bad("connect_timeout_s, read_timeout_s, request_timeout_s, "
