@@ -100,7 +100,7 @@ async def run(url: str, parts: list[Any], in_flight: int, repeat: int) -> dict[s
     pool = max(10, 2 * in_flight)
     store = await S3BlobStore.open(S3Options(
         bucket=BUCKET, endpoint=url, access_key_id="testing", secret_access_key="testing",
-        max_pool_connections=pool, parts_in_flight=in_flight))
+        max_pool_connections=pool))
     bodies = [b"".join(p.buffers) for p in parts]  # the plain side gets ready-made bytes
     size = sum(len(b) for b in bodies)
     meta = {"s3managedledgeroffloaderformatversion": "1", "role": "data"}

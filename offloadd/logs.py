@@ -169,7 +169,10 @@ class RedactFilter(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         if self.pattern is None:
             return True
-        msg = record.getMessage()
+        try:
+            msg = record.getMessage()
+        except Exception:  # a malformed record: let logging report it as usual
+            return True
         redacted = self._redact(msg)
         if redacted != msg:
             record.msg, record.args = redacted, None

@@ -128,7 +128,7 @@ async def open_tier(settings: Settings,
         max_pool_connections=bs.max_pool_connections, connect_timeout_s=bs.connect_timeout_s,
         read_timeout_s=bs.read_timeout_s, request_timeout_s=bs.request_timeout_s,
         min_transfer_rate_bytes_per_s=bs.min_transfer_rate_bytes_per_s,
-        parts_in_flight=settings.offload.blocks_in_flight, max_attempts=bs.max_attempts,
+        max_attempts=bs.max_attempts,
         read_endpoints=tuple(ReadEndpoint(e.url, e.zone) for e in bs.read_endpoints),
         local_zone=bs.local_zone, health=policy)
     return s3_view(await S3BlobStore.open(opts, health=health))
@@ -139,20 +139,9 @@ def s3_view(s3: S3BlobStore) -> StoreView:
     return StoreView(s3, health=s3.health, sweeper=s3)
 
 
-
 def filesystem_view(fs: FilesystemBlobStore) -> StoreView:
     """The filesystem driver with its capabilities: its health circuit, its upload sweep."""
-    return StoreView(fs, health=fs.health, sweeper=_FilesystemSweeper(fs))
-
-
-class _FilesystemSweeper:
-    """The filesystem store's sweep under the protocol's name (it calls it ``sweep_uploads``)."""
-
-    def __init__(self, store: FilesystemBlobStore) -> None:
-        self._store = store
-
-    async def sweep_incomplete_uploads(self, older_than_s: float) -> int:
-        return await self._store.sweep_uploads(older_than_s)
+    return StoreView(fs, health=fs.health, sweeper=fs)
 
 
 def rollover_policy(settings: Settings) -> RolloverPolicy:

@@ -11,7 +11,7 @@ used for index objects.
 
 Errors: ``NotFound``, ``Retriable`` (transient; caller may retry), ``Fatal``; nothing else.
 
-Implementations: ``filesystem.py``, ``s3.py`` (aiobotocore), ``memory.py`` (unit tests).
+Implementations: ``filesystem/``, ``s3/`` (aiobotocore), ``memory.py`` (unit tests).
 
 Optional capabilities, each a protocol below. :class:`StoreView` carries a store with its
 capabilities, each typed as its protocol; :mod:`offloadd.wiring` builds it (it built the store

@@ -60,6 +60,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+from offloadd.blobstore.base import StoreHealthView
 from offloadd.errors import ConfigError, Retriable
 
 __all__ = ["HealthPolicy", "HealthSnapshot", "HealthState", "StoreHealth"]
@@ -112,7 +113,7 @@ class HealthSnapshot:
     since: float  # clock() value at the last transition
 
 
-class StoreHealth:
+class StoreHealth(StoreHealthView):
     """Error-rate circuit for one store; see the module docstring for the state machine."""
 
     def __init__(

@@ -9,7 +9,6 @@ joined bytes on ``complete()``, so an object is absent until then, as with every
 (``key`` is the prefix for ``list``). It may raise (say ``Retriable``) to inject a failure, and
 may return an awaitable, which is awaited: a test can hold an operation mid-flight.
 
-:func:`check_parts` is the part-layout rule every driver applies on ``complete()``.
 """
 
 from __future__ import annotations
@@ -19,35 +18,11 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 
-from offloadd.blobstore.base import Buffers, ObjectInfo
+from offloadd.blobstore.base import BlobStore, Buffers, MultipartUpload, ObjectInfo
+from offloadd.blobstore.parts import check_part, check_parts, check_range
 from offloadd.errors import Fatal, NotFound
 
 FaultHook = Callable[[str, str], Awaitable[object] | None]
-
-
-def check_parts(key: str, parts: Mapping[int, tuple[int, int]]) -> int:
-    """Validate ``{part_number: (offset, length)}`` and return the object's size.
-
-    Parts must be numbered 1..N without gaps and tile ``[0, size)`` in number order (no hole, no
-    overlap); a ``Fatal`` names the key and the first offending part.
-    """
-    if not parts:
-        raise Fatal(f"upload of {key}: no parts uploaded; nothing to complete")
-    size = 0
-    for number in range(1, len(parts) + 1):
-        if number not in parts:
-            raise Fatal(f"upload of {key}: part numbers {sorted(parts)} are not 1..{len(parts)}")
-        offset, length = parts[number]
-        if offset != size:
-            raise Fatal(f"upload of {key}: part {number} starts at byte {offset}, expected "
-                        f"{size} (a hole or an overlap)")
-        size += length
-    return size
-
-
-def check_range(key: str, start: int, end: int) -> None:
-    if start < 0 or end < start:
-        raise Fatal(f"bad byte range [{start}, {end}) for {key}")
 
 
 @dataclass(frozen=True)
@@ -60,7 +35,7 @@ class _Object:
         return ObjectInfo(key, len(self.data), self.metadata, self.mtime)
 
 
-class MemoryBlobStore:
+class MemoryBlobStore(BlobStore):
     name = "memory"
 
     def __init__(self, fault: FaultHook | None = None) -> None:
@@ -116,7 +91,7 @@ class MemoryBlobStore:
         return obj
 
 
-class MemoryUpload:
+class MemoryUpload(MultipartUpload):
     def __init__(self, store: MemoryBlobStore, key: str, metadata: dict[str, str]) -> None:
         self.key = key
         self._store = store
@@ -127,15 +102,15 @@ class MemoryUpload:
     async def put_part(self, part_number: int, offset: int, data: Buffers) -> None:
         await self._store._hook("put_part", self.key)
         self._check_open()
-        if part_number < 1 or offset < 0:
-            raise Fatal(f"upload of {self.key}: bad part {part_number} at offset {offset}")
+        check_part(f"upload of {self.key}", part_number, offset)
         # Copied: the caller may reuse its buffers once this returns.
         self._parts[part_number] = (offset, b"".join(data))
 
     async def complete(self) -> ObjectInfo:
         await self._store._hook("complete", self.key)
         self._check_open()
-        check_parts(self.key, {n: (off, len(b)) for n, (off, b) in self._parts.items()})
+        check_parts(f"upload of {self.key}",
+                    {n: (off, len(b)) for n, (off, b) in self._parts.items()})
         data = b"".join(b for _, (_, b) in sorted(self._parts.items()))
         self._state = "completed"
         obj = _Object(data, self._metadata, time.time())

@@ -10,7 +10,7 @@ so cut points are found by bisection.
 An open ledger is readable only up to its last-add-confirmed entry (``LedgerDesc.last_entry_id``);
 a source never hands out bytes past it, and never a torn entry.
 
-Implementations: ``local.py`` (the embedded managed-ledger store), ``bookkeeper/`` (a Pulsar
+Implementations: ``local/`` (the embedded managed-ledger store), ``bookkeeper/`` (a Pulsar
 cluster), ``memory.py`` (unit tests).
 
 Optional capabilities, each a protocol of its own below, declared by the implementations that

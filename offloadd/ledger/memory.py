@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import crc32c
 
 from offloadd.errors import Conflict, NotFound
+from offloadd.ledger.base import LedgerDeleter, LedgerSource
 from offloadd.model import FRAME as _HEADER
 from offloadd.model import FRAME_OVERHEAD, EntryRun, LedgerDesc, LedgerState, Position, TopicName
 
@@ -35,7 +36,7 @@ class _Ledger:
                           len(self.payloads) - 1, sum(map(len, self.payloads)), self.ctime_ms)
 
 
-class MemoryLedgerSource:
+class MemoryLedgerSource(LedgerSource, LedgerDeleter):
     def __init__(self, *, clock: Callable[[], float] = time.time, first_ledger_id: int = 0) -> None:
         self._clock = clock
         self._topics: dict[TopicName, list[_Ledger]] = {}

@@ -8,7 +8,7 @@ every ``set``. ``set``/``delete`` with ``version >= 0`` are compare-and-set: the
 :mod:`offloadd.errors` (``NotFound``, ``Conflict``, ``Retriable``, ``Fatal``).
 
 Implementations: ``embedded.py`` (SQLite, several processes on one machine),
-``zookeeper.py`` (kazoo), ``memory.py`` (unit tests).
+``zookeeper/`` (kazoo), ``memory.py`` (unit tests).
 
 Optional capability: :class:`Sessions`, a store whose ephemeral nodes live in a session that can
 be suspended and lost (ZooKeeper). :mod:`offloadd.wiring` hands it to cluster ownership and the

@@ -15,7 +15,9 @@ always write the bare protobuf back. All integers are big-endian::
 
     enum CompressionType { NONE = 0; LZ4 = 1; ZLIB = 2; ZSTD = 3; SNAPPY = 4; }
 
-The codecs are Pulsar's message codecs: ZLIB is ``java.util.zip.Deflater`` with its zlib header,
+The codecs are Pulsar's message codecs (the enum is
+:class:`offloadd.format.compression.Compression`, here also ``CompressionType``): ZLIB is
+``java.util.zip.Deflater`` with its zlib header,
 flushed with ``SYNC_FLUSH`` and never finished, so the stream has no final block and no Adler-32
 trailer and a decoder must accept an unterminated stream; LZ4 is one raw LZ4 block (no frame);
 SNAPPY is raw Snappy; ZSTD is one zstd frame. Only NONE and ZLIB decode with the standard library;

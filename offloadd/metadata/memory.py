@@ -18,7 +18,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from offloadd.errors import Conflict, Fatal, NotFound
-from offloadd.metadata.base import CheckOp, CreateOp, DeleteOp, Op, SetOp, Versioned
+from offloadd.metadata.base import CheckOp, CreateOp, DeleteOp, MetadataStore, Op, SetOp, Versioned
+from offloadd.metadata.nodes import apply_all, check_path, parent_of
 
 _sessions = itertools.count(1)
 
@@ -36,21 +37,11 @@ class MemoryTree:
     nodes: dict[str, _Node] = field(default_factory=lambda: {"/": _Node(b"")})
 
 
-def check_path(path: str) -> None:
-    """Reject what ZooKeeper rejects: relative paths, trailing ``/``, empty components."""
-    if not path.startswith("/") or (path != "/" and (path.endswith("/") or "//" in path)):
-        raise Fatal(f"invalid metadata path {path!r}: must be absolute, no empty components")
-
-
-def parent_of(path: str) -> str:
-    return path.rsplit("/", 1)[0] or "/"
-
-
 def _child_prefix(path: str) -> str:
     return "/" if path == "/" else path + "/"
 
 
-class MemoryMetadataStore:
+class MemoryMetadataStore(MetadataStore):
     def __init__(self, tree: MemoryTree | None = None) -> None:
         self._tree = tree if tree is not None else MemoryTree()
         self._session = next(_sessions)
@@ -105,12 +96,7 @@ class MemoryMetadataStore:
         # Nodes are immutable, so a shallow copy is a snapshot; it is swapped in only if
         # every op succeeds.
         staged = dict(self._tree.nodes)
-        results: list[int | str | None] = []
-        for i, op in enumerate(ops):
-            try:
-                results.append(self._apply(staged, op))
-            except (Conflict, NotFound, Fatal) as e:
-                raise type(e)(f"multi op {i} {op!r} failed: {e}") from e
+        results = apply_all(ops, lambda op: self._apply(staged, op))
         self._tree.nodes = staged
         return results
 

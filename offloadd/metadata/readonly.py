@@ -17,7 +17,7 @@ from offloadd.metadata.base import MetadataStore, Op, Versioned
 __all__ = ["ReadOnlyMetadataStore"]
 
 
-class ReadOnlyMetadataStore:
+class ReadOnlyMetadataStore(MetadataStore):
     """Wraps ``inner``; ``close()`` closes it."""
 
     def __init__(self, inner: MetadataStore) -> None:

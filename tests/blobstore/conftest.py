@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
+from typing import Protocol
 
 import pytest
 
-from offloadd.blobstore.base import BlobStore
+from offloadd.blobstore.base import BlobStore, UploadSweeper
 from offloadd.blobstore.filesystem import FilesystemBlobStore
 from offloadd.blobstore.memory import MemoryBlobStore
 from offloadd.blobstore.s3 import S3BlobStore
@@ -51,3 +52,45 @@ async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator
     opened = await factory(request, tmp_path)
     yield opened
     await opened.close()
+
+
+# ---- optional capabilities ---------------------------------------------------------------------
+
+
+class SweepingStore(BlobStore, UploadSweeper, Protocol):
+    """A store whose incomplete uploads outlive the process that started them."""
+
+
+# Opens two instances on one storage: one plays a process that crashed mid-upload, the other
+# the gc pass that sweeps after it. The suite closes both.
+PairFactory = Callable[[pytest.FixtureRequest, Path],
+                       Awaitable[tuple[SweepingStore, SweepingStore]]]
+
+
+async def _filesystem_pair(request: pytest.FixtureRequest,
+                           tmp_path: Path) -> tuple[SweepingStore, SweepingStore]:
+    return FilesystemBlobStore(tmp_path / "blobs"), FilesystemBlobStore(tmp_path / "blobs")
+
+
+async def _s3_pair(request: pytest.FixtureRequest,
+                   tmp_path: Path) -> tuple[SweepingStore, SweepingStore]:
+    bucket: MotoBucket = request.getfixturevalue("s3_bucket")
+    options = bucket.options(retry_base_s=0.01, retry_max_s=0.1)
+    return await S3BlobStore.open(options), await S3BlobStore.open(options)
+
+
+# Register HERE every driver that declares UploadSweeper.
+SWEEPERS = [
+    pytest.param(_filesystem_pair, id="filesystem"),
+    pytest.param(_s3_pair, id="s3", marks=pytest.mark.integration),
+]
+
+
+@pytest.fixture(params=SWEEPERS)
+async def sweeping_pair(request: pytest.FixtureRequest,
+                        tmp_path: Path) -> AsyncIterator[tuple[SweepingStore, SweepingStore]]:
+    factory: PairFactory = request.param
+    crashed, survivor = await factory(request, tmp_path)
+    yield crashed, survivor
+    await crashed.close()
+    await survivor.close()

@@ -1,4 +1,5 @@
-"""The BlobStore contract, checked against every driver registered in ``conftest.py``."""
+"""The BlobStore contract, checked against every driver registered in ``conftest.py``, and each
+optional capability (``offloadd.blobstore.base``) against every driver that declares it."""
 
 from __future__ import annotations
 
@@ -6,8 +7,19 @@ import asyncio
 
 import pytest
 
-from offloadd.blobstore.base import BlobStore, MultipartUpload, ObjectInfo
+from offloadd.blobstore.base import (
+    BlobStore,
+    MultipartUpload,
+    ObjectInfo,
+    StoreHealthView,
+    UploadSweeper,
+)
+from offloadd.blobstore.filesystem import FilesystemBlobStore, FilesystemUpload
+from offloadd.blobstore.health import StoreHealth
+from offloadd.blobstore.memory import MemoryBlobStore, MemoryUpload
+from offloadd.blobstore.s3 import S3BlobStore, S3MultipartUpload
 from offloadd.errors import Fatal, NotFound
+from tests.blobstore.conftest import SweepingStore
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -182,3 +194,40 @@ class TestListAndDelete:
         props = store.driver_properties()
         assert props["managedLedgerOffloadDriver"] == store.name
         assert all(isinstance(k, str) and isinstance(v, str) for k, v in props.items())
+
+
+# ---- optional capabilities --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("implementation", "declared"), [
+    (S3BlobStore, {BlobStore, UploadSweeper}),
+    (FilesystemBlobStore, {BlobStore, UploadSweeper}),
+    (MemoryBlobStore, {BlobStore}),
+    (S3MultipartUpload, {MultipartUpload}),
+    (FilesystemUpload, {MultipartUpload}),
+    (MemoryUpload, {MultipartUpload}),
+    (StoreHealth, {StoreHealthView}),
+])
+def test_each_implementation_declares_what_it_offers(
+        implementation: type, declared: set[type]) -> None:
+    """Protocols and capabilities are in each class's bases (mypy holds the class to them, and
+    the wiring hands them out typed); none is declared that is not offered."""
+    protocols = {BlobStore, MultipartUpload, UploadSweeper, StoreHealthView}
+    assert protocols & set(implementation.__mro__) == declared
+
+
+class TestUploadSweeper:
+    """gc's sweep discards what a crashed process left mid-upload, and nothing else."""
+
+    async def test_an_abandoned_upload_is_discarded_once_old_enough(
+            self, sweeping_pair: tuple[SweepingStore, SweepingStore]) -> None:
+        crashed, survivor = sweeping_pair
+        abandoned = await crashed.start_upload("dead", METADATA)
+        await abandoned.put_part(1, 0, [pattern(100)])
+        await survivor.put("kept", [b"committed"], METADATA)
+        assert await survivor.sweep_incomplete_uploads(older_than_s=3600) == 0  # too young
+        assert await survivor.sweep_incomplete_uploads(older_than_s=-60) == 1
+        assert await survivor.sweep_incomplete_uploads(older_than_s=-60) == 0
+        await assert_absent(survivor, "dead")
+        assert await survivor.get_range("kept", 0, 100) == b"committed"
+        assert await keys(survivor) == ["kept"]

@@ -145,14 +145,14 @@ class TestUploadsFolder:
         os.utime(live.temp_path, (hour_ago, hour_ago))  # live in this instance: kept anyway
 
         assert [i.key async for i in store.list()] == []
-        assert await store.sweep_uploads(older_than_s=600) == 1
+        assert await store.sweep_incomplete_uploads(older_than_s=600) == 1
         assert not crashed.exists()
         assert recent.exists()
         await live.complete()
         assert await store.get_range("live", 0, 10) == b"live"
 
     async def test_sweeping_a_store_never_written_finds_nothing(self, tmp_path: Path) -> None:
-        assert await FilesystemBlobStore(tmp_path / "new").sweep_uploads(0) == 0
+        assert await FilesystemBlobStore(tmp_path / "new").sweep_incomplete_uploads(0) == 0
 
     async def test_close_aborts_unfinished_uploads(self, tmp_path: Path) -> None:
         store = FilesystemBlobStore(tmp_path)

@@ -18,6 +18,9 @@ from offloadd.blobstore import s3 as s3_module
 from offloadd.blobstore.base import BlobStore, MultipartUpload
 from offloadd.blobstore.health import HealthPolicy, HealthState, StoreHealth
 from offloadd.blobstore.s3 import ReadEndpoint, S3BlobStore, S3Options
+from offloadd.blobstore.s3 import calls as s3_calls
+from offloadd.blobstore.s3 import errors as s3_errors
+from offloadd.blobstore.s3.session import Endpoint
 from offloadd.errors import Fatal, NotFound, OffloaddError, Retriable
 from tests.fixtures.faultproxy import FaultPlan, FaultProxy
 from tests.fixtures.s3 import MIN_PART_SIZE, MotoBucket, running_moto
@@ -173,7 +176,7 @@ class TestRoundTrip:
     async def test_prefix_is_added_on_write_and_stripped_on_list(
         self, s3_bucket: MotoBucket, monkeypatch: pytest.MonkeyPatch
     ) -> None:
-        monkeypatch.setattr(s3_module, "LIST_PAGE_SIZE", 2)  # force several pages
+        monkeypatch.setattr(s3_calls, "LIST_PAGE_SIZE", 2)  # force several pages
         s3_bucket.boto3().put_object(Bucket=s3_bucket.name, Key="elsewhere", Body=b"")
         store = await S3BlobStore.open(s3_bucket.options(prefix="tier/", **FAST_RETRIES))
         try:
@@ -569,9 +572,9 @@ def test_errors_raised_are_only_offloadd_errors() -> None:
         (NoCredentialsError(), Fatal),
     ]
     for exc, kind in cases:
-        assert type(s3_module._translate(exc, "Op", "s3://b/k")) is kind, exc
-    assert "AccessDenied" in str(s3_module._translate(cases[7][0], "Op", "s3://b/k"))
-    assert "policy" in str(s3_module._translate(cases[7][0], "Op", "s3://b/k"))
+        assert type(s3_errors.translate(exc, "Op", "s3://b/k")) is kind, exc
+    assert "AccessDenied" in str(s3_errors.translate(cases[7][0], "Op", "s3://b/k"))
+    assert "policy" in str(s3_errors.translate(cases[7][0], "Op", "s3://b/k"))
 
 
 def test_options_validate_and_redact() -> None:
@@ -585,22 +588,19 @@ def test_options_validate_and_redact() -> None:
 
 
 def test_reads_prefer_the_local_zone_then_the_least_busy_endpoint() -> None:
-    from contextlib import AsyncExitStack
-
-    endpoint = s3_module._Endpoint
+    endpoint = Endpoint
     primary = endpoint("http://primary", None, None, True)
     far = endpoint("http://far", "zone-b", None, False)
     near_busy = endpoint("http://near-1", "zone-a", None, False, pending=3)
     near_idle = endpoint("http://near-2", "zone-a", None, False, pending=1)
-    store = S3BlobStore(
+    requests = s3_calls.Requests(
         S3Options(bucket="b", local_zone="zone-a"),
-        AsyncExitStack(),
         primary,
         (far, near_busy, near_idle),
         StoreHealth(),
     )
-    assert store._pick(read=True, skip=set()) is near_idle
-    assert store._pick(read=True, skip={id(near_idle)}) is near_busy
-    assert store._pick(read=True, skip={id(near_idle), id(near_busy)}) is far
-    assert store._pick(read=True, skip={id(near_idle), id(near_busy), id(far)}) is primary
-    assert store._pick(read=False, skip=set()) is primary
+    assert requests.pick(read=True, skip=set()) is near_idle
+    assert requests.pick(read=True, skip={id(near_idle)}) is near_busy
+    assert requests.pick(read=True, skip={id(near_idle), id(near_busy)}) is far
+    assert requests.pick(read=True, skip={id(near_idle), id(near_busy), id(far)}) is primary
+    assert requests.pick(read=False, skip=set()) is primary

@@ -258,7 +258,7 @@ class TestMetadata:
         pos = await writer.append(A, [b"a"])
 
         def mark(info: pb.ManagedLedgerInfo) -> bool:
-            managed_ledger.ledger_info(info, pos.ledger_id).offloadContext.offloadSegment.add(
+            _ledger_info(info, pos.ledger_id).offloadContext.offloadSegment.add(
                 uidMsb=1, uidLsb=2, endEntryId=0)
             return True
 
@@ -266,7 +266,7 @@ class TestMetadata:
         await writer.roll(A)
         await writer.close()
         info, _ = await managed_ledger.load(metadata, A.managed_ledger)
-        li = managed_ledger.ledger_info(info, pos.ledger_id)
+        li = _ledger_info(info, pos.ledger_id)
         assert li.entries == 1
         assert [(s.uidMsb, s.uidLsb) for s in li.offloadContext.offloadSegment] == [(1, 2)]
 
@@ -483,3 +483,7 @@ class TestWaitAcrossProcesses:
         with pytest.raises(NotFound, match="nothing"):
             await store.source.wait_for_entries(
                 TopicName.parse("persistent://public/default/nothing"), 0, -1, 1)
+
+
+def _ledger_info(info: pb.ManagedLedgerInfo, ledger_id: int) -> pb.ManagedLedgerInfo.LedgerInfo:
+    return next(li for li in info.ledgerInfo if li.ledgerId == ledger_id)

@@ -11,10 +11,11 @@ from __future__ import annotations
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
+from typing import Protocol
 
 import pytest
 
-from offloadd.metadata.base import MetadataStore
+from offloadd.metadata.base import MetadataStore, Sessions
 from offloadd.metadata.embedded import EmbeddedMetadataStore
 from offloadd.metadata.memory import MemoryMetadataStore, MemoryTree
 from tests.fixtures.zookeeper import zk_ensemble, zk_server  # noqa: F401  (fixtures)
@@ -85,3 +86,49 @@ async def open_session(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncI
 @pytest.fixture
 async def store(open_session: Opener) -> MetadataStore:
     return await open_session()
+
+
+# ---- optional capabilities ---------------------------------------------------------------------
+
+
+class SessionStore(MetadataStore, Sessions, Protocol):
+    """A store whose ephemeral nodes live in a session that can be suspended and lost."""
+
+
+# Opens a session on a fresh store, and a way to make the backend end that session from outside
+# (blocking; what a network partition longer than the session timeout does).
+SessionFactory = Callable[[pytest.FixtureRequest],
+                          Awaitable[tuple[SessionStore, Callable[[], None]]]]
+
+
+async def _zookeeper_session(
+        request: pytest.FixtureRequest) -> tuple[SessionStore, Callable[[], None]]:
+    from kazoo.client import KazooClient
+
+    from offloadd.metadata.zookeeper import ZooKeeperMetadataStore
+
+    hosts = request.getfixturevalue("zk_server")
+    store = await ZooKeeperMetadataStore.open(f"zk://{hosts}/contract/{uuid.uuid4().hex}",
+                                              session_timeout_s=2.0, connect_timeout_s=10.0)
+
+    def expire() -> None:
+        # kazoo's test trick: a second client joins the session, then closes it
+        twin = KazooClient(hosts=hosts, client_id=store.client.client_id, timeout=4.0)
+        twin.start(timeout=10)
+        twin.stop()
+        twin.close()
+
+    return store, expire
+
+
+# Register HERE every implementation that declares Sessions.
+SESSIONS = [pytest.param(_zookeeper_session, id="zookeeper", marks=pytest.mark.integration)]
+
+
+@pytest.fixture(params=SESSIONS)
+async def session_store(
+        request: pytest.FixtureRequest) -> AsyncIterator[tuple[SessionStore, Callable[[], None]]]:
+    factory: SessionFactory = request.param
+    store, expire = await factory(request)
+    yield store, expire
+    await store.close()

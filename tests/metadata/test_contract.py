@@ -1,4 +1,5 @@
-"""The MetadataStore contract: ZooKeeper's semantics, checked against every implementation.
+"""The MetadataStore contract: ZooKeeper's semantics, checked against every implementation, and
+each optional capability (``offloadd.metadata.base``) against every implementation declaring it.
 
 Implementations are registered in ``conftest.py``; each test gets a fresh, empty store.
 """
@@ -6,12 +7,25 @@ Implementations are registered in ``conftest.py``; each test gets a fresh, empty
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 import pytest
 
 from offloadd.errors import Conflict, Fatal, NotFound
-from offloadd.metadata.base import CheckOp, CreateOp, DeleteOp, MetadataStore, SetOp, Versioned
-from tests.metadata.conftest import Opener
+from offloadd.metadata.base import (
+    CheckOp,
+    CreateOp,
+    DeleteOp,
+    MetadataStore,
+    Sessions,
+    SetOp,
+    Versioned,
+)
+from offloadd.metadata.embedded import EmbeddedMetadataStore
+from offloadd.metadata.memory import MemoryMetadataStore
+from offloadd.metadata.readonly import ReadOnlyMetadataStore
+from offloadd.metadata.zookeeper import ZooKeeperMetadataStore
+from tests.metadata.conftest import Opener, SessionStore
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -199,3 +213,49 @@ class TestSequentialAndEphemeral:
     async def test_closing_twice_is_harmless(self, store: MetadataStore) -> None:
         await store.close()
         await store.close()
+
+
+# ---- optional capabilities --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("implementation", "declared"), [
+    (ZooKeeperMetadataStore, {MetadataStore, Sessions}),
+    (EmbeddedMetadataStore, {MetadataStore}),
+    (MemoryMetadataStore, {MetadataStore}),
+    (ReadOnlyMetadataStore, {MetadataStore}),
+])
+def test_each_implementation_declares_what_it_offers(
+        implementation: type, declared: set[type]) -> None:
+    """The protocol and the capabilities are in each class's bases (mypy holds the class to
+    them); none is declared that is not offered."""
+    assert {MetadataStore, Sessions} & set(implementation.__mro__) == declared
+
+
+@pytest.mark.timeout(40)
+class TestSessions:
+    """A session's state and id, and its transitions told to listeners on the event loop."""
+
+    async def test_an_open_store_is_connected_with_an_id(
+            self, session_store: tuple[SessionStore, Callable[[], None]]) -> None:
+        store, _ = session_store
+        assert store.session_state.value == "connected"
+        assert isinstance(store.session_id, int)
+
+    async def test_a_lost_session_is_told_then_replaced_by_a_new_one(
+            self, session_store: tuple[SessionStore, Callable[[], None]]) -> None:
+        store, expire = session_store
+        heard: list[str] = []
+        removed: list[str] = []
+        store.add_session_listener(lambda state: heard.append(state.value))
+        remove = store.add_session_listener(lambda state: removed.append(state.value))
+        remove()
+        old = store.session_id
+        await store.create("/mine", b"", ephemeral=True)
+        await asyncio.to_thread(expire)
+        async with asyncio.timeout(30):
+            while heard[-1:] != ["connected"]:
+                await asyncio.sleep(0.05)
+        assert "lost" in heard and removed == []
+        assert store.session_state.value == "connected"
+        assert store.session_id not in (None, old)
+        assert not await store.exists("/mine")  # the lost session took its ephemeral node

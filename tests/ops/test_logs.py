@@ -180,8 +180,9 @@ shutdown_deadline_s = 5
 
 def test_the_log_filter_gets_every_secret_the_configuration_holds() -> None:
     from offloadd import config
+    from offloadd.config.keys import secret_keys
 
-    keys = sorted(config._secret_keys())
+    keys = sorted(secret_keys())
     assert ("blobstore", "secret_access_key") in keys and ("metadata", "acl_digest") in keys
     overrides: dict[str, object] = {"blobstore__access_key_id": "AKIAOFFLOADDTEST"}
     for section, key in keys:

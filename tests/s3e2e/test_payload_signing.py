@@ -22,12 +22,12 @@ async def test_upload_bodies_are_unsigned_only_over_https(scheme: str, unsigned:
         headers = getattr(request, "headers", {})
         seen.append((str(kwargs.get("event_name")), headers.get("X-Amz-Content-SHA256")))
 
-    events = store._primary.client.meta.events
+    events = store._calls.primary.client.meta.events
     events.register("before-send.s3.UploadPart", capture)
     events.register("before-send.s3.PutObject", capture)
     try:
         with pytest.raises(Retriable):
-            await S3MultipartUpload(store, "k", "upload", {}).put_part(1, 0, [b"x" * 100])
+            await S3MultipartUpload(store._uploads, "k", "upload", {}).put_part(1, 0, [b"x" * 100])
         with pytest.raises(Retriable):
             await store.put("k-index", [b"y" * 100], {})
     finally:

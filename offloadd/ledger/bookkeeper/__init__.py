@@ -8,9 +8,9 @@ See ``docs/sidecar.md``.
 """
 
 from offloadd.ledger.bookkeeper.client import BookieClient, BookieError, ClientOptions
-from offloadd.ledger.bookkeeper.layout import LostLedger, lost_ledgers
 from offloadd.ledger.bookkeeper.metrics import BookKeeperMetrics
 from offloadd.ledger.bookkeeper.source import BookKeeperLedgerSource, BookKeeperOptions
+from offloadd.model.losses import LostLedger, lost_ledgers
 
 __all__ = [
     "BookKeeperLedgerSource",

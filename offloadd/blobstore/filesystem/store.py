@@ -1,0 +1,162 @@
+"""The filesystem driver: :class:`FilesystemBlobStore`, its deadlines and its health.
+
+File I/O runs in this store's own worker threads (:class:`~.workers.Workers`), each operation
+within one deadline (:meth:`FilesystemBlobStore.call`), its outcome fed to the store's
+:class:`~offloadd.blobstore.health.StoreHealth`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from collections.abc import AsyncIterator, Callable, Mapping
+from pathlib import Path
+from typing import TypeVar
+
+from offloadd.blobstore.base import BlobStore, Buffers, ObjectInfo, UploadSweeper
+from offloadd.blobstore.filesystem.tree import Tree, check_key, translate
+from offloadd.blobstore.filesystem.upload import FilesystemUpload
+from offloadd.blobstore.filesystem.workers import Workers
+from offloadd.blobstore.health import HealthPolicy, StoreHealth
+from offloadd.blobstore.parts import check_range
+from offloadd.errors import ConfigError, Fatal, NotFound, Retriable
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+class FilesystemBlobStore(BlobStore, UploadSweeper):
+    name = "filesystem"
+
+    def __init__(self, root: str | Path, *, request_timeout_s: float = 30.0,
+                 min_transfer_rate_bytes_per_s: float = 1024 * 1024,
+                 health: StoreHealth | None = None, workers: int = 16) -> None:
+        if not (request_timeout_s > 0 and min_transfer_rate_bytes_per_s > 0 and workers >= 1):
+            raise ConfigError("filesystem store: request_timeout_s and "
+                              "min_transfer_rate_bytes_per_s must be > 0, workers >= 1")
+        self.tree = Tree(Path(root).absolute())
+        self.root = self.tree.root
+        self.uploads: set[FilesystemUpload] = set()  # this instance's, unfinished
+        self.request_timeout_s = request_timeout_s
+        self.min_transfer_rate_bytes_per_s = min_transfer_rate_bytes_per_s
+        self._health = health or StoreHealth(HealthPolicy(stall_after_s=request_timeout_s))
+        if self._health.name is None:
+            self._health.name = f"file://{self.root}"
+        self._workers = Workers(workers, "fs-blobstore")
+        self._prober: asyncio.Task[None] | None = None
+
+    @property
+    def health(self) -> StoreHealth:
+        return self._health
+
+    async def call(self, op: str, what: str, fn: Callable[..., T], *args: object,
+                   nbytes: int = 0) -> T:
+        """``fn(*args)`` in a worker thread within the operation's deadline; errors translated
+        and recorded in the store's health (see the package docstring)."""
+        loop = asyncio.get_running_loop()
+        if self._prober is None:
+            self._prober = loop.create_task(self._health.run_prober(self._probe),
+                                            name=f"fs-prober-{self.root}")
+        budget = self.request_timeout_s + nbytes / self.min_transfer_rate_bytes_per_s
+        health = self._health
+        ticket = health.request_started()
+        try:
+            future = loop.run_in_executor(self._workers, fn, *args)
+            try:
+                async with asyncio.timeout(budget):
+                    result = await asyncio.shield(future)
+            except TimeoutError:
+                health.record_stall()
+                said = (f"{what}: no answer from the filesystem within {budget:.1f}s (deadline: "
+                        "[blobstore] request_timeout_s); the disk or mount may be hung")
+                log.warning("%s", said)
+                raise Retriable(said) from None
+            except OSError as e:
+                err = translate(e, what)
+                if isinstance(err, Fatal):
+                    health.record_refused(op, str(err))
+                elif isinstance(err, Retriable):
+                    health.record_failure(answered=True)
+                else:
+                    health.record_success()
+                raise err from e
+            except NotFound:
+                health.record_success()
+                raise
+            health.record_success(op)
+            return result
+        finally:
+            health.request_finished(ticket)
+
+    async def _probe(self) -> None:
+        loop = asyncio.get_running_loop()
+        future = loop.run_in_executor(self._workers, os.stat, self.root)
+        try:
+            async with asyncio.timeout(self.request_timeout_s):
+                await asyncio.shield(future)
+        except FileNotFoundError:
+            return  # a root not made yet: the filesystem answered
+        except (OSError, TimeoutError) as e:
+            raise Retriable(f"filesystem store {self.root}: {e or 'no answer'}") from None
+
+    def driver_properties(self) -> Mapping[str, str]:
+        return {"managedLedgerOffloadDriver": self.name, "fileSystemURI": self.root.as_uri()}
+
+    async def start_upload(self, key: str, metadata: Mapping[str, str]) -> FilesystemUpload:
+        check_key(key)
+        upload = FilesystemUpload(self, key, dict(metadata))
+        await self.call("start_upload", f"starting upload of {key} under {self.root}",
+                        upload.open_sync)
+        self.uploads.add(upload)
+        return upload
+
+    async def put(self, key: str, data: Buffers, metadata: Mapping[str, str]) -> ObjectInfo:
+        upload = await self.start_upload(key, metadata)
+        try:
+            await upload.put_part(1, 0, data)
+            return await upload.complete()
+        finally:
+            await upload.abort()
+
+    async def get_range(self, key: str, start: int, end: int) -> bytes:
+        check_range(key, start, end)
+        return await self.call("get_range", f"reading {key} [{start}, {end}) under {self.root}",
+                               self.tree.read, key, start, end, nbytes=end - start)
+
+    async def head(self, key: str) -> ObjectInfo:
+        return await self.call("head", f"head of {key} under {self.root}", self.tree.head, key)
+
+    async def delete(self, key: str) -> None:
+        await self.call("delete", f"deleting {key} under {self.root}", self.tree.delete, key)
+
+    async def list(self, prefix: str = "") -> AsyncIterator[ObjectInfo]:
+        infos = await self.call("list", f"listing {prefix!r} under {self.root}",
+                                self.tree.list, prefix)
+        for info in infos:
+            yield info
+
+    async def sweep_incomplete_uploads(self, older_than_s: float) -> int:
+        """Delete upload temp files untouched for ``older_than_s`` seconds (what a crash or a
+        hung disk left; gc's pass calls it).
+
+        Uploads of this instance are never swept; another process's live upload touches its
+        file on every part, so a threshold well above the slowest part's time is safe.
+        """
+        mine = {u.temp_path for u in self.uploads}
+        return await self.call("sweep", f"sweeping {self.tree.uploads}", self.tree.sweep,
+                               older_than_s, mine)
+
+    async def close(self) -> None:
+        try:
+            for upload in list(self.uploads):
+                with contextlib.suppress(Retriable):  # a hung disk: gc's sweep removes it later
+                    await upload.abort()
+        finally:
+            if self._prober is not None:
+                self._prober.cancel()
+                await asyncio.gather(self._prober, return_exceptions=True)
+                self._prober = None
+            self._workers.shutdown(wait=False)

@@ -1,0 +1,175 @@
+"""The S3 driver's :class:`~offloadd.blobstore.base.BlobStore`: :class:`S3BlobStore`."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from collections.abc import AsyncIterator, Mapping
+from contextlib import AsyncExitStack, suppress
+from typing import Any
+
+from botocore.exceptions import ClientError
+
+from offloadd.blobstore.base import BlobStore, Buffers, ObjectInfo, UploadSweeper
+from offloadd.blobstore.health import StoreHealth
+from offloadd.blobstore.parts import check_range
+from offloadd.blobstore.s3.calls import Requests, State
+from offloadd.blobstore.s3.checksums import crc32c_b64
+from offloadd.blobstore.s3.errors import error_code
+from offloadd.blobstore.s3.multipart import IncompleteUpload, S3MultipartUpload, Uploads
+from offloadd.blobstore.s3.options import S3Options
+from offloadd.blobstore.s3.session import connect
+from offloadd.errors import NotFound, Retriable
+
+
+class S3BlobStore(BlobStore, UploadSweeper):
+    """:class:`~offloadd.blobstore.base.BlobStore` on S3; create with :meth:`open`."""
+
+    name = "aws-s3"
+
+    def __init__(self, calls: Requests, stack: AsyncExitStack) -> None:
+        self._calls = calls
+        self._stack = stack
+        self._uploads = Uploads(calls)
+        self._prober: asyncio.Task[None] | None = None
+
+    @classmethod
+    async def open(cls, options: S3Options, *, health: StoreHealth | None = None) -> S3BlobStore:
+        stack = AsyncExitStack()
+        primary, replicas = await connect(options, stack)
+        # the stall watchdog's patience is the request deadline (see health.py, "Stalls")
+        health = health or StoreHealth(dataclasses.replace(
+            options.health, stall_after_s=options.request_timeout_s))
+        if health.name is None:
+            health.name = f"s3://{options.bucket}/{options.prefix}".rstrip("/")
+        store = cls(Requests(options, primary, replicas, health), stack)
+        store._prober = asyncio.get_running_loop().create_task(
+            health.run_prober(store._calls.probe), name=f"s3-prober-{options.bucket}"
+        )
+        return store
+
+    @property
+    def options(self) -> S3Options:
+        return self._calls.options
+
+    @property
+    def health(self) -> StoreHealth:
+        return self._calls.health
+
+    async def close(self) -> None:
+        if self._calls.state is State.CLOSED:
+            return
+        self._calls.state = State.CLOSED
+        if self._prober is not None:
+            self._prober.cancel()
+            await asyncio.gather(self._prober, return_exceptions=True)
+        await self._stack.aclose()
+
+    def driver_properties(self) -> Mapping[str, str]:
+        return {
+            "managedLedgerOffloadDriver": self.name,
+            "bucket": self.options.bucket,
+            "region": self.options.region,
+            "serviceEndpoint": self.options.endpoint or "",
+        }
+
+    # -- objects -------------------------------------------------------------------------
+
+    async def start_upload(self, key: str, metadata: Mapping[str, str]) -> S3MultipartUpload:
+        return await self._uploads.start(key, metadata)
+
+    async def put(self, key: str, data: Buffers, metadata: Mapping[str, str]) -> ObjectInfo:
+        calls = self._calls
+        body = b"".join(data)
+        checksum = crc32c_b64(body)
+
+        async def put(client: Any) -> None:
+            await client.put_object(
+                Bucket=calls.options.bucket,
+                Key=calls.key(key),
+                Body=body,
+                Metadata=dict(metadata),
+                ChecksumAlgorithm="CRC32C",
+                ChecksumCRC32C=checksum,
+                **calls.sse(),
+            )
+
+        await calls.run("PutObject", key, put, write=True, nbytes=len(body))
+        return ObjectInfo(key, len(body), dict(metadata), time.time())
+
+    async def get_range(self, key: str, start: int, end: int) -> bytes:
+        calls = self._calls
+        check_range(calls.where(key), start, end)
+        if end == start:
+            await self.head(key)  # still NotFound for an absent object
+            return b""
+
+        async def get(client: Any) -> bytes:
+            try:
+                resp = await client.get_object(
+                    Bucket=calls.options.bucket,
+                    Key=calls.key(key),
+                    Range=f"bytes={start}-{end - 1}",
+                )
+            except ClientError as exc:
+                if error_code(exc) == "InvalidRange":
+                    return b""  # the range starts at or past the object's end
+                raise
+            async with resp["Body"] as stream:
+                data: bytes = await stream.read()
+            expected = resp.get("ContentLength")
+            if expected is not None and len(data) != int(expected):
+                raise Retriable(
+                    f"S3 GetObject {calls.where(key)}: body cut short "
+                    f"({len(data)} of {expected} bytes)"
+                )
+            if not resp.get("ContentRange"):
+                data = data[start:end]  # a server that ignored Range sent the whole object
+            return data
+
+        return await calls.run("GetObject", key, get, read=True, nbytes=end - start)
+
+    async def head(self, key: str) -> ObjectInfo:
+        calls = self._calls
+
+        async def head(client: Any) -> ObjectInfo:
+            resp = await client.head_object(Bucket=calls.options.bucket, Key=calls.key(key))
+            return ObjectInfo(
+                key,
+                int(resp["ContentLength"]),
+                dict(resp.get("Metadata") or {}),
+                resp["LastModified"].timestamp(),
+            )
+
+        return await calls.run("HeadObject", key, head, read=True)
+
+    async def delete(self, key: str) -> None:
+        calls = self._calls
+
+        async def delete(client: Any) -> None:
+            await client.delete_object(Bucket=calls.options.bucket, Key=calls.key(key))
+
+        with suppress(NotFound):  # deleting an absent key is not an error
+            await calls.run("DeleteObject", key, delete, write=True)
+
+    async def list(self, prefix: str = "") -> AsyncIterator[ObjectInfo]:
+        strip = len(self.options.prefix)
+        pages = self._calls.pages("ListObjectsV2", prefix, "MaxKeys",
+                                  lambda c, args: c.list_objects_v2(**args),
+                                  {"ContinuationToken": "NextContinuationToken"})
+        async for page in pages:
+            for obj in page.get("Contents") or ():
+                yield ObjectInfo(
+                    obj["Key"][strip:], int(obj["Size"]), {}, obj["LastModified"].timestamp()
+                )
+
+    # -- incomplete uploads ----------------------------------------------------------------
+
+    def list_incomplete_uploads(self, prefix: str = "") -> AsyncIterator[IncompleteUpload]:
+        return self._uploads.list(prefix)
+
+    async def sweep_incomplete_uploads(self, older_than_s: float) -> int:
+        """Abort multipart uploads under our prefix started more than ``older_than_s`` ago
+        (gc's pass calls it); returns how many were aborted."""
+        return await self._uploads.sweep(older_than_s)

@@ -1,0 +1,165 @@
+"""Loading the configuration (:func:`load`): the TOML file, the environment, one-line errors."""
+
+from __future__ import annotations
+
+import difflib
+import os
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+from pydantic_settings import SettingsError
+
+from offloadd.config.fields import key_text
+from offloadd.config.keys import aliases_of, canonical_keys, secret_keys, table_model
+from offloadd.config.settings import Settings
+from offloadd.errors import ConfigError
+
+
+def load(path: Path | str | None, **overrides: Any) -> Settings:
+    """Read the TOML file (if any) and the environment.
+
+    Every problem is a ``ConfigError`` of one line: where the value came from (the file or the
+    ``OFFLOADD_...`` variable), the key as ``[section.key]``, and what is allowed. Values of
+    secret fields and of unknown keys (a misspelt secret is still a secret) are never echoed.
+    """
+    where = str(path) if path is not None else "<defaults>"
+    data: dict[str, Any] = {}
+    if path is not None:
+        try:
+            with open(path, "rb") as fh:
+                data = tomllib.load(fh)
+        except FileNotFoundError:
+            raise ConfigError(f"{where}: config file not found") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{where}: not valid TOML ({exc})") from None
+        except OSError as exc:
+            raise ConfigError(f"{where}: cannot read ({exc.strerror})") from None
+    try:
+        data = canonical_keys(data)
+    except ConfigError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+    for key, value in overrides.items():
+        section, _, field = key.partition("__")
+        data.setdefault(section, {})[field] = value
+    env = offloadd_environment()
+    try:
+        return Settings(**data)
+    except ValidationError as exc:
+        errors = exc.errors()
+        raise ConfigError(describe(errors[0], where, env, len(errors) - 1)) from None
+    except SettingsError as exc:
+        raise ConfigError(describe_env_error(exc, env)) from None
+    except ConfigError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+
+
+def offloadd_environment() -> dict[tuple[str, ...], str]:
+    """``OFFLOADD_*`` variables meant for the configuration, by key path.
+
+    A variable whose name starts with a section name (``OFFLOADD_OFFLOAD_...``) is taken as
+    meant for the configuration and must name a real key: a typo such as one underscore
+    instead of two would otherwise be ignored in silence. Other ``OFFLOADD_*`` names are not
+    ours to judge and are left alone.
+    """
+    found: dict[tuple[str, ...], str] = {}
+    sections = list(Settings.model_fields)
+    for name in os.environ:
+        if not name.upper().startswith("OFFLOADD_"):
+            continue
+        rest = name[len("OFFLOADD_"):].lower()
+        section = next((s for s in sections if rest == s or rest.startswith(s + "_")), None)
+        if section is None:
+            continue
+        parts = tuple(rest.split("__"))
+        tm = table_model(section)
+        if parts == (section,):
+            found[parts] = name
+            continue
+        if (len(parts) == 2 and parts[0] == section and tm is not None and not tm[1]
+                and parts[1] in tm[0].model_fields):
+            found[parts] = name
+            continue
+        hint = ""
+        if tm is not None and not tm[1]:
+            guess = difflib.get_close_matches(rest.removeprefix(section).strip("_"),
+                                              list(tm[0].model_fields), n=1)
+            if guess:
+                hint = f"; did you mean OFFLOADD_{section.upper()}__{guess[0].upper()}?"
+        raise ConfigError(f"environment {name}: names no configuration key (the form is "
+                          f"OFFLOADD_<SECTION>__<KEY>{hint})")
+    return found
+
+
+_TYPE_WORDS = {
+    "int_type": "an integer", "int_parsing": "an integer", "int_from_float": "an integer",
+    "float_type": "a number", "float_parsing": "a number",
+    "finite_number": "a finite number (not nan or inf)",
+    "bool_type": "true or false", "bool_parsing": "true or false",
+    "string_type": "a string", "path_type": "a string (a path)",
+    "dict_type": "a table", "model_type": "a table", "model_attributes_type": "a table",
+    "tuple_type": "an array", "list_type": "an array",
+}
+_BOUND_WORDS = {"greater_than": ">", "greater_than_equal": ">=", "less_than": "<",
+                "less_than_equal": "<="}
+
+
+def describe(err: Any, where: str, env: dict[tuple[str, ...], str], more: int) -> str:
+    loc = tuple(str(p) for p in err["loc"])
+    kind = err["type"]
+    ctx = err.get("ctx") or {}
+    secret = len(loc) >= 2 and (loc[0], loc[-1]) in secret_keys()
+    # unknown keys may be misspelt secrets; URLs may carry user:password@
+    show_input = not secret and kind != "extra_forbidden" and "@" not in str(err.get("input"))
+    if kind == "extra_forbidden":
+        msg = "unknown key" + _suggest(loc)
+    elif kind == "literal_error":
+        msg = f"must be {ctx.get('expected', 'one of the documented values')}"
+    elif kind in _TYPE_WORDS:
+        msg = f"must be {_TYPE_WORDS[kind]}"
+    elif kind in _BOUND_WORDS:
+        bound = next(iter(ctx.values()), "?")
+        msg = f"must be {_BOUND_WORDS[kind]} {bound}"
+    elif kind in ("string_too_short", "too_short"):
+        msg = "must not be empty"
+    elif kind == "missing":
+        msg = "is required"
+    else:
+        msg = str(err["msg"]).removeprefix("Value error, ")
+    value = err.get("input")
+    if show_input and isinstance(value, str | int | float | bool) and len(repr(value)) <= 80:
+        msg += f" (got {value!r})"
+    source = where
+    for n in range(len(loc), 0, -1):
+        if loc[:n] in env:
+            source = f"environment {env[loc[:n]]}"
+            break
+    if more:
+        msg += f" (and {more} more problem{'s' if more > 1 else ''})"
+    if not loc:  # a whole-model check: its message names its own keys
+        return f"{source}: {msg}"
+    return f"{source}: [{'.'.join(key_text(p) for p in loc)}] {msg}"
+
+
+def _suggest(loc: tuple[str, ...]) -> str:
+    if len(loc) == 1:
+        choices = list(Settings.model_fields)
+    else:
+        tm = table_model(loc[0])
+        if tm is None:
+            return ""
+        choices = list(tm[0].model_fields) + list(aliases_of(tm[0]))
+    guess = difflib.get_close_matches(loc[-1], choices, n=1)
+    if guess:
+        return f"; did you mean {guess[0]!r}?"
+    return f"; allowed: {', '.join(c for c in choices if c.islower())} (docs/config.md)"
+
+
+def describe_env_error(exc: SettingsError, env: dict[tuple[str, ...], str]) -> str:
+    # pydantic-settings says 'error parsing value for field "X"': name the variable instead
+    field = str(exc).partition('field "')[2].partition('"')[0]
+    names = sorted(name for path, name in env.items() if path[0] == field)
+    source = f"environment {names[0]}" if names else "environment"
+    return (f"{source}: not valid JSON (arrays and tables come as JSON in the environment, "
+            """e.g. '["a", "b"]')""")

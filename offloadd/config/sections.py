@@ -1,0 +1,253 @@
+"""The configuration's sections, one model each (``[metadata]``, ``[source]``, ``[blobstore]``...).
+
+The offload policy's sections, which resolve per topic, are in :mod:`offloadd.config.policy`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, SecretStr, field_validator, model_validator
+
+from offloadd.config.fields import MiB, Section, alias, topic_keys
+
+S3_MIN_PART_SIZE = 5 * MiB  # S3 refuses a smaller part but the last: EntityTooSmall
+
+
+class MetadataSettings(Section):
+    url: str = Field("embedded:./data/metadata",
+                     description='"embedded:<dir>" or "zk://host:port[,host:port]/chroot"')
+    session_timeout_s: float = Field(10.0, gt=0, description="ZooKeeper session timeout")
+    connect_timeout_s: float = Field(15.0, gt=0, description="give up connecting after this")
+    acl_digest: SecretStr | None = Field(
+        None, description='"user:password": digest ACL on every node we create (a secret)')
+
+    @field_validator("url")
+    @classmethod
+    def _check_url(cls, v: str) -> str:
+        if v.startswith("embedded:"):
+            return v
+        if not v.startswith("zk://"):
+            raise ValueError('must be "embedded:<dir>" or "zk://host:port[,host:port...]/chroot"')
+        hosts, _, chroot = v[len("zk://"):].partition("/")
+        if not hosts:
+            raise ValueError("zk:// URL names no host")
+        for hp in hosts.split(","):
+            host, sep, port = hp.rpartition(":")
+            if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+                raise ValueError(f"zk:// host {hp!r} must be host:port with a port in 1..65535")
+        if chroot.endswith("/") or "//" in chroot:
+            raise ValueError("zk:// chroot must be /name[/name...] without empty parts")
+        return v
+
+    @field_validator("acl_digest")
+    @classmethod
+    def _check_digest(cls, v: SecretStr | None) -> SecretStr | None:
+        if v is not None:
+            user, sep, pw = v.get_secret_value().partition(":")
+            if not sep or not user or not pw:
+                raise ValueError('must be "user:password"')
+        return v
+
+
+class SourceSettings(Section):
+    kind: Literal["local", "bookkeeper"] = "local"
+    path: Path = Field(Path("./data/ledgers"), description="embedded managed-ledger store")
+    topics: tuple[str, ...] = Field((), description="topic name patterns (fnmatch); empty = all")
+    rollover_entries: int = Field(50_000, ge=1,
+                                  validation_alias=alias("rollover_entries",
+                                                          "managedLedgerMaxEntriesPerLedger"))
+    rollover_bytes: int = Field(64 * MiB, ge=1)
+    rollover_minutes: float = Field(1.0, gt=0, validation_alias=alias(
+        "rollover_minutes", "managedLedgerMaxLedgerRolloverTimeMinutes"))
+    max_entry_bytes: int = Field(5 * MiB, ge=1, description="larger entries are refused")
+    verify_crc: bool = Field(True, description="check what is offloaded against the store's "
+                             "checksums (chunk CRC32Cs, and each entry's where no chunk record "
+                             "covers it): bit rot fails the segment instead of being uploaded "
+                             "under a fresh block checksum; turn off only to measure")
+    # kind = "bookkeeper": sidecar beside a Pulsar cluster (docs/sidecar.md)
+    pulsar_zk: str | None = Field(None, description='Pulsar\'s ZooKeeper, read-only: '
+                                  '"zk://h1:2181,h2:2181[/chroot]"')
+    pulsar_zk_digest: SecretStr | None = Field(
+        None, description='"user:password" to read protected Pulsar znodes (a secret)')
+    ledgers_root: str = Field("/ledgers", description="BookKeeper's ledger metadata root")
+    digest_password: SecretStr = Field(
+        SecretStr(""), validation_alias=alias("digest_password", "managedLedgerPassword"),
+        description="ledger password when the metadata has none (a secret)")
+    zone: str | None = Field(None, description="this host's zone: reads prefer bookies in it")
+    zones: dict[str, str] = Field(default_factory=dict, description="bookie host:port → zone")
+    read_timeout_s: float = Field(10.0, gt=0, description="per bookie read, then fail over")
+    bookie_connect_timeout_s: float = Field(5.0, gt=0)
+    bookie_quarantine_s: float = Field(10.0, ge=0,
+                                       description="a failed bookie is asked last this long")
+    reads_in_flight: int = Field(64, ge=1, le=4096, description="entry reads per ledger")
+    readahead_bytes: int = Field(8 * MiB, ge=0, description="read ahead of the offloader")
+
+
+class ReadEndpointSettings(Section):
+    url: str
+    zone: str = ""
+
+
+class BlobstoreSettings(Section):
+    driver: Literal["filesystem", "aws-s3"] = Field("filesystem", validation_alias=alias(
+        "driver", "managedLedgerOffloadDriver"))
+    path: Path = Path("./data/tier")
+    bucket: str = Field("offload", min_length=1, validation_alias=alias(
+        "bucket", "s3ManagedLedgerOffloadBucket", "managedLedgerOffloadBucket"))
+    endpoint: str | None = Field(None, description="S3-compatible endpoint (path-style)",
+                                 validation_alias=alias(
+                                     "endpoint", "s3ManagedLedgerOffloadServiceEndpoint",
+                                     "managedLedgerOffloadServiceEndpoint"))
+    region: str = Field("us-east-1", validation_alias=alias(
+        "region", "s3ManagedLedgerOffloadRegion", "managedLedgerOffloadRegion"))
+    prefix: str = ""
+    access_key_id: str | None = None
+    secret_access_key: SecretStr | None = None
+    session_token: SecretStr | None = None
+    sse: Literal["AES256", "aws:kms"] | None = None
+    sse_kms_key_id: str | None = None
+    verify_tls: bool = True
+    ca_bundle: str | None = None
+    max_pool_connections: int = Field(32, ge=1)
+    connect_timeout_s: float = Field(10.0, gt=0)
+    read_timeout_s: float = Field(20.0, gt=0)
+    request_timeout_s: float = Field(
+        30.0, gt=0, description="deadline of one store operation, all retries and waits "
+        "included (also an endpoint that never answers Expect: 100-continue); /readyz turns "
+        "503 within twice this when the store stops answering (docs/s3.md)")
+    min_transfer_rate_bytes_per_s: float = Field(
+        1048576.0, gt=0, description="an operation that moves N bytes gets N / this more "
+        "seconds on top of request_timeout_s (large blocks over slow links)")
+    max_attempts: int = Field(8, ge=1)
+    min_part_size_bytes: int = Field(
+        S3_MIN_PART_SIZE, ge=0,
+        description="aws-s3 driver: the store's smallest multipart part but the last (S3: 5 MiB, "
+        "EntityTooSmall below); every block is one part, so blocks are checked against it. "
+        "Lower only for a store that takes smaller parts (Ceph's rgw_multipart_min_part_size, "
+        "a test server)")
+    read_endpoints: tuple[ReadEndpointSettings, ...] = Field(
+        (), description="replicated read endpoints [{url, zone}], tried local zone first")
+    local_zone: str | None = None
+    health_window_s: float = Field(30.0, gt=0, description="error-rate window of the circuit")
+    health_high: float = Field(0.5, gt=0, le=1, description="pause uploads above this error rate")
+    health_low: float = Field(0.1, ge=0, lt=1, description="resume below this error rate")
+    health_pause_timeout_s: float = Field(60.0, gt=0, description="an operation waits at most "
+                                          "this long for a paused store")
+
+    @field_validator("driver", mode="before")
+    @classmethod
+    def _pulsar_driver_names(cls, v: object) -> object:
+        # Pulsar's broker.conf also says "S3" for any S3-compatible store
+        return "aws-s3" if isinstance(v, str) and v.lower() == "s3" else v
+
+    @model_validator(mode="after")
+    def _check_credentials(self) -> BlobstoreSettings:
+        if (self.access_key_id is None) != (self.secret_access_key is None):
+            raise ValueError("set both access_key_id and secret_access_key, or neither "
+                             "(neither: the standard AWS credential chain)")
+        if self.session_token is not None and self.access_key_id is None:
+            raise ValueError("session_token needs access_key_id and secret_access_key")
+        if self.sse_kms_key_id is not None and self.sse != "aws:kms":
+            raise ValueError('sse_kms_key_id needs sse = "aws:kms"')
+        return self
+
+
+class MetricsSettings(Section):
+    enabled: bool = True
+    bind: str = "127.0.0.1:9105"
+    control_token: SecretStr | None = Field(
+        None, description="bearer token for POST /offload-now from other hosts (a secret); "
+        "unset: only loopback clients may call it")
+
+    @field_validator("bind")
+    @classmethod
+    def _check_bind(cls, v: str) -> str:
+        host, sep, port = v.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 <= int(port) < 65536:
+            raise ValueError('must be "host:port", e.g. "127.0.0.1:9105"')
+        return v
+
+
+class RetentionSettings(Section):
+    """Topic retention, source trimming and the orphan sweep (docs/retention.md)."""
+
+    max_age_minutes: float = Field(-1.0, validation_alias=alias(
+        "max_age_minutes", "defaultRetentionTimeInMinutes"),
+        description="delete offloaded ledgers closed longer ago than this; negative = off")
+    max_size_mbytes: float = Field(-1.0, validation_alias=alias(
+        "max_size_mbytes", "defaultRetentionSizeInMB"),
+        description="delete the oldest offloaded ledgers while the topic is bigger; "
+                    "negative = off")
+    trim_source: bool = Field(False, description="delete a ledger's local copy once it is "
+                              "offloaded and older than offload.deletion_lag_ms")
+    orphan_grace_s: float = Field(3600.0, ge=0, description="gc removes unreferenced objects "
+                                  "(and stale incomplete uploads) older than this; at least "
+                                  "twice the longest a segment's upload may stay open (see "
+                                  "\"Checks across keys\")")
+    interval_s: float = Field(300.0, gt=0, description="period of the daemon's gc pass")
+
+
+class LakehouseSettings(Section):
+    """The projection of offloaded messages into Apache Iceberg tables (docs/lakehouse.md)."""
+
+    enabled: bool = Field(False, description="run the projection in the daemon (standalone: "
+                          "on when the lakehouse extra is installed)")
+    path: Path = Field(Path("./data/lakehouse"), description="the SQL catalog's SQLite file "
+                       "and, on the filesystem driver, the warehouse live here")
+    catalog: Literal["sql", "rest"] = Field("sql", description='"sql": pyiceberg\'s SQL '
+                                            'catalog; "rest": an Iceberg REST catalog')
+    catalog_uri: str | None = Field(None, description="sql: an SQLAlchemy URL (default "
+                                    "sqlite:///<path>/catalog.db); rest: the catalog URL")
+    rest_credential: SecretStr | None = Field(None, description="rest: OAuth2 client "
+                                              "credential (a secret)")
+    rest_token: SecretStr | None = Field(None, description="rest: bearer token (a secret)")
+    warehouse: str | None = Field(None, description="default: file://<path>/warehouse on the "
+                                  "filesystem driver, s3://<bucket>/<prefix>lakehouse on aws-s3 "
+                                  "(same endpoint and credentials as the tier)")
+    topics: tuple[str, ...] = Field((), description="topic name patterns (fnmatch) to project; "
+                                    "empty = all")
+    interval_s: float = Field(5.0, gt=0, description="how often the follower looks for newly "
+                              "committed segments")
+    commit_max_bytes: int = Field(32 * MiB, ge=1, description="payload bytes per table commit "
+                                  "(larger backlogs commit in several snapshots)")
+    compact_interval_s: float = Field(300.0, gt=0, description="how often small files are "
+                                      "compacted and old snapshots expired")
+    compact_min_files: int = Field(8, ge=2, description="compact a day partition once it has "
+                                   "this many small files")
+    compact_small_file_bytes: int = Field(16 * MiB, ge=1, description="data files below this "
+                                          "size are small")
+    snapshot_max_age_minutes: float = Field(60.0, gt=0, description="expire snapshots older "
+                                            "than this (the current one is always kept)")
+    delete_with_retention: bool = Field(False, description="delete a topic's rows of ledgers "
+                                        "that retention deleted from the tier; off: the table "
+                                        "keeps them")
+    json_fields: dict[str, dict[str, Literal["string", "long", "double", "boolean"]]] = Field(
+        default_factory=dict, description="topic → {field: type}: top-level fields of JSON "
+        "payloads as columns")
+
+    @field_validator("json_fields")
+    @classmethod
+    def _check_json_topics(cls, v: dict[str, dict[str, str]]) -> dict[str, dict[str, str]]:
+        topic_keys(v)
+        return v
+
+
+class DaemonSettings(Section):
+    pid_file: Path = Path("./data/offloadd.pid")
+    shutdown_deadline_s: float = Field(30.0, gt=0)
+    owner_id: str | None = Field(None, description="default: hostname-pid")
+    log_format: Literal["auto", "json", "text"] = "auto"
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    nice: int = Field(0, ge=0, le=19, description="lower the daemon's CPU priority by this "
+                      "(like nice(1)) so offload yields to the broker and writers on a busy "
+                      "host; under systemd prefer the unit's Nice=")
+    offload_now_topics: tuple[str, ...] = Field(
+        (), description="topic patterns (fnmatch) SIGUSR1 closes when `offloadd offload-now` "
+        "names none; empty = all topics")
+    lag_interval_s: float = Field(2.0, gt=0, le=60, description="how often each topic's lag "
+                                  "(committed position to the source's LAC) is measured")
+    status_interval_s: float = Field(30.0, gt=0, description="a topic's offload status record "
+                                     "in the metadata store is written on every state change "
+                                     "and otherwise at most this often")

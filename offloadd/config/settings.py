@@ -1,0 +1,166 @@
+"""The whole configuration (:class:`Settings`), its levels and the checks across keys.
+
+A configuration that would load but could only fail is refused at load time (the checks are
+listed in ``docs/config.md``, "Checks across keys").
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import Field, field_validator, model_validator
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from offloadd.config.fields import MiB, key_text, topic_keys
+from offloadd.config.policy import OffloadPolicy, OffloadSettings, PolicyOverride
+from offloadd.config.sections import (
+    BlobstoreSettings,
+    DaemonSettings,
+    LakehouseSettings,
+    MetadataSettings,
+    MetricsSettings,
+    RetentionSettings,
+    SourceSettings,
+)
+from offloadd.model import TopicName
+
+# The smallest block there is: a 128-byte header, one 0-byte frame header... and 4 bytes of padding
+SMALLEST_BLOCK = 128 + 4
+# gc must not take a live upload for an abandoned one: orphan_grace_s must be at least this many
+# times the longest an upload can legitimately stay open (see Settings._check_orphan_grace)
+ORPHAN_GRACE_FACTOR = 2
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="OFFLOADD_", env_nested_delimiter="__",
+                                      extra="forbid", frozen=True, populate_by_name=True,
+                                      allow_inf_nan=False)
+
+    metadata: MetadataSettings = Field(default_factory=MetadataSettings)
+    source: SourceSettings = Field(default_factory=SourceSettings)
+    blobstore: BlobstoreSettings = Field(default_factory=BlobstoreSettings)
+    offload: OffloadSettings = Field(default_factory=OffloadSettings)
+    namespaces: dict[str, PolicyOverride] = Field(default_factory=dict)
+    topics: dict[str, PolicyOverride] = Field(default_factory=dict)
+    metrics: MetricsSettings = Field(default_factory=MetricsSettings)
+    daemon: DaemonSettings = Field(default_factory=DaemonSettings)
+    retention: RetentionSettings = Field(default_factory=RetentionSettings)
+    lakehouse: LakehouseSettings = Field(default_factory=LakehouseSettings)
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # environment beats the file (passed as init values), which beats defaults
+        return (env_settings, init_settings)
+
+    @field_validator("topics")
+    @classmethod
+    def _check_topics(cls, v: dict[str, PolicyOverride]) -> dict[str, PolicyOverride]:
+        topic_keys(v)
+        return v
+
+    @field_validator("namespaces")
+    @classmethod
+    def _check_namespaces(cls, v: dict[str, PolicyOverride]) -> dict[str, PolicyOverride]:
+        for name in v:
+            if name.count("/") != 1 or not all(name.split("/")):
+                raise ValueError(f'namespace key {name!r} must be "tenant/namespace"')
+            if {".", ".."} & set(name.split("/")):
+                raise ValueError(f"namespace key {name!r}: '.' and '..' cannot be a tenant or "
+                                 "namespace name")
+        return v
+
+    @model_validator(mode="after")
+    def _check_levels(self) -> Settings:
+        # every level's effective policy must be usable, not only each value on its own
+        levels: list[tuple[str, list[PolicyOverride]]] = [("offload", [])]
+        levels += [(f"namespaces.{key_text(ns)}", [o]) for ns, o in self.namespaces.items()]
+        for name, o in self.topics.items():
+            ns = self.namespaces.get(TopicName.parse(name).ns)
+            levels.append((f"topics.{key_text(name)}", [ns, o] if ns is not None else [o]))
+        for where, overrides in levels:
+            p = self._merge(overrides)
+            if p.min_block_size_bytes is not None and (
+                    p.min_block_size_bytes > p.max_block_size_bytes):
+                raise ValueError(
+                    f"[{where}] min_block_size_bytes ({p.min_block_size_bytes}) must not exceed "
+                    f"max_block_size_bytes ({p.max_block_size_bytes})")
+            self._check_part_size(where, p)
+        if self.offload.retry_base_s > self.offload.retry_max_s:
+            raise ValueError(f"[offload] retry_base_s ({self.offload.retry_base_s}) must not "
+                             f"exceed retry_max_s ({self.offload.retry_max_s})")
+        self._check_orphan_grace([(where, self._merge(o)) for where, o in levels])
+        return self
+
+    def _check_part_size(self, where: str, p: OffloadPolicy) -> None:
+        """On aws-s3 every block is one multipart part, and S3 refuses a part under its minimum
+        but the last (EntityTooSmall): a block size below it fails every segment, forever."""
+        if self.blobstore.driver != "aws-s3":
+            return
+        floor = self.blobstore.min_part_size_bytes
+        if p.max_block_size_bytes < floor:
+            raise ValueError(
+                f"[{where}] max_block_size_bytes ({p.max_block_size_bytes}) is below the "
+                f"store's smallest multipart part ({floor} bytes, [blobstore] "
+                "min_part_size_bytes): with driver = \"aws-s3\" every block is one part and S3 "
+                "refuses smaller ones (EntityTooSmall); raise the block size")
+        smallest = max(min(self.min_block_size(p), p.max_block_size_bytes), SMALLEST_BLOCK)
+        if p.mode == "streaming" and smallest < floor:
+            raise ValueError(
+                f"[{where}] min_block_size_bytes ({p.min_block_size_bytes}) is below the "
+                f"store's smallest multipart part ({floor} bytes, [blobstore] "
+                "min_part_size_bytes): a block cut short (at the end of a ledger) would be a "
+                f"part S3 refuses (EntityTooSmall); set it to at least {floor} or leave it unset")
+
+    def _check_orphan_grace(self, levels: list[tuple[str, OffloadPolicy]]) -> None:
+        """gc aborts incomplete uploads and removes unreferenced objects older than
+        ``orphan_grace_s``. A segment's upload starts with its first block and completes when
+        it closes: by ``max_segment_rollover_time_minutes``, plus the time the broker-wide
+        throttle needs for the rest of it (a whole ledger, in ledger mode). A grace shorter than
+        twice that lets gc abort the daemon's own live uploads, again and again."""
+        rate = self.offload.flow_permits_per_second
+        longest, worst = 0.0, ""
+        for where, p in levels:
+            if p.mode == "streaming":
+                size = p.max_size_per_segment_mbytes * MiB
+                took = p.max_segment_rollover_time_minutes * 60 + (size / rate if rate else 0)
+                why = (f"[{where}] max_segment_rollover_time_minutes = "
+                       f"{p.max_segment_rollover_time_minutes:g}")
+            else:
+                size = float(self.source.rollover_bytes)
+                took = size / rate if rate else 0.0
+                why = f"[{where}] mode = \"ledger\" with [source] rollover_bytes = {size:.0f}"
+            if rate:
+                why += f" and {size / MiB:g} MiB at flow_permits_per_second = {rate:g}"
+            if took > longest:
+                longest, worst = took, why
+        need = ORPHAN_GRACE_FACTOR * longest
+        if self.retention.orphan_grace_s < need:
+            raise ValueError(
+                f"[retention] orphan_grace_s ({self.retention.orphan_grace_s:g}) must be at "
+                f"least {need:.0f}: a segment's upload may stay open {longest:.0f} s "
+                f"({worst}), and gc must not take the daemon's live uploads for abandoned "
+                f"ones (the grace is {ORPHAN_GRACE_FACTOR}x that; docs/config.md)")
+
+    def _merge(self, overrides: list[PolicyOverride]) -> OffloadPolicy:
+        fields: dict[str, Any] = {k: getattr(self.offload, k) for k in OffloadPolicy.model_fields}
+        for override in overrides:
+            for k, val in override.model_dump(exclude_none=True).items():
+                fields[k] = val
+        return OffloadPolicy.model_validate(fields)
+
+    def policy_for(self, topic: TopicName) -> OffloadPolicy:
+        """The effective per-topic policy: topic over namespace over broker, per field."""
+        return self._merge([o for o in (self.namespaces.get(topic.ns), self.topics.get(str(topic)))
+                            if o is not None])
+
+    def min_block_size(self, policy: OffloadPolicy) -> int:
+        if policy.min_block_size_bytes is not None:
+            return policy.min_block_size_bytes
+        return 5 * MiB if self.blobstore.driver == "aws-s3" else 0

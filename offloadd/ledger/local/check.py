@@ -1,0 +1,153 @@
+"""Checks a run read from a ledger against the store's checksums (:class:`RunCheck`).
+
+See :mod:`offloadd.ledger.local`: the frames are checked chunk by chunk against ``.sum`` and the
+offsets that cut them against ``.osum`` (reading at most a chunk more at each end), and only
+where no chunk record covers them (or a chunk does not match, so the error names the entry)
+entry by entry: frame header and payload CRC32C.
+"""
+
+from __future__ import annotations
+
+import logging
+import operator
+import os
+from array import array
+from bisect import bisect_left, bisect_right
+from collections.abc import Sequence
+from itertools import repeat
+from pathlib import Path
+from typing import NoReturn
+
+import crc32c
+
+from offloadd.errors import FormatError
+from offloadd.ledger.local.files import LedgerFiles, opened, pread
+from offloadd.ledger.local.records import (
+    CHUNK,
+    CRC_SIZE,
+    OFF_CHUNK,
+    OFF_SIZE,
+    chunk_crcs,
+    uint32s,
+)
+from offloadd.model import FRAME, FRAME_OVERHEAD, EntryRun, TopicName
+
+log = logging.getLogger(__name__)
+
+
+class RunCheck:
+    """Checks one run read from a ledger against the store's checksums (see the module
+    docstring); raises :class:`FormatError` naming topic, ledger, entry and file.
+
+    Two things are checked: the frames (``.log`` bytes, against ``.sum``) and the offsets that
+    cut them (the run's ``.off`` records, against ``.osum``): a rotten offset would cut blocks
+    mid-frame as surely as a rotten byte would corrupt an entry.
+    """
+
+    def __init__(self, topic: TopicName, files: LedgerFiles, base: int, run: EntryRun) -> None:
+        """``run`` was read from ``files`` at byte ``base`` of the log."""
+        self.topic, self.files, self.base = topic, files, base
+        self.ledger_id, self.first = run.ledger_id, run.first_entry_id
+        self.view, self.offsets = run.data, run.offsets
+        self.crcs: Sequence[int] = run.crcs if run.crcs is not None else ()
+        self.end = base + len(run.data)
+
+    def run(self, log_fd: int, raw: memoryview, published: tuple[int, int]) -> None:
+        """``raw``: the ``.off`` records the run's offsets were made of; ``published``:
+        (entries, end of their frames) — records past it may be cut."""
+        count = len(self.offsets) - 1
+        # the frames
+        bad, covered = compare_chunks(log_fd, self.files.log, self.files.sum, CHUNK,
+                                       self.base, self.view, published[1])
+        for k in bad:
+            lo = max(k * CHUNK, self.base) - self.base
+            hi = min((k + 1) * CHUNK, self.end) - self.base
+            self.entries(bisect_right(self.offsets, lo) - 1, bisect_left(self.offsets, hi))
+            self.suspect(self.files.log, self.files.sum, k, CHUNK)
+        # the run's .off records: where its frames start, and the next one's start (the
+        # ledger's last entry's end comes from its frame header, checked with the frames)
+        with opened(self.files.off) as off_fd:
+            off_bad, off_covered = compare_chunks(off_fd, self.files.off, self.files.osum,
+                                                   OFF_CHUNK, OFF_SIZE * self.first, raw,
+                                                   OFF_SIZE * published[0])
+        for k in off_bad:
+            lo = k * OFF_CHUNK // OFF_SIZE - self.first
+            self.entries(max(lo - 1, 0), min(lo + OFF_CHUNK // OFF_SIZE, count))
+            self.suspect(self.files.off, self.files.osum, k, OFF_CHUNK)
+        # what no record covers yet (a ledger being written, or written before the records
+        # existed), entry by entry: from the first entry whose frame or offset is uncovered
+        uncovered = min(bisect_right(self.offsets, covered - self.base) - 1,
+                        max(off_covered // OFF_SIZE - self.first - 1, 0))
+        self.entries(max(uncovered, 0), count)
+
+    def suspect(self, data: Path, sums: Path, k: int, chunk: int) -> None:
+        log.warning("topic %s: ledger %d: bytes %d..%d of %s do not match their chunk "
+                    "checksum in %s, yet every entry read from them checks out; the damage is "
+                    "elsewhere in the chunk or in its record", self.topic, self.ledger_id,
+                    k * chunk, (k + 1) * chunk, data, sums)
+
+    def entries(self, i: int, j: int) -> None:
+        """Check entries ``i .. j-1`` of the run one by one: frame header and payload CRC32C.
+        The comparisons run in C (``map``); only a failure loops in Python, to name it."""
+        if i >= j:
+            return
+        view, offsets = self.view, self.offsets
+        starts, ends = offsets[i:j], offsets[i + 1:j + 1]
+        lengths = list(map(operator.sub, map(operator.sub, ends, starts),
+                           repeat(FRAME_OVERHEAD)))
+        if min(lengths) < 0 or max(ends) > len(view):  # rotten offsets: nothing to slice
+            n = next(n for n, length in enumerate(lengths)
+                     if length < 0 or ends[n] > len(view))
+            self.fail(starts[n], self.first + i + n, f"its offset index record says it spans "
+                      f"bytes {self.base + starts[n]}..{self.base + ends[n]} of the log, which "
+                      "cannot be (the offset index is corrupt)")
+        headers = list(map(FRAME.unpack_from, repeat(view), starts))
+        payloads = map(view.__getitem__, map(slice, map(operator.add, starts,
+                                                         repeat(FRAME_OVERHEAD)), ends))
+        got = array("I", map(crc32c.crc32c, payloads))
+        ids = range(self.first + i, self.first + j)
+        if headers == list(zip(lengths, ids, strict=True)) and got == self.crcs[i:j]:
+            return
+        for n in range(j - i):
+            entry = self.first + i + n
+            if headers[n] != (lengths[n], entry):
+                self.fail(starts[n], entry, f"its frame header says entry {headers[n][1]} of "
+                          f"{headers[n][0]} bytes, the offset index entry {entry} of "
+                          f"{lengths[n]}")
+            if got[n] != self.crcs[i + n]:
+                self.fail(starts[n], entry, f"payload CRC32C {got[n]:#010x} differs from the "
+                          f"stored {self.crcs[i + n]:#010x}")
+
+    def fail(self, start: int, entry: int, problem: str) -> NoReturn:
+        raise FormatError(f"{self.files.log} (topic {self.topic}, ledger {self.ledger_id})",
+                          self.base + start,
+                          f"entry {entry}: {problem}: the ledger file is corrupt, so the entry "
+                          "is not offloaded (the segment fails and is retried until the file is "
+                          "repaired; it is never skipped)")
+
+
+def compare_chunks(fd: int, path: Path, sums: Path, chunk: int, base: int, view: memoryview,
+                    published: int) -> tuple[list[int], int]:
+    """Compare bytes ``base .. base+len(view)`` of the file at ``fd`` (``view`` holds them)
+    with the chunk CRC32Cs in ``sums``, reading at most a chunk more at each end.
+
+    Returns the chunks that do not match and where the covered bytes end: chunks with a record
+    and wholly within ``published`` are compared; from the returned offset on nothing is.
+    """
+    end = base + len(view)
+    k0 = base // chunk
+    try:
+        with opened(sums) as sum_fd:
+            k1 = min(os.fstat(sum_fd).st_size // CRC_SIZE, published // chunk, -(-end // chunk))
+            if k1 <= k0:
+                return [], base
+            want = uint32s(pread(sum_fd, CRC_SIZE * (k1 - k0), CRC_SIZE * k0, sums))
+    except FileNotFoundError:  # a ledger written before the records existed
+        return [], base
+    head = pread(fd, base - k0 * chunk, k0 * chunk, path)
+    stop = min(end, k1 * chunk)
+    tail = pread(fd, k1 * chunk - end, end, path) if k1 * chunk > end else b""
+    got = chunk_crcs(head, view[:stop - base], tail, chunk)
+    bad = [k0 + i for i, (g, w) in enumerate(zip(got, want, strict=True)) if g != w]
+    return bad, stop
+

@@ -1,0 +1,336 @@
+"""The embedded store's :class:`~offloadd.ledger.base.LedgerSource` (:class:`LocalLedgerSource`)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from array import array
+from bisect import bisect_right
+from collections.abc import Sequence
+from pathlib import Path
+
+from offloadd.errors import ConfigError, Conflict, FormatError, NotFound, Retriable
+from offloadd.ledger.base import (
+    FRAME_OVERHEAD,
+    EntryChecksums,
+    EntryRun,
+    FrameOffsets,
+    LedgerDeleter,
+    LedgerSource,
+    LocalCopies,
+    StoredEntries,
+)
+from offloadd.ledger.local.check import RunCheck
+from offloadd.ledger.local.files import (
+    LedgerFiles,
+    Records,
+    file_size,
+    frame_end,
+    ledger_files,
+    opened,
+    os_error,
+    pread,
+    pread_into,
+    remove_files,
+    scan,
+    scan_files,
+)
+from offloadd.ledger.local.meta import is_open
+from offloadd.ledger.local.notifier import LedgerNotifier
+from offloadd.ledger.local.records import CRC_SIZE, OFF, OFF_SIZE, rebased, uint32s
+from offloadd.metadata import managed_ledger
+from offloadd.metadata.base import MetadataStore
+from offloadd.model import LedgerDesc, LedgerState, TopicName
+from offloadd.model.keys import MANAGED_LEDGERS, managed_ledger_path
+
+log = logging.getLogger(__name__)
+
+DEFAULT_POLL_INTERVAL = 0.02
+
+
+def _not_readable(topic: TopicName, ledger_id: int, first: int, last: int,
+                  readable: int) -> NotFound:
+    return NotFound(f"{topic}: entries {first}..{last} of ledger {ledger_id} are not all "
+                    f"readable (it has {readable} readable entries; if the ledger is closed at "
+                    "more, its files are truncated or their offset index is corrupt)")
+
+
+class LocalLedgerSource(LedgerSource, LedgerDeleter, LocalCopies, EntryChecksums, StoredEntries,
+                        FrameOffsets):
+    """:class:`~offloadd.ledger.base.LedgerSource` over the files of the embedded store, with
+    every optional capability a source may have but metrics of its own (see
+    :mod:`offloadd.ledger.base`).
+
+    Reads need no metadata: a ledger's files hold exactly its readable entries plus, while it is
+    open, possibly a torn tail that is clamped away. ``verify_crc`` (the default) checks every
+    byte read against the store's checksums — the ``.sum`` chunk CRCs, or each entry's frame
+    header and CRC32C where no chunk record covers it — and raises :class:`FormatError` naming
+    topic, ledger, entry and file instead of handing out a rotten entry. Runs alone
+    (polling for other processes' writes) or beside a :class:`LocalLedgerWriter` sharing a
+    :class:`LedgerNotifier` (see :class:`LocalLedgerStore`).
+    """
+
+    def __init__(self, path: str | Path, metadata: MetadataStore, *, verify_crc: bool = True,
+                 notifier: LedgerNotifier | None = None,
+                 poll_interval: float = DEFAULT_POLL_INTERVAL) -> None:
+        self.path = Path(path)
+        self._metadata = metadata
+        self._verify_crc = verify_crc
+        self._notifier = notifier if notifier is not None else LedgerNotifier()
+        self._poll_interval = poll_interval
+
+    async def list_topics(self) -> list[TopicName]:
+        """Every managed ledger under ``/managed-ledgers/<tenant>/<ns>/persistent/<topic>``."""
+        topics: list[TopicName] = []
+        for tenant in await self._children(MANAGED_LEDGERS):
+            for ns in await self._children(f"{MANAGED_LEDGERS}/{tenant}"):
+                domain = f"{MANAGED_LEDGERS}/{tenant}/{ns}/persistent"
+                for local in await self._children(domain):
+                    try:
+                        topics.append(TopicName.from_managed_ledger(
+                            f"{tenant}/{ns}/persistent/{local}"))
+                    except ConfigError:
+                        log.warning("ignoring managed ledger %s/%s/persistent/%s: not a topic name",
+                                    tenant, ns, local)
+        return topics
+
+    async def ledgers(self, topic: TopicName) -> list[LedgerDesc]:
+        info = await self._info(topic)
+        out: list[LedgerDesc] = []
+        for li in info.ledgerInfo:
+            if is_open(li):
+                count, end = await asyncio.to_thread(
+                    scan_files, ledger_files(self.path, li.ledgerId))
+                out.append(LedgerDesc(li.ledgerId, LedgerState.OPEN, count - 1,
+                                      end - FRAME_OVERHEAD * count, li.timestamp))
+            else:
+                out.append(LedgerDesc(li.ledgerId, LedgerState.CLOSED, li.entries - 1, li.size,
+                                      li.timestamp))
+        return out
+
+    async def read(self, topic: TopicName, ledger_id: int, first_entry_id: int,
+                   last_entry_id: int, max_bytes: int | None = None, *,
+                   into: bytearray | None = None) -> EntryRun:
+        if not 0 <= first_entry_id <= last_entry_id:
+            raise ValueError(f"bad entry range {first_entry_id}..{last_entry_id}")
+        files = ledger_files(self.path, ledger_id)
+        try:
+            return await asyncio.to_thread(self._read_sync, topic, files, ledger_id,
+                                           first_entry_id, last_entry_id, max_bytes, into)
+        except FileNotFoundError as exc:
+            raise NotFound(f"{topic}: ledger {ledger_id} does not exist ({exc.filename})") from exc
+        except OSError as exc:
+            raise os_error(exc, f"{topic}: reading ledger {ledger_id}") from exc
+
+    def cumulative_bytes(self, ledger_id: int, entry_id: int) -> int:
+        """Frame bytes of entries ``0 .. entry_id - 1`` of the ledger: where entry
+        ``entry_id``'s frame starts in ``.log`` (payload bytes are this minus 12 per entry).
+
+        ``entry_id`` may equal the number of readable entries: the end of the last frame.
+        Blocking (one or two ``pread`` s, no scan): the backfill splitter calls it from a worker
+        thread, O(log n) times per segment boundary. ``NotFound`` for a missing ledger or an
+        entry past the readable ones.
+        """
+        files = ledger_files(self.path, ledger_id)
+        try:
+            with opened(files.off) as off_fd:
+                count = os.fstat(off_fd).st_size // OFF_SIZE
+                if 0 <= entry_id < count:
+                    return Records(off_fd, count)[entry_id]
+                with opened(files.log) as log_fd:
+                    readable, end = scan(off_fd, log_fd)
+        except FileNotFoundError as exc:
+            raise NotFound(f"ledger {ledger_id} does not exist ({exc.filename})") from exc
+        except OSError as exc:
+            raise os_error(exc, f"reading offsets of ledger {ledger_id}") from exc
+        if entry_id != readable:
+            raise NotFound(f"entry {ledger_id}:{entry_id} is past the ledger's {readable} "
+                           "readable entries")
+        return end
+
+    async def stored_entries(self, ledger_id: int) -> int | None:
+        """How many whole entries the ledger's files hold, whatever the metadata says; None
+        when the files are gone (deleted or trimmed). ``verify`` compares it with the catalog:
+        a closed ledger whose files hold more entries than its recorded end had a second
+        writer, and those entries are never offloaded."""
+        files = ledger_files(self.path, ledger_id)
+
+        def count() -> int | None:
+            if not files.off.exists() and not files.log.exists():
+                return None
+            return scan_files(files)[0]
+
+        try:
+            return await asyncio.to_thread(count)
+        except OSError as exc:
+            raise os_error(exc, f"scanning ledger {ledger_id}") from exc
+
+    async def read_crcs(self, ledger_id: int, first_entry_id: int,
+                        last_entry_id: int) -> Sequence[int]:
+        """The stored CRC32C of each payload of entries ``first..last`` (all readable)."""
+        if not 0 <= first_entry_id <= last_entry_id:
+            raise ValueError(f"bad entry range {first_entry_id}..{last_entry_id}")
+        files = ledger_files(self.path, ledger_id)
+
+        def read() -> array[int]:
+            with opened(files.off) as off_fd, opened(files.log) as log_fd, \
+                    opened(files.crc) as crc_fd:
+                count, _ = scan(off_fd, log_fd)
+                if last_entry_id >= count:
+                    raise NotFound(f"entries {first_entry_id}..{last_entry_id} of ledger "
+                                   f"{ledger_id} are not all readable ({count} readable)")
+                n = last_entry_id - first_entry_id + 1
+                return uint32s(pread(crc_fd, CRC_SIZE * n, CRC_SIZE * first_entry_id,
+                                       files.crc))
+
+        try:
+            return await asyncio.to_thread(read)
+        except FileNotFoundError as exc:
+            raise NotFound(f"ledger {ledger_id} does not exist ({exc.filename})") from exc
+        except OSError as exc:
+            raise os_error(exc, f"reading CRCs of ledger {ledger_id}") from exc
+
+    async def wait_for_entries(
+        self, topic: TopicName, ledger_id: int, last_known_entry_id: int,
+        timeout: float,
+    ) -> None:
+        """Return when ``ledger_id`` has entries past ``last_known_entry_id``, a later ledger
+        exists, or (when polling) the managed ledger changed; at the latest after ``timeout``.
+
+        At the end of a closed last ledger this waits for the next ledger instead of returning
+        at once, so a tailer that has read everything does not spin.
+        """
+        if await self._notifier.wait_past(topic, ledger_id, last_known_entry_id, timeout):
+            return
+        await self._poll(topic, ledger_id, last_known_entry_id, timeout)
+
+    async def delete_ledger(self, topic: TopicName, ledger_id: int) -> None:
+        """Drop a closed ledger from the topic's metadata (CAS), then unlink its files.
+
+        ``Conflict`` for an open ledger, ``NotFound`` if the topic does not list it (its files
+        are then left alone: ids are global, so a wrong topic must not cost another's data).
+        A crash between the two steps leaves orphan files, never a listed ledger without data.
+        """
+
+        def edit(info: managed_ledger.ManagedLedgerInfo) -> bool:
+            for i, li in enumerate(info.ledgerInfo):
+                if li.ledgerId == ledger_id:
+                    if is_open(li):
+                        raise Conflict(f"{topic}: ledger {ledger_id} is open; only closed "
+                                       "ledgers can be deleted")
+                    del info.ledgerInfo[i]
+                    return True
+            raise NotFound(f"{topic}: ledger {ledger_id} is not in the managed ledger")
+
+        try:
+            await managed_ledger.update(self._metadata, topic.managed_ledger, edit)
+        except NotFound as exc:
+            raise NotFound(f"{topic}: cannot delete ledger {ledger_id}: {exc}") from exc
+
+        try:
+            await asyncio.to_thread(remove_files, ledger_files(self.path, ledger_id))
+        except OSError as exc:
+            raise os_error(exc, f"{topic}: deleting files of ledger {ledger_id}") from exc
+
+    async def drop_local_copy(self, ledger_id: int) -> bool:
+        """Remove the ledger's files, keeping its place in the managed ledger (``[retention]
+        trim_source``, once the tier holds it); True if any file was there. Idempotent: it also
+        finishes a removal a crash interrupted. ``Retriable`` on any I/O error."""
+        try:
+            return await asyncio.to_thread(remove_files, ledger_files(self.path, ledger_id))
+        except OSError as exc:
+            raise Retriable(f"dropping the local copy of ledger {ledger_id}: {exc}") from exc
+
+    async def close(self) -> None:
+        """Nothing to release: reads open and close their files."""
+
+    # -- plumbing ---------------------------------------------------------------------------
+
+    async def _children(self, path: str) -> list[str]:
+        try:
+            return await self._metadata.children(path)
+        except NotFound:
+            return []
+
+    async def _info(self, topic: TopicName) -> managed_ledger.ManagedLedgerInfo:
+        try:
+            info, _ = await managed_ledger.load(self._metadata, topic.managed_ledger)
+        except NotFound as exc:
+            raise NotFound(f"topic {topic} does not exist (no managed ledger at "
+                           f"{managed_ledger_path(topic.managed_ledger)})") from exc
+        return info
+
+    def _read_sync(self, topic: TopicName, files: LedgerFiles, ledger_id: int, first: int,
+                   last: int, max_bytes: int | None, into: bytearray | None = None) -> EntryRun:
+        with opened(files.off) as off_fd, opened(files.log) as log_fd:
+            records = Records(off_fd, os.fstat(off_fd).st_size // OFF_SIZE)
+            if last >= len(records):
+                raise _not_readable(topic, ledger_id, first, last, scan(off_fd, log_fd)[0])
+            log_size = os.fstat(log_fd).st_size
+            base = records[first]
+            tail = last + 1 == len(records)  # the last frame's end is not in .off
+            end = frame_end(log_fd, records[last], log_size) if tail else records[last + 1]
+            if end is None or end > log_size:
+                raise _not_readable(topic, ledger_id, first, last, scan(off_fd, log_fd)[0])
+            if end <= base:  # only a rotten offset record says so
+                raise FormatError(str(files.off), OFF_SIZE * first,
+                                  f"topic {topic}, ledger {ledger_id}: the offset index is "
+                                  f"corrupt: entries {first}..{last} would end at byte {end} "
+                                  f"of the log, before they start ({base})")
+            if max_bytes is not None and end - base > max_bytes and last > first:
+                # records[first+1 .. last] are the ends of entries first .. last-1.
+                fit = bisect_right(records, base + max_bytes, first + 1, last + 1) - 1 - first
+                last = first + max(fit, 1) - 1
+                tail = False
+                end = records[last + 1]
+            count = last - first + 1
+            raw = pread(off_fd, OFF_SIZE * (count + (not tail)), OFF_SIZE * first, files.off)
+            offsets = rebased(raw + OFF.pack(end) if tail else raw, base)
+            if into is not None and len(into) >= end - base:
+                data: bytes | memoryview = pread_into(log_fd, into, end - base, base, files.log)
+            else:
+                data = pread(log_fd, end - base, base, files.log)
+            with opened(files.crc) as crc_fd:
+                crcs = uint32s(pread(crc_fd, CRC_SIZE * count, CRC_SIZE * first, files.crc))
+            run = EntryRun(ledger_id, first, memoryview(data), offsets, crcs)
+            if self._verify_crc:
+                # here, while the bytes are cache-hot; the whole published range bounds which
+                # chunk records may be used (past it a dead writer's torn bytes may be cut)
+                RunCheck(topic, files, base, run).run(log_fd, memoryview(raw),
+                                                      scan(off_fd, log_fd))
+        return run
+
+    async def _poll(self, topic: TopicName, ledger_id: int, last_known: int,
+                    within: float) -> None:
+        """Another process writes the topic: watch the ledger's ``.off`` size and the managed
+        ledger's version (a close or a new ledger changes it)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + within
+        path = managed_ledger_path(topic.managed_ledger)
+        try:
+            node = await self._metadata.get(path)
+        except NotFound as exc:
+            raise NotFound(f"topic {topic} does not exist (no managed ledger at {path})") from exc
+        lis = managed_ledger.decode(node.data, path).ledgerInfo
+        if any(li.ledgerId > ledger_id for li in lis):
+            return
+        mine = next((li for li in lis if li.ledgerId == ledger_id), None)
+        if mine is not None and not is_open(mine) and mine.entries - 1 > last_known:
+            return
+        # A closed (or unknown) ledger never grows: only a metadata change can mean news.
+        off = ledger_files(self.path, ledger_id).off if mine is not None and is_open(mine) \
+            else None
+        wanted = OFF_SIZE * (last_known + 2)
+        while True:
+            if off is not None and await asyncio.to_thread(file_size, off) >= wanted:
+                return
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return
+            await asyncio.sleep(min(self._poll_interval, remaining))
+            try:
+                if (await self._metadata.get(path)).version != node.version:
+                    return
+            except NotFound:
+                return

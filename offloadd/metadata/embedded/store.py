@@ -1,0 +1,186 @@
+"""The embedded store: :class:`EmbeddedMetadataStore`, one session on ``<path>/metadata.db``."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import threading
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TypeVar
+
+from offloadd.errors import Fatal, NotFound, Retriable
+from offloadd.metadata.base import MetadataStore, Op, Versioned
+from offloadd.metadata.embedded import tree
+from offloadd.metadata.embedded.database import (
+    connect,
+    connect_read_only,
+    in_write_tx,
+    translate,
+    volume_full,
+)
+from offloadd.metadata.embedded.owners import Owner, alive
+from offloadd.metadata.nodes import apply_all, check_path
+
+T = TypeVar("T")
+
+
+class EmbeddedMetadataStore(MetadataStore):
+    """A :class:`~offloadd.metadata.base.MetadataStore` session on ``<path>/metadata.db``.
+
+    Construction does no I/O; the database is opened on first use, or by :meth:`open`.
+
+    ``read_only``: for commands that only look (``status``, ``verify``, ``read``). The database
+    must already exist (``NotFound`` otherwise: nothing is created), is opened with SQLite's
+    ``mode=ro`` (the library refuses every write), and dead sessions are not reaped. SQLite may
+    still create its ``-wal``/``-shm`` companions beside an existing database to join a live
+    writer's log; they hold no data of ours.
+    """
+
+    def __init__(self, path: str | Path, *, read_only: bool = False) -> None:
+        self.db_path = Path(path) / "metadata.db"
+        self.read_only = read_only
+        self._owner = Owner.this_process()
+        self._lock = threading.Lock()
+        self._conn: sqlite3.Connection | None = None
+        self._closed = False
+
+    @classmethod
+    async def open(cls, path: str | Path, *, read_only: bool = False) -> EmbeddedMetadataStore:
+        """A store whose database is already opened (errors surface here, not on first use)."""
+        store = cls(path, read_only=read_only)
+        await store._run("open", lambda c: None)
+        return store
+
+    # -- the protocol ---------------------------------------------------------------------
+
+    async def get(self, path: str) -> Versioned:
+        check_path(path)
+
+        def op(c: sqlite3.Connection) -> Versioned:
+            row = tree.row(c, path)
+            if row is None:
+                raise NotFound(f"metadata node {path} does not exist")
+            return Versioned(row[0], row[1])
+
+        return await self._run(f"get {path}", op)
+
+    async def exists(self, path: str) -> bool:
+        check_path(path)
+        return await self._run(f"exists {path}", lambda c: tree.row(c, path) is not None)
+
+    async def create(self, path: str, data: bytes, *, ephemeral: bool = False,
+                     sequential: bool = False, make_parents: bool = True) -> str:
+        check_path(path)
+        owner = self._owner
+
+        def op(c: sqlite3.Connection) -> str:
+            if make_parents:
+                tree.create_parents(c, owner, path)
+            return tree.create(c, owner, path, data, ephemeral=ephemeral, sequential=sequential)
+
+        return await self._write(f"create {path}", op)
+
+    async def set(self, path: str, data: bytes, version: int = -1) -> int:
+        check_path(path)
+        return await self._write(f"set {path}", lambda c: tree.set_data(c, path, data, version))
+
+    async def delete(self, path: str, version: int = -1, *, recursive: bool = False) -> None:
+        check_path(path)
+        await self._write(f"delete {path}",
+                          lambda c: tree.delete(c, path, version, recursive=recursive))
+
+    async def children(self, path: str) -> list[str]:
+        check_path(path)
+
+        def op(c: sqlite3.Connection) -> list[str]:
+            c.execute("BEGIN")  # one snapshot for both statements
+            try:
+                if tree.row(c, path) is None:
+                    raise NotFound(f"metadata node {path} does not exist")
+                return tree.children(c, path)
+            finally:
+                c.execute("COMMIT")
+
+        return await self._run(f"children {path}", op)
+
+    async def multi(self, ops: Sequence[Op]) -> list[int | str | None]:
+        for op in ops:
+            check_path(op.path)
+        owner = self._owner
+        return await self._write(f"multi of {len(ops)} ops", lambda c: apply_all(
+            ops, lambda op: tree.apply(c, owner, op)))
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        await asyncio.to_thread(self._close_sync)
+
+    # -- plumbing -------------------------------------------------------------------------
+
+    def _close_sync(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            conn, self._conn = self._conn, None
+            if conn is None:
+                return
+            if self.read_only:  # a read-only session owns no ephemeral node
+                conn.close()
+                return
+            try:
+                in_write_tx(conn, lambda c: tree.delete_owned(
+                    c, "owner_session = ?", (self._owner.session,)))
+            except sqlite3.Error as e:
+                raise translate(e, "close") from e
+            finally:
+                conn.close()
+
+    async def _run(self, what: str, fn: Callable[[sqlite3.Connection], T]) -> T:
+        return await asyncio.to_thread(self._run_sync, what, fn)
+
+    async def _write(self, what: str, fn: Callable[[sqlite3.Connection], T]) -> T:
+        if self.read_only:
+            raise Fatal(f"embedded metadata store {self.db_path} is open read-only ({what})")
+        return await self._run(what, lambda c: in_write_tx(c, fn))
+
+    def _run_sync(self, what: str, fn: Callable[[sqlite3.Connection], T]) -> T:
+        with self._lock:
+            if self._closed:
+                raise Fatal(f"embedded metadata store {self.db_path} is closed ({what})")
+            try:
+                conn = self._connect()
+                if not self.read_only:
+                    self._reap(conn)
+                return fn(conn)
+            except sqlite3.Error as e:
+                if volume_full(self.db_path.parent):
+                    # SQLite often reports a full volume as a plain "disk I/O error" (when it
+                    # cannot create or grow its WAL and shared-memory files): say what it is
+                    raise Retriable(f"embedded metadata store disk full during {what}: {e}; "
+                                    f"free space on the volume of {self.db_path.parent}") from e
+                raise translate(e, what) from e
+            except OSError as e:  # creating the database's directory
+                raise Fatal(f"embedded metadata store cannot use {self.db_path.parent} "
+                            f"({what}): {e}") from e
+
+    def _connect(self) -> sqlite3.Connection:
+        if self._conn is None:
+            self._conn = (connect_read_only if self.read_only else connect)(self.db_path)
+        return self._conn
+
+    def _reap(self, c: sqlite3.Connection) -> None:
+        """Delete ephemerals of processes that are gone (their sessions ended uncleanly)."""
+        owners = c.execute("SELECT DISTINCT owner_pid, owner_start FROM nodes "
+                           "WHERE owner_pid IS NOT NULL").fetchall()
+        dead = [(pid, start) for pid, start in owners
+                if pid != self._owner.pid and not alive(pid, start)]
+        if not dead:
+            return
+
+        def reap(c: sqlite3.Connection) -> None:
+            for pid, start in dead:
+                tree.delete_owned(c, "owner_pid = ? AND owner_start IS ?", (pid, start))
+
+        in_write_tx(c, reap)
