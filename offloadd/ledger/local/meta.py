@@ -11,9 +11,9 @@ from __future__ import annotations
 import asyncio
 from bisect import bisect_right
 
-from offloadd.errors import Conflict, Fatal, FormatError, NotFound
-from offloadd.metadata import managed_ledger
-from offloadd.metadata.base import MetadataStore
+from offloadd.errors import Fatal, FormatError
+from offloadd.metadata import cas, managed_ledger
+from offloadd.metadata.base import MetadataStore, Versioned
 from offloadd.model.keys import LEDGER_ID_COUNTER
 
 _ID_ATTEMPTS = 100
@@ -48,24 +48,21 @@ class LedgerIds:
 
     async def _reserve(self) -> range:
         """Move the global counter forward by ``id_range`` (CAS) and own the ids it passed."""
-        for _ in range(_ID_ATTEMPTS):
-            try:
-                node = await self._store.get(LEDGER_ID_COUNTER)
-            except NotFound:
-                try:
-                    await self._store.create(LEDGER_ID_COUNTER, str(self._range).encode())
-                    return range(self._range)
-                except Conflict:
-                    continue
-            try:
-                start = int(node.data.decode("ascii"))
-            except ValueError as exc:
-                raise FormatError(LEDGER_ID_COUNTER, 0,
-                                  f"ledger id counter {node.data!r} is not a number") from exc
-            try:
-                await self._store.set(LEDGER_ID_COUNTER, str(start + self._range).encode(),
-                                      node.version)
-                return range(start, start + self._range)
-            except Conflict:
-                continue
-        raise Conflict(f"{LEDGER_ID_COUNTER}: gave up after {_ID_ATTEMPTS} lost races")
+        start = 0
+
+        def advance(node: Versioned | None) -> bytes:
+            nonlocal start
+            start = 0 if node is None else _counter(node.data)
+            return str(start + self._range).encode()
+
+        await cas.update(self._store, LEDGER_ID_COUNTER, advance, create=True,
+                         attempts=_ID_ATTEMPTS)
+        return range(start, start + self._range)
+
+
+def _counter(data: bytes) -> int:
+    try:
+        return int(data.decode("ascii"))
+    except ValueError as exc:
+        raise FormatError(LEDGER_ID_COUNTER, 0,
+                          f"ledger id counter {data!r} is not a number") from exc
