@@ -20,7 +20,6 @@ from offloadd.ledger.bookkeeper.layout import (
     PulsarList,
     check_layout,
     decode_ledger_metadata,
-    encode_ledger_metadata,
     ledger_id_from_path,
     ledger_path,
     lost_ledgers,
@@ -28,6 +27,7 @@ from offloadd.ledger.bookkeeper.layout import (
     mirrored_list,
     write_set,
 )
+from tests.fixtures.bookie_wire import encode_ledger_metadata
 
 
 class TestLedgerPaths:

@@ -47,6 +47,7 @@ from dataclasses import dataclass, field
 from offloadd._proto import bookkeeper_pb2
 from offloadd._proto import mldataformats_pb2 as mlpb
 from offloadd.errors import FormatError
+from offloadd.ledger.bookkeeper.codec import missing_fields
 
 __all__ = [
     "DEFAULT_LEDGERS_ROOT",
@@ -60,7 +61,6 @@ __all__ = [
     "PulsarList",
     "check_layout",
     "decode_ledger_metadata",
-    "encode_ledger_metadata",
     "ledger_id_from_path",
     "ledger_path",
     "lost_ledgers",
@@ -190,15 +190,6 @@ def write_set(entry_id: int, ensemble_size: int, write_quorum: int) -> list[int]
     return [(entry_id + j) % ensemble_size for j in range(min(write_quorum, ensemble_size))]
 
 
-def _varint(v: int) -> bytes:
-    out = bytearray()
-    while v >= 0x80:
-        out.append((v & 0x7F) | 0x80)
-        v >>= 7
-    out.append(v)
-    return bytes(out)
-
-
 def decode_ledger_metadata(data: bytes, ledger_id: int, where: str) -> LedgerMetadata:
     """Parse a ledger node (format version 3); ``FormatError`` names the node on junk."""
     if not data.startswith(METADATA_HEADER):
@@ -231,8 +222,8 @@ def decode_ledger_metadata(data: bytes, ledger_id: int, where: str) -> LedgerMet
         fmt.ParseFromString(data[pos:pos + size])
     except Exception as exc:  # protobuf's DecodeError and friends
         raise FormatError(where, pos, f"not a LedgerMetadataFormat protobuf ({exc})") from exc
-    if not fmt.IsInitialized():
-        missing: list[str] = getattr(fmt, "FindInitializationErrors", list)()
+    missing = missing_fields(fmt)
+    if missing:
         raise FormatError(where, pos, "LedgerMetadataFormat lacks required fields: "
                           + ", ".join(missing))
     segments = tuple((s.firstEntryId, tuple(s.ensembleMember)) for s in fmt.segment)
@@ -249,25 +240,6 @@ def decode_ledger_metadata(data: bytes, ledger_id: int, where: str) -> LedgerMet
         password=fmt.password if fmt.HasField("password") else None,
         ctime_ms=fmt.ctime if fmt.HasField("ctime") else 0,
         segments=segments)
-
-
-def encode_ledger_metadata(md: LedgerMetadata) -> bytes:
-    """The node bytes a BookKeeper client writes for ``md`` (used to build test clusters)."""
-    fmt = bookkeeper_pb2.LedgerMetadataFormat(
-        quorumSize=md.write_quorum, ensembleSize=md.ensemble_size, length=md.length,
-        state=int(md.state), digestType=md.digest_type, ackQuorumSize=md.ack_quorum)  # type: ignore[arg-type]
-    if md.closed:
-        fmt.lastEntryId = md.last_entry_id
-    if md.password is not None:
-        fmt.password = md.password
-    if md.ctime_ms:
-        fmt.ctime = md.ctime_ms
-    for first, ensemble in md.segments:
-        seg = fmt.segment.add()
-        seg.firstEntryId = first
-        seg.ensembleMember.extend(ensemble)
-    body = fmt.SerializeToString()
-    return METADATA_HEADER + b"3\n" + _varint(len(body)) + body
 
 
 # ---- the mirror -------------------------------------------------------------------------------

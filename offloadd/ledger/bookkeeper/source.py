@@ -2,7 +2,7 @@
 
 What it reads, and from where::
 
-    Pulsar's ZooKeeper (read-only)                         bookies (protocol v3)
+    Pulsar's ZooKeeper (read-only)                         bookies (v2 bulk, v3 tail)
       /managed-ledgers/<t>/<ns>/persistent/<x>  topics,      entries, digest-checked,
           ledger lists (data watch per topic)                many reads in flight,
       <ledgers_root>/LAYOUT, /<hierarchical path>            replica choice + failover,
@@ -46,21 +46,18 @@ import asyncio
 import contextlib
 import fnmatch
 import logging
-import struct
 import time
-from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from itertools import accumulate, chain
 from typing import Any
 
 import crc32c
 
 from offloadd import errors
 from offloadd.errors import ConfigError, Fatal, FormatError, NotFound, OffloaddError, Retriable
-from offloadd.ledger.base import FRAME_OVERHEAD, EntryRun
-from offloadd.ledger.bookkeeper.client import BookieClient, BookieError, ClientOptions
-from offloadd.ledger.bookkeeper.codec import Digest, Entry, digest_for
+from offloadd.ledger.base import EntryRun
+from offloadd.ledger.bookkeeper.client import BookieClient, ClientOptions
+from offloadd.ledger.bookkeeper.connection import BookieError
 from offloadd.ledger.bookkeeper.layout import (
     DEFAULT_LEDGERS_ROOT,
     LedgerMetadata,
@@ -73,7 +70,9 @@ from offloadd.ledger.bookkeeper.layout import (
     ledger_path,
     mirror_edit,
 )
+from offloadd.ledger.bookkeeper.ledgers import KnownLedger
 from offloadd.ledger.bookkeeper.metrics import BookKeeperMetrics
+from offloadd.ledger.bookkeeper.stream import ReadStream, frame_run
 from offloadd.ledger.bookkeeper.zk import PulsarZooKeeper
 from offloadd.metadata import managed_ledger
 from offloadd.metadata.base import MetadataStore, Versioned
@@ -86,9 +85,6 @@ log = logging.getLogger(__name__)
 __all__ = ["BookKeeperLedgerSource", "BookKeeperOptions"]
 
 MiB = 1024 * 1024
-_HEADER = struct.Struct(">iq")
-_CHUNK_BYTES = 256 * 1024  # one batch of reads aims at this many payload bytes
-_DEFAULT_ENTRY_BYTES = 1024
 _CRC_BATCH = 1024
 _MIRROR_REFRESH_S = 60.0
 _MIRROR_ATTEMPTS = 5  # fresh reads of Pulsar's list per mirror update while it keeps moving
@@ -102,210 +98,12 @@ class BookKeeperOptions:
     password: bytes = field(default=b"", repr=False)
     topics: tuple[str, ...] = ()
     client: ClientOptions = field(default_factory=ClientOptions)
-    reads_in_flight: int = 64
+    reads_in_flight: int = 1024
     readahead_bytes: int = 8 * MiB
     long_poll_max_s: float = 10.0
     session_timeout_s: float = 10.0
     connect_timeout_s: float = 15.0
     zk_auth: tuple[tuple[str, str], ...] = field(default=(), repr=False)
-
-
-# ---- per-ledger state ---------------------------------------------------------------------------
-
-
-class _Ledger:
-    """One BookKeeper ledger as this source knows it (shared by every topic that lists it)."""
-
-    def __init__(self, source: BookKeeperLedgerSource, meta: LedgerMetadata,
-                 version: int) -> None:
-        self._source = source
-        self.ledger_id = meta.ledger_id
-        self.meta = meta
-        self.version = version
-        self.digest: Digest = digest_for(meta.digest_type, meta.password
-                                         if meta.password is not None else source.password)
-        self.lac = meta.last_entry_id if meta.closed else -1
-        # the highest entry ≤ lac whose cumulative length is known: what ledgers() advertises
-        self.known: tuple[int, int] = (meta.last_entry_id, meta.length) if meta.closed \
-            else (-1, 0)
-        self.lac_learnt = meta.closed
-        self.deleted = False
-        if meta.closed:
-            source.saw_closed(meta)
-        self.watch: Watch | None = None
-        self.changed = asyncio.Event()
-        self.stream: _ReadStream | None = None
-        self.probe_lock = asyncio.Lock()
-        self.lac_task: asyncio.Future[None] | None = None
-
-    @property
-    def path(self) -> str:
-        return ledger_path(self.ledger_id, self._source.options.ledgers_root)
-
-    @property
-    def readable_last(self) -> int:
-        return self.known[0]
-
-    def learn(self, lac: int) -> None:
-        if lac > self.lac and not self.meta.closed:
-            self.lac = lac
-            self._wake()
-
-    def note(self, entry: Entry) -> None:
-        """An entry read: its header teaches a LAC and, if confirmed, the size up to it."""
-        if self.meta.closed:
-            return
-        if entry.lac > self.lac:
-            self.lac = entry.lac
-        if self.known[0] < entry.entry_id <= self.lac:
-            self.known = (entry.entry_id, entry.length)
-            self._wake()
-
-    def update(self, meta: LedgerMetadata, version: int) -> bool:
-        """New metadata from ZooKeeper; True if the ensembles changed."""
-        ensembles_changed = meta.segments != self.meta.segments
-        self.meta = meta
-        self.version = version
-        if meta.closed:
-            self.lac = meta.last_entry_id
-            self.known = (meta.last_entry_id, meta.length)
-            self.lac_learnt = True
-            self._source.saw_closed(meta)
-        self._wake()
-        return ensembles_changed
-
-    async def refresh(self) -> bool:
-        """Re-read the metadata (an entry was on no bookie: maybe an ensemble change)."""
-        try:
-            node = await self._source.zk.get(self.path)
-        except NotFound:
-            self.deleted = True
-            self._wake()
-            return False
-        meta = decode_ledger_metadata(node.data, self.ledger_id, self.path)
-        return self.update(meta, node.version)
-
-    def _wake(self) -> None:
-        event, self.changed = self.changed, asyncio.Event()
-        event.set()
-
-    def close(self, *, streams: bool = False) -> None:
-        """Stop watching. Reads in flight finish on their own unless ``streams`` (shutdown):
-        a ledger dropped from Pulsar's list may still be being read by the offloader."""
-        if self.watch is not None:
-            self.watch.cancel()
-            self.watch = None
-        if streams and self.stream is not None:
-            self.stream.reset(0)
-            self.stream = None
-        if self.lac_task is not None:
-            self.lac_task.cancel()
-        self.deleted = True
-        self._wake()
-
-
-@dataclass
-class _Chunk:
-    first: int
-    last: int
-    task: asyncio.Task[tuple[list[Entry], int]]
-    taken: int = 0  # entries already handed out
-
-
-class _ReadStream:
-    """Pipelined, read-ahead reads of one ledger for one consumer reading forward."""
-
-    def __init__(self, client: BookieClient, ledger: _Ledger, window: int,
-                 readahead: int) -> None:
-        self._client = client
-        self._ledger = ledger
-        self._window = window
-        self._readahead = readahead
-        self.next = 0  # the next entry to hand out
-        self._issued = 0  # the next entry to ask for
-        self._chunks: deque[_Chunk] = deque()
-
-    def _arrived(self, task: asyncio.Task[tuple[list[Entry], int]]) -> None:
-        """A chunk came in: what its headers say about the tail is news even before anyone
-        takes it (this is how a reader following an open ledger learns its LAC and sizes)."""
-        if task.cancelled() or task.exception() is not None:
-            return  # whoever takes the chunk sees the error; nobody else needs it
-        entries, lac = task.result()
-        self._ledger.learn(lac)
-        if entries:
-            self._ledger.note(entries[-1])
-
-    def _limit(self) -> int:
-        """The last entry that may be read: confirmed, though maybe not yet advertised."""
-        return max(self._ledger.readable_last, self._ledger.lac)
-
-    def reset(self, first: int) -> None:
-        for c in self._chunks:
-            c.task.cancel()
-        self._chunks.clear()
-        self.next = self._issued = first
-
-    def _avg(self) -> int:
-        last, size = self._ledger.known
-        if last >= 0 and size > 0:
-            return max(size // (last + 1), 1)
-        return _DEFAULT_ENTRY_BYTES
-
-    def _issue(self, limit: int, budget: int) -> None:
-        """Ask for entries up to ``limit`` while fewer than ``window`` are in flight and the
-        unconsumed ones are estimated below ``budget`` bytes."""
-        avg = self._avg()
-        pending = sum(c.last - c.first + 1 - c.taken for c in self._chunks)
-        while self._issued <= limit and pending < self._window and pending * avg < budget:
-            n = min(max(_CHUNK_BYTES // avg, 1), self._window - pending,
-                    limit - self._issued + 1)
-            first = self._issued
-            task = asyncio.ensure_future(
-                self._client.read_entries(self._ledger, first, first + n - 1))
-            task.add_done_callback(self._arrived)
-            self._chunks.append(_Chunk(first, first + n - 1, task))
-            self._issued += n
-            pending += n
-
-    async def take(self, first: int, last: int, max_bytes: int | None) -> list[Entry]:
-        if first != self.next or (self._chunks and self._chunks[0].first
-                                  + self._chunks[0].taken != first):
-            self.reset(first)
-        limit = max(self._limit(), last)
-        cap = (1 << 62) if max_bytes is None else max_bytes
-        out: list[Entry] = []
-        got = 0
-        full = False
-        try:
-            while self.next <= last and not full:
-                self._issue(limit, max(cap - got, 1) + self._readahead)
-                chunk = self._chunks[0]
-                try:
-                    entries, _ = await chunk.task
-                except asyncio.CancelledError:
-                    task = asyncio.current_task()
-                    if chunk.task.cancelled() and task is not None and not task.cancelling():
-                        raise Retriable(f"ledger {self._ledger.ledger_id}: read of entries "
-                                        f"{chunk.first}..{chunk.last} was abandoned") from None
-                    raise
-                for e in entries[chunk.taken:]:
-                    if e.entry_id > last:
-                        break
-                    size = FRAME_OVERHEAD + len(e.payload)
-                    if out and got + size > cap:
-                        full = True
-                        break
-                    out.append(e)
-                    got += size
-                    chunk.taken += 1
-                    self.next += 1
-                if chunk.first + chunk.taken > chunk.last:
-                    self._chunks.popleft()
-        except BaseException:
-            self.reset(first)  # the caller asks again from ``first``
-            raise
-        self._issue(self._limit(), self._readahead)
-        return out
 
 
 @dataclass
@@ -328,28 +126,6 @@ class _Topic:
 
     def ledger_ids(self) -> list[int]:
         return [li.ledgerId for li in self.info.ledgerInfo] if self.info is not None else []
-
-
-def _frame_run(ledger_id: int, first: int, entries: Sequence[Entry],
-               into: bytearray | None = None) -> EntryRun:
-    """Frame entries as blocks do. Into ``into`` when it is large enough (a recycled buffer:
-    no fresh pages to fault in), else with one ``bytes.join``."""
-    payloads = [e.payload for e in entries]
-    sizes = list(map(len, payloads))
-    offsets = list(accumulate((s + FRAME_OVERHEAD for s in sizes), initial=0))
-    total = offsets[-1]
-    if into is not None and len(into) >= total:
-        view = memoryview(into)
-        pack = _HEADER.pack_into
-        entry_id = first
-        for pos, size, payload in zip(offsets, sizes, payloads, strict=False):  # n+1 offsets
-            pack(into, pos, size, entry_id)
-            view[pos + FRAME_OVERHEAD:pos + FRAME_OVERHEAD + size] = payload
-            entry_id += 1
-        return EntryRun(ledger_id, first, view[:total], offsets)
-    heads = map(_HEADER.pack, sizes, range(first, first + len(entries)))
-    data = b"".join(chain.from_iterable(zip(heads, payloads, strict=True)))
-    return EntryRun(ledger_id, first, memoryview(data), offsets)
 
 
 # ---- the source ---------------------------------------------------------------------------------
@@ -375,8 +151,8 @@ class BookKeeperLedgerSource:
         self._open_lock = asyncio.Lock()
         self._topics: dict[TopicName, _Topic] = {}
         self._topic_futs: dict[TopicName, asyncio.Future[_Topic]] = {}
-        self._ledgers: dict[int, _Ledger] = {}
-        self._ledger_futs: dict[int, asyncio.Future[_Ledger | None]] = {}
+        self._ledgers: dict[int, KnownLedger] = {}
+        self._ledger_futs: dict[int, asyncio.Future[KnownLedger | None]] = {}
         # (last entry, bytes) of ledgers seen closed in BookKeeper whose close the mirror has
         # not recorded yet: the end of a loss should Pulsar delete one first
         self._ends: dict[int, tuple[int, int]] = {}
@@ -405,7 +181,8 @@ class BookKeeperLedgerSource:
             client=ClientOptions(read_timeout_s=src.read_timeout_s,
                                  connect_timeout_s=src.bookie_connect_timeout_s,
                                  quarantine_s=src.bookie_quarantine_s, local_zone=src.zone,
-                                 zones=dict(src.zones)),
+                                 zones=dict(src.zones), protocol=src.bookie_protocol,
+                                 batch_reads=src.batch_reads),
             reads_in_flight=src.reads_in_flight, readahead_bytes=src.readahead_bytes,
             session_timeout_s=settings.metadata.session_timeout_s,
             connect_timeout_s=settings.metadata.connect_timeout_s, zk_auth=auth)
@@ -529,7 +306,7 @@ class BookKeeperLedgerSource:
         return t
 
     # ---- ledgers -------------------------------------------------------------------------
-    async def _ledger(self, ledger_id: int) -> _Ledger | None:
+    async def _ledger(self, ledger_id: int) -> KnownLedger | None:
         """The ledger's state, loading its metadata (and watching it while open); None if
         BookKeeper has no such ledger."""
         led = self._ledgers.get(ledger_id)
@@ -544,7 +321,7 @@ class BookKeeperLedgerSource:
             fut.add_done_callback(lambda _: self._ledger_futs.pop(ledger_id, None))
         return await asyncio.shield(fut)
 
-    async def _load_ledger(self, ledger_id: int) -> _Ledger | None:
+    async def _load_ledger(self, ledger_id: int) -> KnownLedger | None:
         zk = await self._open()
         path = ledger_path(ledger_id, self.options.ledgers_root)
         try:
@@ -552,13 +329,15 @@ class BookKeeperLedgerSource:
         except NotFound:
             return None
         meta = decode_ledger_metadata(node.data, ledger_id, path)
-        led = _Ledger(self, meta, node.version)
+        led = KnownLedger(meta, node.version, password=self.password,
+                          root=self.options.ledgers_root,
+                          read_node=lambda p: self.zk.get(p), on_closed=self.saw_closed)
         self._ledgers[ledger_id] = led
         if not meta.closed:
             def on_change(n: Versioned | None) -> None:
                 if n is None:
                     led.deleted = True
-                    led._wake()
+                    led.wake()
                     self._wake_topics(ledger_id)
                     return
                 if n.version <= led.version and led.watch is not None:
@@ -584,7 +363,7 @@ class BookKeeperLedgerSource:
             if ledger_id in t.ledger_ids():
                 t.wake()
 
-    async def _learn_lac(self, led: _Ledger) -> None:
+    async def _learn_lac(self, led: KnownLedger) -> None:
         """First sight of an open ledger: ask its current ensemble for their last entries."""
         if led.lac_learnt:
             return
@@ -592,7 +371,7 @@ class BookKeeperLedgerSource:
             led.lac_task = asyncio.ensure_future(self._ask_lac(led))
         await asyncio.shield(led.lac_task)
 
-    async def _ask_lac(self, led: _Ledger) -> None:
+    async def _ask_lac(self, led: KnownLedger) -> None:
         first, ensemble = led.meta.segments[-1]
         # bookies that just failed would only make every caller wait for their timeouts
         ask = [b for b in ensemble if not self.client.is_down(b)] or list(ensemble)
@@ -608,10 +387,10 @@ class BookKeeperLedgerSource:
         led.learn(lac)
         for _, entry in answers:
             if entry is not None:
-                led.note(entry)
+                led.note(entry.entry_id, entry.lac, entry.length)
         led.lac_learnt = True
 
-    async def _advance(self, led: _Ledger) -> None:
+    async def _advance(self, led: KnownLedger) -> None:
         """Make the learnt LAC readable: learn that entry's cumulative length (one read)."""
         if led.meta.closed or led.known[0] >= led.lac:
             return
@@ -620,15 +399,15 @@ class BookKeeperLedgerSource:
             if led.known[0] >= target:
                 return
             try:
-                entries, hint = await self.client.read_entries(led, target, target)
+                got = await self.client.read_entries(led, target, target)
             except (NotFound, Retriable, FormatError) as exc:
                 log.warning("ledger %d: could not read entry %d to advance the readable tail "
                             "(%s); staying at %d", led.ledger_id, target, exc, led.known[0])
                 return
-            led.learn(hint)
-            led.note(entries[0])
+            led.learn(got.lac)
+            led.note(*got.tail)
 
-    def _desc(self, led: _Ledger, ts: int) -> LedgerDesc:
+    def _desc(self, led: KnownLedger, ts: int) -> LedgerDesc:
         ctime = led.meta.ctime_ms or ts
         last, size = led.known
         state = LedgerState.CLOSED if led.meta.closed else LedgerState.OPEN
@@ -833,13 +612,13 @@ class BookKeeperLedgerSource:
                            f"{ledger_id} are not all readable (readable up to "
                            f"{led.readable_last})")
         if led.stream is None:
-            led.stream = _ReadStream(self.client, led, self.options.reads_in_flight,
-                                     self.options.readahead_bytes)
-        entries = await led.stream.take(first_entry_id, last_entry_id, max_bytes)
+            led.stream = ReadStream(self.client, led, self.options.reads_in_flight,
+                                    self.options.readahead_bytes)
+        payloads = await led.stream.take(first_entry_id, last_entry_id, max_bytes)
         t = self._topics.get(topic)
         if t is not None:
-            t.read_pos = (ledger_id, entries[-1].entry_id)
-        return _frame_run(ledger_id, first_entry_id, entries, into)
+            t.read_pos = (ledger_id, first_entry_id + len(payloads) - 1)
+        return frame_run(ledger_id, first_entry_id, payloads, into)
 
     async def read_crcs(self, ledger_id: int, first_entry_id: int,
                         last_entry_id: int) -> list[int]:
@@ -855,9 +634,9 @@ class BookKeeperLedgerSource:
                            f"are not all readable")
         out: list[int] = []
         for lo in range(first_entry_id, last_entry_id + 1, _CRC_BATCH):
-            entries, _ = await self.client.read_entries(
-                led, lo, min(lo + _CRC_BATCH - 1, last_entry_id))
-            out.extend(crc32c.crc32c(e.payload) for e in entries)
+            got = await self.client.read_entries(led, lo, min(lo + _CRC_BATCH - 1,
+                                                              last_entry_id))
+            out.extend(map(crc32c.crc32c, got.payloads))
         return out
 
     async def wait_for_entries(self, topic: TopicName, ledger_id: int,
@@ -890,7 +669,7 @@ class BookKeeperLedgerSource:
                 w.cancel()
             await asyncio.gather(*waits, return_exceptions=True)
 
-    async def _follow(self, led: _Ledger, deadline: float) -> None:
+    async def _follow(self, led: KnownLedger, deadline: float) -> None:
         """Long-poll for the LAC to pass what is readable; then make it readable."""
         loop = asyncio.get_running_loop()
         try:
@@ -905,11 +684,15 @@ class BookKeeperLedgerSource:
                 hint, entry = await self.client.long_poll(bookie, led, previous, remaining)
                 led.learn(hint)
                 if entry is not None:
-                    led.note(entry)
+                    led.note(entry.entry_id, entry.lac, entry.length)
             await self._advance(led)
         except (BookieError, Retriable, FormatError, NotFound) as exc:
             log.debug("ledger %d: long poll failed: %s", led.ledger_id, exc)
             await asyncio.sleep(max(min(deadline - loop.time(), 0.5), 0.0))
+
+    def status(self) -> dict[str, Any]:
+        """How this source reads each bookie it has read from so far (``offloadd status``)."""
+        return {"kind": "bookkeeper", "bookies": self.client.status()}
 
     async def close(self) -> None:
         self._closed = True
