@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from offloadd import catalog, logs
+from offloadd import catalog, logs, wiring
 from offloadd.blobstore.base import BlobStore
 from offloadd.blobstore.health import StoreHealth
 from offloadd.config import Settings
@@ -648,6 +648,7 @@ class Daemon:
             "throttle": {"bytes_per_s": self.throttle.rate, "waiting": self.throttle.waiting},
             "buffer": {"used": self.buffer.used, "cap": self.buffer.cap},
             "topics": {str(t): dict(r.offloader.status()) for t, r in self.topics.items()},
+            "source": wiring.source_status(self.settings, self.source),
         }
 
 

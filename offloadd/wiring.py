@@ -7,6 +7,7 @@ the protocols. Heavy client libraries (kazoo, aiobotocore) are imported only whe
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from pydantic import SecretStr
 
@@ -128,3 +129,13 @@ def open_source(settings: Settings, metadata: MetadataStore, *,
         return BookKeeperLedgerSource.from_settings(settings, metadata, read_only=read_only)
     raise ConfigError(f'[source] kind = "{src.kind}" is not supported (use "local" or '
                       '"bookkeeper")')
+
+
+def source_status(settings: Settings, source: LedgerSource) -> dict[str, Any] | None:
+    """What the source :func:`open_source` built says about itself in ``status`` (the
+    BookKeeper source: how it reads each bookie), or None."""
+    if settings.source.kind != "bookkeeper":
+        return None
+    from offloadd.ledger.bookkeeper import BookKeeperLedgerSource
+
+    return source.status() if isinstance(source, BookKeeperLedgerSource) else None

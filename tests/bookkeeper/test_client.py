@@ -488,19 +488,33 @@ class TestProtocols:
     async def test_batched_reads_are_used_where_the_bookie_has_them(
             self, bookies: dict[str, FakeBookie], client: BookieClient) -> None:
         a = addrs(bookies)
-        md = meta(31, [(0, a[:3])])
+        md = meta(31, [(0, a[:2])], wq=2)  # not striped: each bookie holds every entry
         payloads = populate(bookies, md, 300)
         await client.read_entries(Ctx(31, md), 0, 5)  # the first reads start the probes
-        for b in a[:3]:
+        for b in a[:2]:
             await _settled(client, b)
             assert client.status()[b]["batched_reads"] == "yes"
-        before = {b: bookies[b].served["batch_read"] for b in a[:3]}
+        before = {b: bookies[b].served["batch_read"] for b in a[:2]}
+        reads = sum(bookies[b].served["read"] for b in a[:2])
         got = await client.read_entries(Ctx(31, md), 0, 299)
         assert [bytes(p) for p in got.payloads] == payloads
-        # 300 entries in runs of two: about 150 batched reads, none entry by entry
-        asked = sum(bookies[b].served["batch_read"] - before[b] for b in a[:3])
-        assert asked == 150
+        # two runs of 150 entries, one batched read each; 300 entries read
+        assert [bookies[b].served["batch_read"] - before[b] for b in a[:2]] == [1, 1]
+        assert sum(bookies[b].served["read"] for b in a[:2]) - reads == 300
         assert client.metrics.protocols[a[0]] == ("v2", "yes")
+
+    async def test_runs_of_two_go_as_plain_reads(
+            self, bookies: dict[str, FakeBookie], client: BookieClient) -> None:
+        a = addrs(bookies)
+        md = meta(37, [(0, a[:3])])  # striped, write quorum 2: runs of two
+        payloads = populate(bookies, md, 60)
+        await client.read_entries(Ctx(37, md), 0, 5)
+        for b in a[:3]:
+            await _settled(client, b)
+        before = sum(bookies[b].served["batch_read"] for b in a[:3])
+        got = await client.read_entries(Ctx(37, md), 0, 59)
+        assert [bytes(p) for p in got.payloads] == payloads
+        assert sum(bookies[b].served["batch_read"] for b in a[:3]) == before
 
     @pytest.mark.parametrize("mode", ["close", "ebadreq", "silent"])
     async def test_bookies_without_batched_reads_are_read_entry_by_entry(
@@ -586,7 +600,8 @@ class TestV2Matching:
     async def test_out_of_order_and_duplicate_reads(self, bookies: dict[str, FakeBookie],
                                                     batch: bool) -> None:
         a = addrs(bookies)
-        md = meta(36, [(0, a[:3])])
+        # batched reads need runs: a ledger that is not striped
+        md = meta(36, [(0, a[:2])], wq=2) if batch else meta(36, [(0, a[:3])])
         payloads = populate(bookies, md, 120)
         for b in a[:3]:
             bookies[b].latency_s, bookies[b].jitter_s = 0.001, 0.02  # answers overtake
@@ -594,7 +609,7 @@ class TestV2Matching:
         try:
             await c.read_entries(Ctx(36, md), 0, 5)
             if batch:
-                for b in a[:3]:
+                for b in a[:2]:
                     await _settled(c, b)
             ranges = [(0, 119), (10, 60), (0, 119), (59, 61), (100, 119)] * 2
             got = await asyncio.gather(*(c.read_entries(Ctx(36, md), lo, hi)
@@ -602,7 +617,10 @@ class TestV2Matching:
             for (lo, hi), r in zip(ranges, got, strict=True):
                 assert [bytes(p) for p in r.payloads] == payloads[lo:hi + 1]
             assert sum(c.metrics.errors.values()) == 0
-            assert all(not conn.reads or not any(conn.reads.values())  # type: ignore[union-attr]
-                       for conn in c._conns.values() if hasattr(conn, "reads"))
+            if batch:
+                assert sum(bookies[b].served["batch_read"] for b in a[:2]) >= len(ranges)
+            for conn in c._conns.values():  # nothing left waiting
+                assert not getattr(conn, "again", None) and not getattr(conn, "batches", None)
+                assert not any(getattr(conn, "reads", {}).values())
         finally:
             await c.close()

@@ -128,10 +128,15 @@ def plan_runs(meta: LedgerMetadata, first: int, last: int, rank: Callable[[str],
                 n += 1
             choice.append((ensemble[(r + j) % size], n))
         s = lo
-        while s < hi:
+        while s < hi:  # one pass per run: keep it tight
             b, n = choice[s % size]
-            n = min(n, hi - s)
-            _add(out, b, s, n)
+            if s + n > hi:
+                n = hi - s
+            runs = out[b]
+            if runs and runs[-1][0] + runs[-1][1] == s:
+                runs[-1] = (runs[-1][0], runs[-1][1] + n)
+            else:
+                runs.append((s, n))
             s += n
     return dict(out)
 
