@@ -20,7 +20,12 @@ from typing import Any
 
 import pytest
 
-from offloadd.ledger.bookkeeper import BookKeeperLedgerSource, BookKeeperOptions, ClientOptions
+from offloadd.ledger.bookkeeper import (
+    BookKeeperLedgerSource,
+    BookKeeperOptions,
+    ClientOptions,
+    ReplicaPolicy,
+)
 from offloadd.metadata.zookeeper import DigestAcl, ZooKeeperMetadataStore
 from tests.bookkeeper.cluster import FakePulsar
 from tests.fixtures.fake_bookie import FakeBookie
@@ -41,7 +46,8 @@ class Cluster:
     def source(self, **kw: object) -> BookKeeperLedgerSource:
         opts: dict[str, object] = dict(
             pulsar_zk=self.pulsar_url, session_timeout_s=4.0, connect_timeout_s=10.0,
-            client=ClientOptions(read_timeout_s=1.0, connect_timeout_s=1.0, quarantine_s=5.0))
+            client=ClientOptions(read_timeout_s=1.0, connect_timeout_s=1.0,
+                                 replicas=ReplicaPolicy(quarantine_s=5.0)))
         opts.update(kw)
         return BookKeeperLedgerSource(BookKeeperOptions(**opts), self.ours)  # type: ignore[arg-type]
 

@@ -20,6 +20,7 @@ from offloadd.ledger.bookkeeper.connection import Sink
 from offloadd.ledger.bookkeeper.layout import LedgerMetadata, LedgerStateBK
 from offloadd.ledger.bookkeeper.replicas import (
     BookieHealth,
+    ReplicaPolicy,
     order_replicas,
     plan_runs,
     water_fill,
@@ -77,7 +78,8 @@ async def bookies() -> AsyncIterator[dict[str, FakeBookie]]:
 
 @pytest.fixture
 async def client() -> AsyncIterator[BookieClient]:
-    c = BookieClient(ClientOptions(read_timeout_s=0.5, connect_timeout_s=1.0, quarantine_s=30))
+    c = BookieClient(ClientOptions(read_timeout_s=0.5, connect_timeout_s=1.0,
+                                   replicas=ReplicaPolicy(quarantine_s=30)))
     yield c
     await c.close()
 
@@ -147,8 +149,8 @@ class TestReads:
         a = addrs(bookies)
         md = meta(3, [(0, a[:3])])
         populate(bookies, md, 90)
-        c = BookieClient(ClientOptions(local_zone="east", zones={a[0]: "east", a[1]: "west",
-                                                                 a[2]: "west"}))
+        c = BookieClient(ClientOptions(replicas=ReplicaPolicy(
+            local_zone="east", zones={a[0]: "east", a[1]: "west", a[2]: "west"})))
         try:
             await c.read_entries(Ctx(3, md), 0, 89)
         finally:
@@ -212,7 +214,7 @@ class TestFailover:
             bad = md.bookies_for(5)[0]
             # the other replica in quarantine: the corrupt one is asked first, so the error
             # must happen, and the quarantined one still serves the entry
-            c2.health[md.bookies_for(5)[1]].down_until = 1e18
+            c2.replicas.health[md.bookies_for(5)[1]].down_until = 1e18
             got = await c2.read_entries(Ctx(7, md), 5, 5)
             assert bytes(got.payloads[0]) == payloads[5]
             assert c2.metrics.digest_errors[bad] == 1
@@ -268,11 +270,11 @@ class TestFailover:
         md = meta(12, [(0, a[:2])])
         populate(bookies, md, 40)
         bookies[a[0]].on_request = lambda r: Fault(delay_s=0.2)
-        c = BookieClient(ClientOptions(slow_floor_s=0.05, slow_factor=3.0))
+        c = BookieClient(ClientOptions(replicas=ReplicaPolicy(slow_floor_s=0.05, slow_factor=3.0)))
         try:
             for lo in range(0, 40, 4):
                 await c.read_entries(Ctx(12, md), lo, lo + 3)
-            assert c.is_slow(a[0]) and not c.is_slow(a[1])
+            assert c.replicas.is_slow(a[0]) and not c.replicas.is_slow(a[1])
             assert c.metrics.slow[a[0]]
             before = c.metrics.entries.get(a[0], 0)
             await c.read_entries(Ctx(12, md), 0, 39)
@@ -293,7 +295,8 @@ class TestNoEmptyReads:
         md = meta(20, [(0, a[:3])])
         payloads = populate(bookies, md, 12)
         # a read timeout far beyond the deadline below: an empty read would wait for all of it
-        c = BookieClient(ClientOptions(read_timeout_s=60.0, quarantine_s=60.0))
+        c = BookieClient(ClientOptions(read_timeout_s=60.0,
+                                       replicas=ReplicaPolicy(quarantine_s=60.0)))
         try:
             async with asyncio.timeout(20):
                 for e in range(12):
@@ -301,7 +304,7 @@ class TestNoEmptyReads:
                     assert [bytes(x) for x in got.payloads] == [payloads[e]]
                 got = await c.read_entries(Ctx(20, md), 0, 11)
             assert [bytes(x) for x in got.payloads] == payloads
-            assert not any(c.is_down(b) for b in a)
+            assert not any(c.replicas.is_down(b) for b in a)
             assert c.metrics.quarantines == {}
             assert sum(c.metrics.errors.values()) == 0
         finally:
@@ -312,7 +315,7 @@ class TestNoEmptyReads:
         md = meta(21, [(0, ["a:1", "b:2", "c:3"])])
         for first in range(6):
             for last in range(first, first + 5):
-                plan = plan_runs(md, first, last, c.rank, {})
+                plan = plan_runs(md, first, last, c.replicas.rank, {})
                 assert all(plan.values()), (first, last, plan)
                 assert all(n > 0 for runs in plan.values() for _, n in runs)
 
@@ -326,7 +329,8 @@ class TestNoEmptyReads:
         md = meta(22, [(0, a[:3])])
         payloads = populate(bookies, md, 9)
         bookies[a[1]].on_request = lambda r: Fault(drop=True)
-        c = BookieClient(ClientOptions(read_timeout_s=0.3, quarantine_s=30.0))
+        c = BookieClient(ClientOptions(read_timeout_s=0.3,
+                                       replicas=ReplicaPolicy(quarantine_s=30.0)))
         try:
             with caplog.at_level("WARNING"):
                 got = await c.read_entries(Ctx(22, md), 0, 8)
@@ -524,7 +528,8 @@ class TestProtocols:
         payloads = populate(bookies, md, 90)
         for b in a[:3]:
             bookies[b].batch_reads = mode  # type: ignore[assignment]
-        c = BookieClient(ClientOptions(read_timeout_s=0.5, quarantine_s=30))
+        c = BookieClient(ClientOptions(read_timeout_s=0.5,
+                                       replicas=ReplicaPolicy(quarantine_s=30)))
         try:
             got = await c.read_entries(Ctx(32, md), 0, 89)
             assert [bytes(p) for p in got.payloads] == payloads
@@ -534,7 +539,7 @@ class TestProtocols:
             got = await c.read_entries(Ctx(32, md), 0, 89)
             assert [bytes(p) for p in got.payloads] == payloads
             assert all(bookies[b].served["batch_refused"] == 1 for b in a[:3])  # probes only
-            assert not any(c.is_down(b) for b in a[:3])
+            assert not any(c.replicas.is_down(b) for b in a[:3])
             assert sum(c.metrics.errors.values()) == 0
         finally:
             await c.close()
@@ -562,7 +567,8 @@ class TestProtocols:
         md = meta(34, [(0, a[:3])])
         payloads = populate(bookies, md, 60)
         bookies[a[1]].v2 = False
-        c = BookieClient(ClientOptions(read_timeout_s=1.0, quarantine_s=0.0))
+        c = BookieClient(ClientOptions(read_timeout_s=1.0,
+                                       replicas=ReplicaPolicy(quarantine_s=0.0)))
         try:
             for _ in range(3):
                 got = await c.read_entries(Ctx(34, md), 0, 59)

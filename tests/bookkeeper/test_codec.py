@@ -459,14 +459,14 @@ class TestCheckBodies:
                 assert checked.payloads[k] is None and k not in checked.failed
                 continue
             try:
-                e = codec.decode_entry(body, d, ledger_id=5, entry_id=ids[k])
+                entry = codec.decode_entry(body, d, ledger_id=5, entry_id=ids[k])
             except DigestError:
                 assert checked.failed[k][0] == "digest"
                 continue
             except FormatError:
                 assert checked.failed[k][0] == "format"
                 continue
-            assert bytes(checked.payloads[k] or b"") == bytes(e.payload)
+            assert bytes(checked.payloads[k] or b"") == bytes(entry.payload)
         if kind is DigestType.DUMMY:
             assert set(checked.failed) == {5, 7}
         else:

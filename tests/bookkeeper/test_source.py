@@ -270,7 +270,7 @@ class TestFaults:
         try:
             for x in cluster.bookies:  # the others in quarantine: the corrupt one is asked first
                 if x.address != bad:
-                    src.client.health[x.address].down_until = 1e18
+                    src.client.replicas.health[x.address].down_until = 1e18
             await src.ledgers(A)
             assert bytes((await src.read(A, 1, 0, 8)).data) == framed(0, items)
             assert src.metrics.digest_errors[bad] == 1
@@ -431,7 +431,7 @@ reads_in_flight = 32
         src = wiring.open_source(s, None)  # type: ignore[arg-type]
         assert isinstance(src, BookKeeperLedgerSource)
         assert src.password == b"pw" and src.options.reads_in_flight == 32
-        assert src.options.client.local_zone == "east"
+        assert src.options.client.replicas.local_zone == "east"
         assert "pw" not in repr(src.options)
 
     def test_pulsar_tree_as_our_store_is_refused(self, tmp_path: Any) -> None:

@@ -25,8 +25,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import defaultdict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
@@ -45,23 +44,25 @@ from offloadd.ledger.bookkeeper.codec import (
 from offloadd.ledger.bookkeeper.connection import (
     LOST,
     REASONS,
-    SHORT,
     TIMEOUT,
     BookieError,
     Sink,
     V2Connection,
     V3Connection,
+    short_runs,
+    split_addr,
+    with_slots,
 )
 from offloadd.ledger.bookkeeper.layout import LedgerMetadata
 from offloadd.ledger.bookkeeper.metrics import BookKeeperMetrics
 from offloadd.ledger.bookkeeper.replicas import (
-    BookieHealth,
-    Rank,
-    Runs,
-    order_replicas,
+    ReplicaPolicy,
+    Replicas,
+    ids_of,
     plan_retry,
     plan_runs,
 )
+from offloadd.ledger.bookkeeper.shared import single_flight
 from offloadd.ledger.bookkeeper.v3 import (
     Flag,
     ReadRequest,
@@ -75,15 +76,13 @@ log = logging.getLogger(__name__)
 __all__ = [
     "BookieClient",
     "BookieError",
-    "BookieHealth",
     "ClientOptions",
     "Entries",
     "LedgerContext",
-    "order_replicas",
+    "ReplicaPolicy",
 ]
 
 _NOT_THERE = (Status.ENOENTRY, Status.ENOLEDGER)
-_EWMA_ALPHA = 0.2
 _V2_REFUSALS = 2  # fresh v2 connections closed unanswered before a bookie is read over v3
 # Shorter runs go as plain reads: a batched answer costs this side more per entry than two
 # plain ones (it is split entry by entry all the same), so on a ledger striped with write
@@ -95,15 +94,14 @@ Protocol_ = Literal["auto", "v3"]
 @dataclass(frozen=True)
 class ClientOptions:
     read_timeout_s: float = 10.0
+    """A bookie request unanswered this long fails (and its entries go to other replicas)."""
     connect_timeout_s: float = 5.0
-    quarantine_s: float = 10.0
-    slow_factor: float = 4.0
-    slow_floor_s: float = 0.05
-    local_zone: str | None = None
-    zones: Mapping[str, str] = field(default_factory=dict)
-    protocol: Protocol_ = "auto"  # "auto": v2 bulk reads, v3 for the tail; "v3": v3 only
-    batch_reads: bool = True  # use batched reads where a bookie supports them
-    batch_max_bytes: int = 4 * 1024 * 1024  # maxSize of one batched read
+    replicas: ReplicaPolicy = field(default_factory=ReplicaPolicy)
+    protocol: Protocol_ = "auto"
+    """"auto": bulk reads over v2, the tail over v3; "v3": everything over v3."""
+    batch_reads: bool = True
+    batch_max_bytes: int = 4 * 1024 * 1024
+    """Batched reads where a bookie has them, of at most this many bytes each."""
 
 
 @dataclass
@@ -114,6 +112,11 @@ class BookieProtocol:
     batch: bool | None = None  # None: not known yet (or batched reads are off)
     refusals: int = 0  # fresh v2 connections closed without an answer
     note: str = ""
+
+    def batched(self, enabled: bool) -> str:
+        if not enabled or self.reads == "v3":
+            return "off"
+        return {None: "unknown", True: "yes", False: "no"}[self.batch]
 
 
 @dataclass(slots=True)
@@ -151,19 +154,6 @@ class _Got:
     tail: tuple[int, int, int] | None
 
 
-def _split_addr(addr: str) -> tuple[str, int]:
-    host, sep, port = addr.rpartition(":")
-    if not sep or not port.isdigit():
-        raise BookieError(addr, "address", "bookie ids must be host:port")
-    return host.strip("[]"), int(port)
-
-
-def _ids(runs: Sequence[tuple[int, int]]) -> list[int]:
-    if len(runs) == 1:
-        return list(range(runs[0][0], runs[0][0] + runs[0][1]))
-    return [e for f, n in runs for e in range(f, f + n)]
-
-
 class BookieClient:
     """Connections to every bookie this process reads from, shared by all topics."""
 
@@ -178,8 +168,7 @@ class BookieClient:
         self._protocols: dict[str, BookieProtocol] = {}
         self._probes: dict[str, asyncio.Future[None]] = {}
         self._next_id = 1  # txnIds (v3) and requestIds (v2 batched reads)
-        self.pending: defaultdict[str, int] = defaultdict(int)
-        self.health: defaultdict[str, BookieHealth] = defaultdict(BookieHealth)
+        self.replicas = Replicas(self.options.replicas, clock=clock)
         self._closed = False
 
     # ---- protocol per bookie -------------------------------------------------------------
@@ -194,42 +183,30 @@ class BookieClient:
         return p
 
     def _publish(self, addr: str, p: BookieProtocol) -> None:
-        batched = "off" if not self.options.batch_reads or p.reads == "v3" else \
-            {None: "unknown", True: "yes", False: "no"}[p.batch]
-        self.metrics.bookie_protocol(addr, p.reads, batched)
+        self.metrics.bookie_protocol(addr, p.reads, p.batched(self.options.batch_reads))
 
     def status(self) -> dict[str, dict[str, str]]:
         """Per bookie talked to so far: the protocol of its bulk reads (the tail is always v3),
         whether batched reads are used, and why when it is not the default."""
-        out = {}
-        for addr, p in sorted(self._protocols.items()):
-            batched = "off" if not self.options.batch_reads or p.reads == "v3" else \
-                {None: "unknown", True: "yes", False: "no"}[p.batch]
-            row = {"reads": p.reads, "tail": "v3", "batched_reads": batched}
-            if p.note:
-                row["note"] = p.note
-            out[addr] = row
-        return out
+        return {addr: {"reads": p.reads, "tail": "v3",
+                       "batched_reads": p.batched(self.options.batch_reads),
+                       **({"note": p.note} if p.note else {})}
+                for addr, p in sorted(self._protocols.items())}
 
     # ---- connections ---------------------------------------------------------------------
     async def _connection(self, addr: str, version: int) -> V2Connection | V3Connection:
         if self._closed:
             raise BookieError(addr, "closed", "the bookie client is closed")
         self.protocol(addr)  # every bookie talked to appears in status
-        key = (addr, version)
-        conn = self._conns.get(key)
+        conn = self._conns.get((addr, version))
         if conn is not None and not conn.closed:
             return conn
-        fut = self._connecting.get(key)
-        if fut is None:
-            fut = asyncio.ensure_future(self._connect(addr, version))
-            self._connecting[key] = fut
-            fut.add_done_callback(lambda _: self._connecting.pop(key, None))
-        return await asyncio.shield(fut)
+        return await single_flight(self._connecting, (addr, version),
+                                   lambda: self._connect(addr, version))
 
     async def _connect(self, addr: str, version: int, *, keep: bool = True
                        ) -> V2Connection | V3Connection:
-        host, port = _split_addr(addr)
+        host, port = split_addr(addr)
         loop = asyncio.get_running_loop()
         factory = V2Connection if version == 2 else V3Connection
         try:
@@ -252,52 +229,16 @@ class BookieClient:
         assert isinstance(conn, V3Connection)
         return conn
 
-    # ---- health --------------------------------------------------------------------------
+    # ---- health ----------------------------------------------------------------------------
     def _mark_down(self, addr: str, reason: str) -> None:
-        """Ask ``addr`` last for ``quarantine_s``. A healthy bookie going into quarantine is
-        counted and logged (a failure while already quarantined only extends it)."""
-        h = self.health[addr]
-        h.failures += 1
-        now = self._clock()
-        if h.down_until <= now and self.options.quarantine_s > 0:
+        if self.replicas.mark_down(addr):
             self.metrics.quarantine(addr, reason)
             log.warning("bookie %s quarantined for %gs (%s): other replicas are asked first",
-                        addr, self.options.quarantine_s, reason)
-        h.down_until = now + self.options.quarantine_s
-
-    def is_down(self, addr: str) -> bool:
-        """Failed (error, timeout, refused connection) within the last ``quarantine_s``."""
-        h = self.health.get(addr)
-        return h is not None and h.down_until > self._clock()
-
-    def is_slow(self, addr: str) -> bool:
-        h = self.health.get(addr)
-        if h is None or h.ewma_s is None or h.ewma_s <= self.options.slow_floor_s:
-            return False
-        best = min((x.ewma_s for x in self.health.values() if x.ewma_s is not None),
-                   default=h.ewma_s)
-        return h.ewma_s > self.options.slow_factor * best
+                        addr, self.options.replicas.quarantine_s, reason)
 
     def _observe(self, addr: str, latency: float) -> None:
-        h = self.health[addr]
-        h.ewma_s = latency if h.ewma_s is None else \
-            h.ewma_s + _EWMA_ALPHA * (latency - h.ewma_s)
-        if h.failures:
-            h.failures = 0
-        self.metrics.set_slow(addr, self.is_slow(addr))
-
-    def order(self, candidates: Sequence[str], pending: Mapping[str, int] | None = None
-              ) -> list[str]:
-        o = self.options
-        return order_replicas(candidates, now=self._clock(),
-                              pending=self.pending if pending is None else pending,
-                              health=self.health, slow=self.is_slow, local_zone=o.local_zone,
-                              zones=o.zones)
-
-    def rank(self, b: str) -> Rank:
-        o = self.options
-        return (self.is_down(b), self.is_slow(b),
-                o.local_zone is not None and o.zones.get(b) != o.local_zone)
+        self.replicas.observe(addr, latency)
+        self.metrics.set_slow(addr, self.replicas.is_slow(addr))
 
     def _take_ids(self, n: int) -> int:
         first = self._next_id
@@ -308,20 +249,20 @@ class BookieClient:
     async def _read_on(self, addr: str, ctx: LedgerContext, runs: Sequence[tuple[int, int]]
                        ) -> _Got:
         """Read the entries of ``runs`` from one bookie and check them."""
-        ids = _ids(runs)
+        ids = ids_of(runs)
         n = len(ids)
         sink = Sink(n, asyncio.get_running_loop().create_future())
         t0 = self._clock()
-        self.pending[addr] += n
-        self.metrics.set_pending(addr, self.pending[addr])
+        self.replicas.pending[addr] += n
+        self.metrics.set_pending(addr, self.replicas.pending[addr])
         try:
             if self.protocol(addr).reads == "v3":
                 await self._ask_v3(addr, ctx.ledger_id, ids, sink)
             else:
                 await self._ask_v2(addr, ctx.ledger_id, runs, ids, sink)
         finally:
-            self.pending[addr] -= n
-            self.metrics.set_pending(addr, self.pending[addr])
+            self.replicas.pending[addr] -= n
+            self.metrics.set_pending(addr, self.replicas.pending[addr])
         return self._check(addr, ctx, ids, sink, self._clock() - t0)
 
     async def _ask_v2(self, addr: str, ledger_id: int, runs: Sequence[tuple[int, int]],
@@ -341,12 +282,12 @@ class BookieClient:
                     conn.expect(ledger_id, ids, range(len(ids)), sink)
                     conn.send(v2.encode_reads(ledger_id, ids))
                     await sink.future
-                slots = [] if not batched else \
-                    [(f, n, slot) for (f, n), slot in zip(runs, _offsets(runs), strict=True)]
+                slots = with_slots(runs) if batched else []
                 while slots:
-                    self._send_runs(conn, ledger_id, slots, sink)
+                    conn.send_runs(ledger_id, slots, sink, self._take_ids,
+                                   self.options.batch_max_bytes, MIN_BATCH_RUN)
                     await sink.future
-                    slots = _short_runs(sink, ids)
+                    slots = short_runs(sink, ids)
                     sink.reopen([s for _, n, slot in slots for s in range(slot, slot + n)])
         except TimeoutError:
             conn.forget(sink, ledger_id, ids)
@@ -362,27 +303,6 @@ class BookieClient:
                 conn.forget(sink, ledger_id, ids)
         if LOST in sink.codes:
             self._lost_v2(addr, conn)
-
-    def _send_runs(self, conn: V2Connection, ledger_id: int,
-                   runs: Sequence[tuple[int, int, int]], sink: Sink) -> None:
-        """Runs of ``MIN_BATCH_RUN`` entries or more as batched reads, the others as plain
-        reads, in one write."""
-        singles: list[int] = []
-        single_slots: list[int] = []
-        parts: list[bytes] = []
-        for first, n, slot in runs:
-            if n < MIN_BATCH_RUN:
-                singles.extend(range(first, first + n))
-                single_slots.extend(range(slot, slot + n))
-                continue
-            rid = self._take_ids(1)
-            conn.expect_batch(rid, sink, slot, n)
-            parts.append(v2.encode_batch_read(ledger_id, first, rid, n,
-                                              self.options.batch_max_bytes))
-        if singles:
-            conn.expect(ledger_id, singles, single_slots, sink)
-            parts.append(v2.encode_reads(ledger_id, singles))
-        conn.send(b"".join(parts))
 
     def _lost_v2(self, addr: str, conn: V2Connection) -> None:
         """A v2 connection failed. Closed fresh without a word, twice: the bookie refuses v2."""
@@ -505,9 +425,11 @@ class BookieClient:
         todo: list[int] | None = None  # entry ids to ask again; None: the first round
         while True:
             if todo is None:
-                plan = plan_runs(ctx.meta, first, last, self.rank, self.pending)
+                plan = plan_runs(ctx.meta, first, last, self.replicas.rank,
+                                 self.replicas.pending)
             else:
-                plan, exhausted = plan_retry(ctx.meta, todo, tried, self.order, self.pending)
+                plan, exhausted = plan_retry(ctx.meta, todo, tried, self.replicas.order,
+                                             self.replicas.pending)
                 if exhausted:
                     if not refreshed and all(r == "noentry" for e in exhausted
                                              for _, r, _ in failures.get(e, [])):
@@ -633,33 +555,3 @@ class BookieClient:
             conn.close()
         self._conns.clear()
         await asyncio.sleep(0)
-
-
-def _offsets(runs: Sequence[tuple[int, int]]) -> list[int]:
-    out = []
-    slot = 0
-    for _, n in runs:
-        out.append(slot)
-        slot += n
-    return out
-
-
-def _short_runs(sink: Sink, ids: Sequence[int]) -> list[tuple[int, int, int]]:
-    """The entries a batched read did not answer, as (first entry, count, first slot) runs."""
-    if SHORT not in sink.codes:
-        return []
-    out: list[tuple[int, int, int]] = []
-    for slot, code in enumerate(sink.codes):
-        if code != SHORT:
-            continue
-        if out and out[-1][2] + out[-1][1] == slot and out[-1][0] + out[-1][1] == ids[slot]:
-            first, n, s = out[-1]
-            out[-1] = (first, n + 1, s)
-        else:
-            out.append((ids[slot], 1, slot))
-    return out
-
-
-def plan_of(runs: Runs) -> dict[str, list[int]]:
-    """A plan as entry ids per bookie (tests, diagnostics)."""
-    return {b: _ids(r) for b, r in runs.items()}

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
-from itertools import count, repeat
+from collections.abc import Callable, Sequence
+from itertools import accumulate, count, repeat
 from typing import cast
 
 from offloadd.errors import FormatError, Retriable
@@ -39,6 +39,9 @@ __all__ = [
     "Sink",
     "V2Connection",
     "V3Connection",
+    "short_runs",
+    "split_addr",
+    "with_slots",
 ]
 
 PENDING = -1  # no answer yet
@@ -57,6 +60,14 @@ class BookieError(Retriable):
         self.bookie = bookie
         self.reason = reason
         super().__init__(f"bookie {bookie}: {reason}{': ' + detail if detail else ''}")
+
+
+def split_addr(addr: str) -> tuple[str, int]:
+    """(host, port) of a ``host:port`` bookie id; ``BookieError`` for anything else."""
+    host, sep, port = addr.rpartition(":")
+    if not sep or not port.isdigit():
+        raise BookieError(addr, "address", "bookie ids must be host:port")
+    return host.strip("[]"), int(port)
 
 
 class Sink:
@@ -228,6 +239,27 @@ class V2Connection(_Framed):
     def expect_batch(self, request_id: int, sink: Sink, slot: int, n: int) -> None:
         self.batches[request_id] = (sink, slot, n)
 
+    def send_runs(self, ledger_id: int, runs: Sequence[tuple[int, int, int]], sink: Sink,
+                  take_ids: Callable[[int], int], max_bytes: int, min_batch: int) -> None:
+        """Ask for ``runs`` (first entry, count, first slot) in one write: runs of ``min_batch``
+        entries or more as batched reads of ``max_bytes`` at most, the others as plain reads
+        (``take_ids(1)`` hands out request ids)."""
+        singles: list[int] = []
+        single_slots: list[int] = []
+        parts: list[bytes] = []
+        for first, n, slot in runs:
+            if n < min_batch:
+                singles.extend(range(first, first + n))
+                single_slots.extend(range(slot, slot + n))
+                continue
+            rid = take_ids(1)
+            self.expect_batch(rid, sink, slot, n)
+            parts.append(v2.encode_batch_read(ledger_id, first, rid, n, max_bytes))
+        if singles:
+            self.expect(ledger_id, singles, single_slots, sink)
+            parts.append(v2.encode_reads(ledger_id, singles))
+        self.send(b"".join(parts))
+
     def _consume(self, view: memoryview) -> int:
         used = 0
         reads = self.reads
@@ -305,6 +337,29 @@ class V2Connection(_Framed):
             if not sink.detail:
                 sink.detail = detail
             sink.put(slot, code, None)
+
+
+def with_slots(runs: Sequence[tuple[int, int]]) -> list[tuple[int, int, int]]:
+    """(first entry, count) runs as (first entry, count, first slot): slots count on."""
+    starts = accumulate((n for _, n in runs), initial=0)
+    return [(f, n, slot) for (f, n), slot in zip(runs, starts, strict=False)]
+
+
+def short_runs(sink: Sink, ids: Sequence[int]) -> list[tuple[int, int, int]]:
+    """The entries batched reads did not answer (``SHORT``), as (first entry, count, first
+    slot) runs, to ask for again."""
+    if SHORT not in sink.codes:
+        return []
+    out: list[tuple[int, int, int]] = []
+    for slot, code in enumerate(sink.codes):
+        if code != SHORT:
+            continue
+        if out and out[-1][2] + out[-1][1] == slot and out[-1][0] + out[-1][1] == ids[slot]:
+            first, n, s = out[-1]
+            out[-1] = (first, n + 1, s)
+        else:
+            out.append((ids[slot], 1, slot))
+    return out
 
 
 class V3Connection(_Framed):

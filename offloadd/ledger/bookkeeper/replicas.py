@@ -22,16 +22,20 @@ goes to the best bookie of its write set it was not tried on.
 
 from __future__ import annotations
 
+import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from offloadd.ledger.bookkeeper.layout import LedgerMetadata
 
 __all__ = [
     "BookieHealth",
     "Rank",
+    "ReplicaPolicy",
+    "Replicas",
     "Runs",
+    "ids_of",
     "order_replicas",
     "plan_retry",
     "plan_runs",
@@ -41,6 +45,19 @@ __all__ = [
 
 Rank = tuple[bool, bool, bool]  # (quarantined, slow, remote): False sorts first
 Runs = dict[str, list[tuple[int, int]]]  # bookie → (first entry id, count), ascending
+_EWMA_ALPHA = 0.2
+
+
+@dataclass(frozen=True)
+class ReplicaPolicy:
+    quarantine_s: float = 10.0
+    """A bookie that failed is asked last this long."""
+    slow_factor: float = 4.0
+    slow_floor_s: float = 0.05
+    """Slow: a latency EWMA above ``slow_factor`` × the best bookie's and above this."""
+    local_zone: str | None = None
+    zones: Mapping[str, str] = field(default_factory=dict)
+    """bookie → zone: bookies in ``local_zone`` are asked first."""
 
 
 @dataclass
@@ -48,6 +65,62 @@ class BookieHealth:
     ewma_s: float | None = None
     down_until: float = 0.0
     failures: int = 0
+
+
+class Replicas:
+    """What is known of each bookie — failures, latency EWMA, reads in flight — and the rank the
+    policy gives it. ``clock``: monotonic seconds."""
+
+    def __init__(self, policy: ReplicaPolicy | None = None, *,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.policy = policy or ReplicaPolicy()
+        self._clock = clock
+        self.health: defaultdict[str, BookieHealth] = defaultdict(BookieHealth)
+        self.pending: defaultdict[str, int] = defaultdict(int)
+
+    def mark_down(self, addr: str) -> bool:
+        """Ask ``addr`` last for ``quarantine_s``; True when that starts a quarantine (a failure
+        while already quarantined only extends it)."""
+        h = self.health[addr]
+        h.failures += 1
+        now = self._clock()
+        starts = h.down_until <= now and self.policy.quarantine_s > 0
+        h.down_until = now + self.policy.quarantine_s
+        return starts
+
+    def is_down(self, addr: str) -> bool:
+        """Failed (error, timeout, refused connection) within the last ``quarantine_s``."""
+        h = self.health.get(addr)
+        return h is not None and h.down_until > self._clock()
+
+    def is_slow(self, addr: str) -> bool:
+        h = self.health.get(addr)
+        p = self.policy
+        if h is None or h.ewma_s is None or h.ewma_s <= p.slow_floor_s:
+            return False
+        best = min((x.ewma_s for x in self.health.values() if x.ewma_s is not None),
+                   default=h.ewma_s)
+        return h.ewma_s > p.slow_factor * best
+
+    def observe(self, addr: str, latency: float) -> None:
+        """A read answered after ``latency`` seconds."""
+        h = self.health[addr]
+        h.ewma_s = latency if h.ewma_s is None else \
+            h.ewma_s + _EWMA_ALPHA * (latency - h.ewma_s)
+        h.failures = 0
+
+    def rank(self, b: str) -> Rank:
+        p = self.policy
+        return (self.is_down(b), self.is_slow(b),
+                p.local_zone is not None and p.zones.get(b) != p.local_zone)
+
+    def order(self, candidates: Sequence[str], pending: Mapping[str, int] | None = None
+              ) -> list[str]:
+        p = self.policy
+        return order_replicas(candidates, now=self._clock(),
+                              pending=self.pending if pending is None else pending,
+                              health=self.health, slow=self.is_slow, local_zone=p.local_zone,
+                              zones=p.zones)
 
 
 def order_replicas(candidates: Sequence[str], *, now: float, pending: Mapping[str, int],
@@ -139,6 +212,13 @@ def plan_runs(meta: LedgerMetadata, first: int, last: int, rank: Callable[[str],
                 runs.append((s, n))
             s += n
     return dict(out)
+
+
+def ids_of(runs: Sequence[tuple[int, int]]) -> list[int]:
+    """The entry ids of runs, in order."""
+    if len(runs) == 1:
+        return list(range(runs[0][0], runs[0][0] + runs[0][1]))
+    return [e for f, n in runs for e in range(f, f + n)]
 
 
 def runs_of(entry_ids: Iterable[int]) -> list[tuple[int, int]]:

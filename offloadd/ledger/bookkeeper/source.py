@@ -56,10 +56,9 @@ import crc32c
 from offloadd import errors
 from offloadd.errors import ConfigError, Fatal, FormatError, NotFound, OffloaddError, Retriable
 from offloadd.ledger.base import EntryRun
-from offloadd.ledger.bookkeeper.client import BookieClient, ClientOptions
-from offloadd.ledger.bookkeeper.connection import BookieError
+from offloadd.ledger.bookkeeper import tail
+from offloadd.ledger.bookkeeper.client import BookieClient
 from offloadd.ledger.bookkeeper.layout import (
-    DEFAULT_LEDGERS_ROOT,
     LedgerMetadata,
     MirrorChange,
     PulsarLedger,
@@ -72,6 +71,8 @@ from offloadd.ledger.bookkeeper.layout import (
 )
 from offloadd.ledger.bookkeeper.ledgers import KnownLedger
 from offloadd.ledger.bookkeeper.metrics import BookKeeperMetrics
+from offloadd.ledger.bookkeeper.options import BookKeeperOptions, options_from_settings
+from offloadd.ledger.bookkeeper.shared import single_flight
 from offloadd.ledger.bookkeeper.stream import ReadStream, frame_run
 from offloadd.ledger.bookkeeper.zk import PulsarZooKeeper
 from offloadd.metadata import managed_ledger
@@ -89,21 +90,6 @@ _CRC_BATCH = 1024
 _MIRROR_REFRESH_S = 60.0
 _MIRROR_ATTEMPTS = 5  # fresh reads of Pulsar's list per mirror update while it keeps moving
 _METADATA_READS = 32  # ledger metadata reads in flight when a topic is first seen
-
-
-@dataclass(frozen=True)
-class BookKeeperOptions:
-    pulsar_zk: str
-    ledgers_root: str = DEFAULT_LEDGERS_ROOT
-    password: bytes = field(default=b"", repr=False)
-    topics: tuple[str, ...] = ()
-    client: ClientOptions = field(default_factory=ClientOptions)
-    reads_in_flight: int = 1024
-    readahead_bytes: int = 8 * MiB
-    long_poll_max_s: float = 10.0
-    session_timeout_s: float = 10.0
-    connect_timeout_s: float = 15.0
-    zk_auth: tuple[tuple[str, str], ...] = field(default=(), repr=False)
 
 
 @dataclass
@@ -163,30 +149,7 @@ class BookKeeperLedgerSource:
                       read_only: bool = False) -> BookKeeperLedgerSource:
         """Build from :class:`offloadd.config.Settings` (``[source] kind = "bookkeeper"``);
         ``read_only`` for every command but the daemon (the source never writes then)."""
-        src = settings.source
-        if not src.pulsar_zk:
-            raise ConfigError('[source] kind = "bookkeeper" needs pulsar_zk, Pulsar\'s '
-                              'ZooKeeper, e.g. "zk://zk1:2181,zk2:2181" (add /chroot if Pulsar '
-                              "uses one)")
-        _check_separate_stores(settings.metadata.url, src.pulsar_zk)
-        auth: tuple[tuple[str, str], ...] = ()
-        if src.pulsar_zk_digest is not None:
-            cred = src.pulsar_zk_digest.get_secret_value()
-            if ":" not in cred:
-                raise ConfigError('[source] pulsar_zk_digest must be "user:password"')
-            auth = (("digest", cred),)
-        opts = BookKeeperOptions(
-            pulsar_zk=src.pulsar_zk, ledgers_root=src.ledgers_root,
-            password=src.digest_password.get_secret_value().encode(), topics=tuple(src.topics),
-            client=ClientOptions(read_timeout_s=src.read_timeout_s,
-                                 connect_timeout_s=src.bookie_connect_timeout_s,
-                                 quarantine_s=src.bookie_quarantine_s, local_zone=src.zone,
-                                 zones=dict(src.zones), protocol=src.bookie_protocol,
-                                 batch_reads=src.batch_reads),
-            reads_in_flight=src.reads_in_flight, readahead_bytes=src.readahead_bytes,
-            session_timeout_s=settings.metadata.session_timeout_s,
-            connect_timeout_s=settings.metadata.connect_timeout_s, zk_auth=auth)
-        return cls(opts, metadata, read_only=read_only)
+        return cls(options_from_settings(settings), metadata, read_only=read_only)
 
     # ---- opening -------------------------------------------------------------------------
     @property
@@ -272,12 +235,7 @@ class BookKeeperLedgerSource:
                 raise NotFound(f"topic {topic} does not exist in Pulsar (no "
                                f"{managed_ledger_path(topic.managed_ledger)})")
             return t
-        fut = self._topic_futs.get(topic)
-        if fut is None:
-            fut = asyncio.ensure_future(self._watch_topic(topic))
-            self._topic_futs[topic] = fut
-            fut.add_done_callback(lambda _: self._topic_futs.pop(topic, None))
-        t = await asyncio.shield(fut)
+        t = await single_flight(self._topic_futs, topic, lambda: self._watch_topic(topic))
         if t.info is None:
             raise NotFound(f"topic {topic} does not exist in Pulsar (no "
                            f"{managed_ledger_path(topic.managed_ledger)})")
@@ -314,12 +272,8 @@ class BookKeeperLedgerSource:
             return led
         if led is not None:
             return None
-        fut = self._ledger_futs.get(ledger_id)
-        if fut is None:
-            fut = asyncio.ensure_future(self._load_ledger(ledger_id))
-            self._ledger_futs[ledger_id] = fut
-            fut.add_done_callback(lambda _: self._ledger_futs.pop(ledger_id, None))
-        return await asyncio.shield(fut)
+        return await single_flight(self._ledger_futs, ledger_id,
+                                   lambda: self._load_ledger(ledger_id))
 
     async def _load_ledger(self, ledger_id: int) -> KnownLedger | None:
         zk = await self._open()
@@ -363,50 +317,6 @@ class BookKeeperLedgerSource:
             if ledger_id in t.ledger_ids():
                 t.wake()
 
-    async def _learn_lac(self, led: KnownLedger) -> None:
-        """First sight of an open ledger: ask its current ensemble for their last entries."""
-        if led.lac_learnt:
-            return
-        if led.lac_task is None or led.lac_task.done():
-            led.lac_task = asyncio.ensure_future(self._ask_lac(led))
-        await asyncio.shield(led.lac_task)
-
-    async def _ask_lac(self, led: KnownLedger) -> None:
-        first, ensemble = led.meta.segments[-1]
-        # bookies that just failed would only make every caller wait for their timeouts
-        ask = [b for b in ensemble if not self.client.is_down(b)] or list(ensemble)
-        results = await asyncio.gather(*(self.client.read_last(b, led) for b in ask),
-                                       return_exceptions=True)
-        answers = [r for r in results if not isinstance(r, BaseException)]
-        if not answers:
-            errs = "; ".join(str(r) for r in results)
-            raise Retriable(f"ledger {led.ledger_id}: no bookie of its ensemble answered for "
-                            f"its last-add-confirmed ({errs})")
-        # entries before the last ensemble change were confirmed when the ensemble changed
-        lac = max([first - 1, *(hint for hint, _ in answers)])
-        led.learn(lac)
-        for _, entry in answers:
-            if entry is not None:
-                led.note(entry.entry_id, entry.lac, entry.length)
-        led.lac_learnt = True
-
-    async def _advance(self, led: KnownLedger) -> None:
-        """Make the learnt LAC readable: learn that entry's cumulative length (one read)."""
-        if led.meta.closed or led.known[0] >= led.lac:
-            return
-        async with led.probe_lock:
-            target = led.lac
-            if led.known[0] >= target:
-                return
-            try:
-                got = await self.client.read_entries(led, target, target)
-            except (NotFound, Retriable, FormatError) as exc:
-                log.warning("ledger %d: could not read entry %d to advance the readable tail "
-                            "(%s); staying at %d", led.ledger_id, target, exc, led.known[0])
-                return
-            led.learn(got.lac)
-            led.note(*got.tail)
-
     def _desc(self, led: KnownLedger, ts: int) -> LedgerDesc:
         ctime = led.meta.ctime_ms or ts
         last, size = led.known
@@ -439,12 +349,12 @@ class BookKeeperLedgerSource:
                 continue  # Pulsar is deleting it (its BookKeeper node is gone already)
             if not led.meta.closed:
                 try:
-                    await self._learn_lac(led)
+                    await tail.learn_lac(self.client, led)
                 except Retriable as exc:
                     # the ledgers before it can still be offloaded meanwhile
                     log.warning("topic %s: %s; its open ledger stays unread for now",
                                 t.topic, exc)
-                await self._advance(led)
+                await tail.advance(self.client, led)
             out.append(self._desc(led, li.timestamp if li.HasField("timestamp") else 0))
         self._prune()
         return out
@@ -660,7 +570,8 @@ class BookKeeperLedgerSource:
         waits: list[asyncio.Future[Any]] = [asyncio.ensure_future(t.changed.wait()),
                                             asyncio.ensure_future(led.changed.wait())]
         if not led.meta.closed:
-            waits.append(asyncio.ensure_future(self._follow(led, deadline)))
+            waits.append(asyncio.ensure_future(tail.follow(
+                self.client, led, deadline, self.options.long_poll_max_s)))
         try:
             await asyncio.wait(waits, timeout=max(deadline - loop.time(), 0.0),
                                return_when=asyncio.FIRST_COMPLETED)
@@ -668,27 +579,6 @@ class BookKeeperLedgerSource:
             for w in waits:
                 w.cancel()
             await asyncio.gather(*waits, return_exceptions=True)
-
-    async def _follow(self, led: KnownLedger, deadline: float) -> None:
-        """Long-poll for the LAC to pass what is readable; then make it readable."""
-        loop = asyncio.get_running_loop()
-        try:
-            await self._learn_lac(led)
-            if led.lac <= led.readable_last:
-                remaining = min(deadline - loop.time(), self.options.long_poll_max_s)
-                if remaining <= 0:
-                    return
-                previous = led.lac
-                candidates = led.meta.bookies_for(previous + 1)
-                bookie = self.client.order(candidates)[0]
-                hint, entry = await self.client.long_poll(bookie, led, previous, remaining)
-                led.learn(hint)
-                if entry is not None:
-                    led.note(entry.entry_id, entry.lac, entry.length)
-            await self._advance(led)
-        except (BookieError, Retriable, FormatError, NotFound) as exc:
-            log.debug("ledger %d: long poll failed: %s", led.ledger_id, exc)
-            await asyncio.sleep(max(min(deadline - loop.time(), 0.5), 0.0))
 
     def status(self) -> dict[str, Any]:
         """How this source reads each bookie it has read from so far (``offloadd status``)."""
@@ -707,20 +597,3 @@ class BookKeeperLedgerSource:
         if self._zk is not None:
             zk, self._zk = self._zk, None
             await zk.close()
-
-
-def _check_separate_stores(metadata_url: str, pulsar_zk: str) -> None:
-    """offloadd's catalog must not live in Pulsar's own tree (it would be Pulsar's metadata)."""
-    from offloadd.metadata.zookeeper import ZooKeeperUrl
-
-    if not metadata_url.startswith("zk://"):
-        return
-    try:
-        ours, theirs = ZooKeeperUrl.parse(metadata_url), ZooKeeperUrl.parse(pulsar_zk)
-    except ValueError as exc:
-        raise ConfigError(f"[source] pulsar_zk: {exc}") from None
-    if set(ours.hosts) & set(theirs.hosts) and ours.chroot == theirs.chroot:
-        raise ConfigError(
-            f"[metadata] url {metadata_url!r} is Pulsar's own ZooKeeper tree ([source] "
-            f"pulsar_zk {pulsar_zk!r}): in sidecar mode offloadd keeps its catalog under its "
-            f"own chroot, e.g. {str(theirs).rstrip('/')}/offloadd")

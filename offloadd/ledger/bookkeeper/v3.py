@@ -29,6 +29,7 @@ from typing import ClassVar
 
 from offloadd._proto import bookkeeper_protocol_pb2 as pb
 from offloadd.errors import FormatError
+from offloadd.format.message import varint as _uvarint
 from offloadd.ledger.bookkeeper.codec import missing_fields
 
 __all__ = [
@@ -52,14 +53,11 @@ _U32 = struct.Struct(">I")
 
 
 class Op(enum.IntEnum):
+    """The operations offloadd or its tests' writer send (``OperationType`` has more)."""
+
     READ_ENTRY = 1
     ADD_ENTRY = 2
-    AUTH = 5
-    WRITE_LAC = 6
     READ_LAC = 7
-    GET_BOOKIE_INFO = 8
-    START_TLS = 9
-    FORCE_LEDGER = 10
 
 
 class Flag(enum.IntEnum):
@@ -73,14 +71,7 @@ class Flag(enum.IntEnum):
 
 
 def _varint_slow(v: int) -> bytes:
-    if v < 0:
-        v += 1 << 64  # int64 negatives are ten-byte varints
-    out = bytearray()
-    while v >= 0x80:
-        out.append((v & 0x7F) | 0x80)
-        v >>= 7
-    out.append(v)
-    return bytes(out)
+    return _uvarint(v + (1 << 64) if v < 0 else v)  # int64 negatives are ten-byte varints
 
 
 _VARINTS = [_varint_slow(v) for v in range(1 << 14)]  # every one- and two-byte varint
@@ -220,19 +211,20 @@ def parse_message(message: pb.Request | pb.Response, data: bytes | memoryview,
         raise FormatError(where, 0, f"protocol version {message.header.version}, expected 3")
 
 
+_HEADER_TAGS = frozenset((0x08, 0x10, 0x18, 0x20))  # version, operation, txnId, priority
+_READ_TAGS = frozenset((0x08, 0x10, 0x18, 0x28, 0x30))  # status, ids, maxLAC, timestamp
+
+
 def _fast_read_response(view: memoryview) -> ReadResponse | None:
     """Parse a read response without copying its body; None when it holds anything unusual
-    (the protobuf parser then decides)."""
+    (the protobuf parser then decides). Fields are kept by tag (the last one wins, as in
+    protobuf)."""
     end = len(view)
     pos = 0
-    op = txn = status = version = None
-    prio: int | None = None
-    rstatus: int | None = None
-    ledger: int | None = None
-    entry: int | None = None
+    head: dict[int, int] = {}
+    inner: dict[int, int] = {}
+    status: int | None = None
     body: memoryview | None = None
-    max_lac: int | None = None
-    lac_ts: int | None = None
     seen_inner = False
     while pos < end:
         tag, pos = _read_varint(view, pos, end)
@@ -241,17 +233,9 @@ def _fast_read_response(view: memoryview) -> ReadResponse | None:
             stop = pos + n
             while pos < stop:
                 t, pos = _read_varint(view, pos, stop)
-                v, pos = _read_varint(view, pos, stop)
-                if t == 0x08:
-                    version = v
-                elif t == 0x10:
-                    op = v
-                elif t == 0x18:
-                    txn = v
-                elif t == 0x20:
-                    prio = v
-                else:
+                if t not in _HEADER_TAGS:
                     return None
+                head[t], pos = _read_varint(view, pos, stop)
             if pos != stop:
                 return None
         elif tag == 0x10:
@@ -270,28 +254,21 @@ def _fast_read_response(view: memoryview) -> ReadResponse | None:
                         return None
                     body = view[pos:pos + n2]
                     pos += n2
-                    continue
-                v, pos = _read_varint(view, pos, stop)
-                if t == 0x08:
-                    rstatus = v
-                elif t == 0x10:
-                    ledger = _signed(v)
-                elif t == 0x18:
-                    entry = _signed(v)
-                elif t == 0x28:
-                    max_lac = _signed(v)
-                elif t == 0x30:
-                    lac_ts = _signed(v)
+                elif t in _READ_TAGS:
+                    inner[t], pos = _read_varint(view, pos, stop)
                 else:
                     return None
-            if pos != stop or rstatus is None or ledger is None or entry is None:
+            if pos != stop or not {0x08, 0x10, 0x18} <= inner.keys():
                 return None
         else:
             return None
-    if (version != PROTOCOL_VERSION or op != Op.READ_ENTRY or txn is None or status is None
-            or not seen_inner or ledger is None or entry is None):
+    if (head.get(0x08) != PROTOCOL_VERSION or head.get(0x10) != Op.READ_ENTRY
+            or 0x18 not in head or status is None or not seen_inner):
         return None
-    return ReadResponse(txn, status, rstatus, ledger, entry, body, max_lac, lac_ts, prio)
+    lac, ts = inner.get(0x28), inner.get(0x30)
+    return ReadResponse(head[0x18], status, inner[0x08], _signed(inner[0x10]),
+                        _signed(inner[0x18]), body, None if lac is None else _signed(lac),
+                        None if ts is None else _signed(ts), head.get(0x20))
 
 
 def decode_response(data: bytes | memoryview, where: str = "response", *,
