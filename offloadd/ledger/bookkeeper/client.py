@@ -5,10 +5,10 @@ for bulk reads (what Pulsar's brokers use: fixed binary headers, no protobuf) an
 the reads v2 cannot express (the last entry with ``maxLAC``, the long poll). Which protocol a
 bookie's bulk reads use is decided per bookie and shown in ``status``
 (:meth:`BookieClient.status`): v2 unless ``[source] bookie_protocol = "v3"``, or unless the bookie
-refused v2 (closed two fresh v2 connections without answering anything), then v3. Where a bookie
+refused v2 (closed two fresh v2 connections in a row without an answer), then v3. Where a bookie
 supports batched reads (BookKeeper 4.17+; found out once per bookie by a probe on a connection of
-its own, :meth:`BookieClient._probe`), each run of consecutive entries it holds is one request;
-otherwise one request per entry.
+its own, :meth:`BookieClient._probe`), each run of ``MIN_BATCH_RUN`` or more consecutive entries
+it holds is one request; otherwise one request per entry.
 
 A read of entries ``first..last`` (:meth:`BookieClient.read_entries`) is planned as runs over
 the bookies (:mod:`.replicas`); each bookie's requests go out in one write and their answers land
@@ -83,7 +83,7 @@ __all__ = [
 ]
 
 _NOT_THERE = (Status.ENOENTRY, Status.ENOLEDGER)
-_V2_REFUSALS = 2  # fresh v2 connections closed unanswered before a bookie is read over v3
+_V2_REFUSALS = 2  # fresh v2 connections closed unanswered, in a row, before v3 is used
 # Shorter runs go as plain reads: a batched answer costs this side more per entry than two
 # plain ones (it is split entry by entry all the same), so on a ledger striped with write
 # quorum 2 (runs of two) batching would only save the bookie work.
@@ -110,7 +110,7 @@ class BookieProtocol:
 
     reads: Literal["v2", "v3"] = "v2"
     batch: bool | None = None  # None: not known yet (or batched reads are off)
-    refusals: int = 0  # fresh v2 connections closed without an answer
+    refusals: int = 0  # fresh v2 connections closed without an answer since the last one read
     note: str = ""
 
     def batched(self, enabled: bool) -> str:
@@ -358,6 +358,8 @@ class BookieClient:
         checked = check_bodies(bodies, ids, ctx.ledger_id, ctx.digest, f"bookie {addr}")
         failed.update(checked.failed)
         ok = len(ids) - len(failed)
+        if ok and self.protocol(addr).refusals:
+            self.protocol(addr).refusals = 0  # it answers v2: only refusals in a row count
         if ok:
             nbytes = sum(map(len, filter(None, checked.payloads)))
             self.metrics.entries_read(addr, ok, nbytes, elapsed * ok)
