@@ -1,33 +1,41 @@
-"""Reading entries from bookies: MiB/s and CPU-s/GiB of the BookKeeper source's read path,
-beside a raw socket read of the same bytes.
+"""Reading entries from bookies: MiB/s, CPU-s/GiB and µs per entry of the BookKeeper source's
+read path, against three fake bookies that are not the bottleneck.
 
-For each entry size (1 KiB, 64 KiB): ``--bookies`` fake bookies (3 by default) run in their own
-processes (``tests/fixtures/fake_bookie.py --generate --stripe``) holding ``--mib`` MiB of one
-closed CRC32C ledger striped as BookKeeper stripes it: an ensemble of all of them, write quorum
-``--wq`` (2), so each entry is on two bookies and every read chooses between them. This process
+For each entry size (1 KiB, 64 KiB) and each added latency (0.2 ms, 2 ms): three bookies
+(``bench/bookie_server.py``), each in its own process, hold ``--mib`` MiB of one closed CRC32C
+ledger striped as BookKeeper stripes it over an ensemble of 3 with write quorum 2 (entry ``e``
+on positions ``e``, ``e + 1`` mod 3), serving answers encoded before they start and answering
+``--latency`` ms after each read of their socket (``--layouts 2:2`` adds Pulsar's default
+layout, two bookies holding every entry, where batched reads have runs to batch). This process
 reads the whole ledger the way the offloader does — the source's pipelined read stream
-(``reads_in_flight`` entries in flight, read-ahead) in block-sized runs, each entry's digest
-checked, framed into a recycled buffer as an ``EntryRun`` — and reports wall time and its own
-CPU seconds (user + system, ``time.process_time``), and the bookies quarantined on the way (a
-healthy cluster quarantines none). Then the live tail's read pattern: ``--tail`` single-entry
-reads one after another (what the source sends to learn an open ledger's newest confirmed entry,
-and what a reader following a slow topic sends), counting the reads that waited a whole read
-timeout (``stalls``): on a write-quorum-2 ledger a single entry has two equally good bookies.
-Beside the bulk read, a plain blocking socket reads the very bytes the bookies send for those
-reads (every response frame, pre-encoded by a server process) with ``recv_into``: the floor for
-moving them through the kernel in Python. The source reuses private pieces of
-``offloadd.ledger.bookkeeper.source`` (the read stream and the framing) so that no ZooKeeper is
-needed. Prints one JSON document.
+(``reads_in_flight`` entries in flight, 8 MiB read-ahead), every entry's digest checked, runs of
+``--block-mib`` framed into one recycled buffer — in three modes, alternating, ``--repeats``
+times each after one warm-up read of each (not counted):
 
-    .venv/bin/python bench/bookkeeper_read.py [--mib 128] [--block-mib 16] [--in-flight 256]
-        [--bookies 3] [--wq 2] [--read-timeout 10] [--tail 200] [--tail-timeout 1]
+- ``v2``: protocol v2, one request per entry (any bookie);
+- ``v2_batch``: v2 with batched reads (BookKeeper 4.17+): one request per run of consecutive
+  entries a bookie holds (two on this striped ledger);
+- ``v3``: protocol v3 (protobuf) for everything, what offloadd spoke before.
+
+CPU is this process's own (``time.process_time``: user + system; the bookies are other
+processes), pinned with the bookies to separate cores when there are two (``--no-pin`` not to):
+"on one core". Also: the raw socket floor (a blocking ``recv_into`` of the very v2 answer bytes)
+and 200 single-entry reads one after another (the live tail's pattern: none may wait a whole
+read timeout, issue 13). Medians of the repeats; one JSON document; the machine's load average
+before and after.
+
+    .venv/bin/python bench/bookkeeper_read.py [--mib 128] [--repeats 3] [--sizes 1024,65536]
+        [--latencies 0.2,2] [--modes v2,v2_batch,v3]
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
+import os
 import socket
+import statistics
 import subprocess
 import sys
 import time
@@ -40,33 +48,14 @@ sys.path.insert(0, str(ROOT))
 from offloadd.ledger.bookkeeper import codec  # noqa: E402
 from offloadd.ledger.bookkeeper.client import BookieClient, ClientOptions  # noqa: E402
 from offloadd.ledger.bookkeeper.layout import LedgerMetadata, LedgerStateBK  # noqa: E402
-from offloadd.ledger.bookkeeper.source import _frame_run, _ReadStream  # noqa: E402
+from offloadd.ledger.bookkeeper.source import BookKeeperOptions  # noqa: E402
+from offloadd.ledger.bookkeeper.stream import ReadStream, frame_run  # noqa: E402
 
 GiB = 1024**3
 MiB = 1024**2
 LEDGER = 7
-
-RAW_SERVER = """
-import socket, sys
-sys.path.insert(0, {root!r})
-from offloadd.ledger.bookkeeper import codec
-from offloadd.ledger.bookkeeper.codec import ReadResponse
-from tests.fixtures.fake_bookie import FakeBookie, generate
-b = FakeBookie()
-generate(b, {ledger}, {n}, {size})
-parts = []
-for e in range({n}):
-    parts += codec.read_response_parts(ReadResponse(e + 1, 0, 0, {ledger}, e,
-                                                    b.entries[{ledger}][e], {n} - 1))
-stream = b"".join(parts)
-srv = socket.socket()
-srv.bind(("127.0.0.1", 0))
-srv.listen(1)
-print("ready", srv.getsockname()[1], len(stream), flush=True)
-conn, _ = srv.accept()
-conn.sendall(stream)
-conn.close()
-"""
+MODES = {"v2": dict(batch_reads=False), "v2_batch": dict(batch_reads=True),
+         "v3": dict(protocol="v3")}
 
 
 class _Ledger:
@@ -82,74 +71,103 @@ class _Ledger:
     def learn(self, lac: int) -> None:
         pass
 
-    def note(self, entry: codec.Entry) -> None:
+    def note(self, entry_id: int, lac: int, length: int) -> None:
         pass
 
     async def refresh(self) -> bool:
         return False
 
 
-def _start_bookie(n: int, size: int, stripe: str) -> tuple[subprocess.Popen[str], str]:
-    p = subprocess.Popen([sys.executable, "-m", "tests.fixtures.fake_bookie", "--generate",
-                          f"{LEDGER}:{n}:{size}", "--stripe", stripe], cwd=ROOT,
-                         stdout=subprocess.PIPE, text=True)
-    assert p.stdout is not None
-    line = p.stdout.readline().split()
-    if not line or line[0] != "ready":
-        p.kill()
-        raise SystemExit("fake bookie did not start")
-    return p, line[1]
+def _cpus() -> list[int]:
+    return sorted(os.sched_getaffinity(0))
 
 
-async def _tail(addrs: list[str], wq: int, n: int, size: int, reads: int,
-                read_timeout: float) -> dict[str, Any]:
-    meta = LedgerMetadata(LEDGER, len(addrs), wq, wq, LedgerStateBK.CLOSED, n - 1, n * size, 3,
+def _start_bookies(n: int, size: int, latency_ms: float, pin: int | None,
+                   ensemble: int = 3, wq: int = 2) -> list[tuple[subprocess.Popen[str], str]]:
+    procs = []
+    for pos in range(ensemble):
+        cmd = [sys.executable, str(ROOT / "bench" / "bookie_server.py"), "--ledger",
+               str(LEDGER), "--entries", str(n), "--size", str(size), "--stripe",
+               f"{pos}:{ensemble}:{wq}", "--latency-ms", str(latency_ms)]
+        if pin is not None:
+            cmd += ["--cpu", str(pin)]
+        procs.append(subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, text=True))
+    out = []
+    for p in procs:
+        assert p.stdout is not None
+        line = p.stdout.readline().split()
+        if not line or line[0] != "ready":
+            for q in procs:
+                q.kill()
+            raise SystemExit("bookie server did not start")
+        out.append((p, line[1]))
+    return out
+
+
+def _meta(addrs: list[str], n: int, size: int, wq: int = 2) -> LedgerMetadata:
+    return LedgerMetadata(LEDGER, len(addrs), wq, wq, LedgerStateBK.CLOSED, n - 1, n * size, 3,
                           None, 0, ((0, tuple(addrs)),))
-    client = BookieClient(ClientOptions(read_timeout_s=read_timeout))
-    led = _Ledger(meta)
+
+
+async def _read_all(addrs: list[str], n: int, size: int, block: int, mode: str,
+                    window: int, wq: int) -> dict[str, Any]:
+    client = BookieClient(ClientOptions(**MODES[mode]))  # type: ignore[arg-type]
+    led = _Ledger(_meta(addrs, n, size, wq))
+    # connections open and batched-read support known before the clock starts
+    await client.read_entries(led, 0, 5)
     for addr in addrs:
-        await client._connection(addr)
+        while mode == "v2_batch" and client.protocol(addr).batch is None:
+            await asyncio.sleep(0.01)
+    stream = ReadStream(client, led, window, 8 * MiB)
+    cpu0, t0 = time.process_time(), time.perf_counter()
+    pos = payload = 0
+    into = bytearray(block)  # the offloader leases recycled buffers the same way
+    while pos < n:
+        payloads = await stream.take(pos, n - 1, block)
+        run = frame_run(LEDGER, pos, payloads, into)
+        payload += run.payload_bytes
+        pos = run.last_entry_id + 1
+    wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+    errors = sum(client.metrics.errors.values())
+    status = client.status()
+    await client.close()
+    assert payload == n * size
+    return {"seconds": wall, "mib_s": payload / MiB / wall, "cpu_s_per_gib": cpu / (payload / GiB),
+            "us_per_entry": cpu / n * 1e6, "errors": errors,
+            "bookies": sorted({f"{v['reads']} batched={v['batched_reads']}"
+                               for v in status.values()})}
+
+
+async def _tail(addrs: list[str], n: int, size: int, reads: int, wq: int) -> dict[str, Any]:
+    client = BookieClient(ClientOptions(read_timeout_s=1.0))
+    led = _Ledger(_meta(addrs, n, size, wq))
     stalls = 0
     t0 = time.perf_counter()
     for e in range(min(reads, n)):
         r0 = time.perf_counter()
-        entries, _ = await client.read_entries(led, e, e)
-        assert len(entries) == 1
-        if time.perf_counter() - r0 >= 0.9 * read_timeout:
+        got = await client.read_entries(led, e, e)
+        assert len(got.payloads) == 1
+        if time.perf_counter() - r0 >= 0.9:
             stalls += 1
     wall = time.perf_counter() - t0
     await client.close()
-    done = min(reads, n)
-    return {"reads": done, "seconds": wall, "reads_per_s": done / wall, "stalls": stalls,
-            "read_timeout_s": read_timeout}
+    return {"reads": min(reads, n), "reads_per_s": min(reads, n) / wall, "stalls": stalls}
 
 
-async def _read_all(addrs: list[str], wq: int, n: int, size: int, block: int, in_flight: int,
-                    read_timeout: float) -> dict[str, Any]:
-    meta = LedgerMetadata(LEDGER, len(addrs), wq, wq, LedgerStateBK.CLOSED, n - 1, n * size, 3,
-                          None, 0, ((0, tuple(addrs)),))
-    client = BookieClient(ClientOptions(read_timeout_s=read_timeout))
-    led = _Ledger(meta)
-    stream = _ReadStream(client, led, in_flight, 8 * MiB)  # type: ignore[arg-type]
-    for addr in addrs:  # connect before the clock starts (no read: reads are what is timed)
-        await client._connection(addr)
-    cpu0, t0 = time.process_time(), time.perf_counter()
-    pos = payload = frames = 0
-    into = bytearray(block)  # the offloader leases recycled buffers the same way
-    while pos < n:
-        entries = await stream.take(pos, n - 1, block)
-        run = _frame_run(LEDGER, pos, entries, into)
-        payload += run.payload_bytes
-        frames += len(run.data)
-        pos = run.last_entry_id + 1
-    wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
-    quarantines = sum(client.metrics.quarantines.values()) \
-        if hasattr(client.metrics, "quarantines") else None
-    await client.close()
-    assert payload == n * size
-    return {"seconds": wall, "mib_s": payload / MiB / wall, "cpu_s_per_gib": cpu / (payload / GiB),
-            "entries": n, "quarantines": quarantines,
-            "timeouts": sum(v for (_, r), v in client.metrics.errors.items() if r == "timeout")}
+RAW_SERVER = """
+import socket, sys
+sys.path.insert(0, {root!r})
+from bench.bookie_server import Ledger
+led = Ledger({ledger}, {n}, {size}, None)
+stream = b"".join(led.v2_answer({ledger}, e) for e in range({n}))
+srv = socket.socket()
+srv.bind(("127.0.0.1", 0))
+srv.listen(1)
+print("ready", srv.getsockname()[1], len(stream), flush=True)
+conn, _ = srv.accept()
+conn.sendall(stream)
+conn.close()
+"""
 
 
 def _raw(n: int, size: int) -> dict[str, Any]:
@@ -172,49 +190,72 @@ def _raw(n: int, size: int) -> dict[str, Any]:
     p.wait(timeout=60)
     assert got == int(total)
     payload = n * size
-    return {"seconds": wall, "mib_s": payload / MiB / wall, "cpu_s_per_gib": cpu / (payload / GiB),
-            "wire_bytes": got}
+    return {"mib_s": payload / MiB / wall, "cpu_s_per_gib": cpu / (payload / GiB)}
+
+
+def _median(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {k: statistics.median(r[k] for r in runs)
+                           for k in ("seconds", "mib_s", "cpu_s_per_gib", "us_per_entry")}
+    out["runs"] = [{k: round(r[k], 3) for k in ("mib_s", "cpu_s_per_gib")} for r in runs]
+    out["errors"] = sum(r["errors"] for r in runs)
+    out["bookies"] = runs[-1]["bookies"]
+    return out
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--mib", type=int, default=128)
     ap.add_argument("--block-mib", type=int, default=16)
-    ap.add_argument("--in-flight", type=int, default=256)
-    ap.add_argument("--bookies", type=int, default=3, help="ensemble size (one process each)")
-    ap.add_argument("--wq", type=int, default=2, help="write quorum")
-    ap.add_argument("--read-timeout", type=float, default=10.0,
-                    help="per-read timeout (s); offloadd's default")
-    ap.add_argument("--sizes", default="1024,65536", help="entry sizes, comma-separated")
-    ap.add_argument("--tail", type=int, default=200, help="single-entry reads after the bulk")
-    ap.add_argument("--tail-timeout", type=float, default=1.0,
-                    help="read timeout (s) of the single-entry reads")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--sizes", default="1024,65536")
+    ap.add_argument("--latencies", default="0.2,2", help="added bookie latency, ms")
+    ap.add_argument("--modes", default="v2,v2_batch,v3")
+    ap.add_argument("--layouts", default="3:2",
+                    help="ENSEMBLE:WRITE_QUORUM, comma-separated (one bookie per position)")
+    ap.add_argument("--window", type=int, default=BookKeeperOptions("").reads_in_flight,
+                    help="entry reads in flight (the source's reads_in_flight)")
+    ap.add_argument("--tail", type=int, default=200)
+    ap.add_argument("--no-pin", action="store_true")
     args = ap.parse_args()
     import uvloop
 
+    cpus = _cpus()
+    pin = not args.no_pin and len(cpus) >= 2
+    if pin:
+        os.sched_setaffinity(0, {cpus[0]})
+    load0 = os.getloadavg()
+    modes = args.modes.split(",")
     results = []
     for size in (int(x) for x in args.sizes.split(",")):
         n = args.mib * MiB // size
-        bookies = [_start_bookie(n, size, f"{i}:{args.bookies}:{args.wq}")
-                   for i in range(args.bookies)]
-        try:
-            ours = uvloop.run(_read_all([a for _, a in bookies], args.wq, n, size,
-                                        args.block_mib * MiB, args.in_flight,
-                                        args.read_timeout))
-            tail = uvloop.run(_tail([a for _, a in bookies], args.wq, n, size, args.tail,
-                                    args.tail_timeout)) if args.tail else None
-        finally:
-            for proc, _ in bookies:
-                proc.kill()
-                proc.wait()
         raw = _raw(n, size)
-        results.append({"entry_bytes": size, "mib": args.mib, "source": ours, "raw_socket": raw,
-                        "single_entry_reads": tail,
-                        "mib_s_ratio": ours["mib_s"] / raw["mib_s"],
-                        "cpu_ratio": ours["cpu_s_per_gib"] / raw["cpu_s_per_gib"]})
-    print(json.dumps({"benchmark": "bookkeeper_read", "in_flight": args.in_flight,
-                      "block_mib": args.block_mib, "bookies": args.bookies, "wq": args.wq,
-                      "read_timeout_s": args.read_timeout, "results": results}, indent=2))
+        for layout in args.layouts.split(","):
+            ens, wq = (int(x) for x in layout.split(":"))
+            for latency in (float(x) for x in args.latencies.split(",")):
+                bookies = _start_bookies(n, size, latency, cpus[1] if pin else None, ens, wq)
+                addrs = [a for _, a in bookies]
+                try:
+                    runs: dict[str, list[dict[str, Any]]] = {m: [] for m in modes}
+                    for k in range(args.repeats + 1):
+                        for m in modes:  # alternating, so that load changes hit every mode
+                            got = uvloop.run(_read_all(addrs, n, size, args.block_mib * MiB, m,
+                                                       args.window, wq))
+                            if k:  # the first of each is a warm-up
+                                runs[m].append(got)
+                    tail = uvloop.run(_tail(addrs, n, size, args.tail, wq)) \
+                        if args.tail else None
+                finally:
+                    for proc, _ in bookies:
+                        proc.kill()
+                        proc.wait()
+                results.append({"entry_bytes": size, "ensemble": ens, "wq": wq,
+                                "latency_ms": latency, "mib": args.mib,
+                                "modes": {m: _median(r) for m, r in runs.items()},
+                                "single_entry_reads": tail, "raw_socket": raw})
+    print(json.dumps({"benchmark": "bookkeeper_read", "window": args.window,
+                      "block_mib": args.block_mib, "repeats": args.repeats, "pinned": pin,
+                      "loadavg_before": load0, "loadavg_after": os.getloadavg(),
+                      "results": results}, indent=2))
 
 
 if __name__ == "__main__":

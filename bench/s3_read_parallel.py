@@ -15,11 +15,16 @@ and every entry handed to a consumer that counts bytes. ``prefetch = 0`` is one 
 another (the sequential stream); ``prefetch = N`` keeps N blocks in flight ahead of the consumer.
 For reference, one GET of the whole object (a single HTTP stream, no block checks) is timed too.
 
+With ``--store rgw`` (Ceph's RADOS Gateway, ``tests/fixtures/rgw.py``, one BlueStore OSD on a
+sparse file) or ``--store moto`` the object and its index are uploaded to that server instead
+and read from it at its own latency (nothing added): a real server's ranged GETs, and moto's for
+comparison.
+
 Each mode runs ``--repeat`` times, interleaved; the best time counts. Prints one JSON document;
 ``ratio`` is sequential time over parallel time (goal >= 4 at 20 ms).
 
-    .venv/bin/python bench/s3_read_parallel.py [--mib 256] [--block-mib 1] [--latency-ms 20]
-                                               [--prefetch 4,8,16] [--repeat 3]
+    .venv/bin/python bench/s3_read_parallel.py [--store range|rgw|moto] [--mib 256]
+        [--block-mib 1] [--latency-ms 20] [--prefetch 4,8,16] [--repeat 3]
 """
 
 from __future__ import annotations
@@ -38,9 +43,13 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
 
 MiB = 1024 * 1024
 BUCKET = "bench"
@@ -146,6 +155,29 @@ def build_object(directory: Path, mib: int, block_mib: float, entry_kib: int
 
 
 # ---- the reads --------------------------------------------------------------------------------
+@contextmanager
+def s3_server(kind: str, directory: Path, uid: uuid.UUID) -> Iterator[str]:
+    """moto or RGW, started here, holding the object and its index."""
+    import boto3  # type: ignore[import-untyped]
+
+    if kind == "rgw":
+        from tests.fixtures.rgw import running_rgw
+
+        ctx: Any = running_rgw(store="bluestore")
+    else:
+        from bench.s3_upload import moto
+
+        ctx = moto()
+    with ctx as started:
+        url = started if isinstance(started, str) else started.endpoint
+        s3 = boto3.client("s3", endpoint_url=url, region_name="us-east-1",
+                          aws_access_key_id="testing", aws_secret_access_key="testing")
+        s3.create_bucket(Bucket=BUCKET)
+        for name in (str(uid), f"{uid}-index"):
+            s3.upload_file(str(directory / name), BUCKET, name)
+        yield url
+
+
 async def measure(url: str, uid: uuid.UUID, ledger_id: int, count: int, prefetches: list[int],
                   repeat: int) -> dict[str, Any]:
     from offloadd.blobstore.s3 import S3BlobStore, S3Options
@@ -154,7 +186,7 @@ async def measure(url: str, uid: uuid.UUID, ledger_id: int, count: int, prefetch
     from offloadd.read.reader import TierReader
 
     store = await S3BlobStore.open(S3Options(
-        bucket=BUCKET, endpoint=url, access_key_id="bench", secret_access_key="bench",
+        bucket=BUCKET, endpoint=url, access_key_id="testing", secret_access_key="testing",
         max_pool_connections=64))
     md = MemoryMetadataStore()
     seg = Segment(uid, SegmentKind.STREAMING, (LedgerRange(ledger_id, 0, count - 1),), True)
@@ -208,6 +240,7 @@ def main() -> None:
     ap.add_argument("--latency-ms", type=float, default=20.0)
     ap.add_argument("--prefetch", default="4,8,16")
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--store", choices=["range", "rgw", "moto"], default="range")
     ap.add_argument("--serve", help=argparse.SUPPRESS)
     ap.add_argument("--port", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -220,19 +253,28 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="offloadd-bench-") as d:
         directory = Path(d)
         uid, ledger_id, count = build_object(directory, args.mib, args.block_mib, args.entry_kib)
-        proc, url = start_server(directory, args.latency_ms)
-        try:
-            res = uvloop.run(measure(url, uid, ledger_id, count, prefetches, args.repeat))
-        finally:
-            proc.terminate()
-            proc.wait(10)
+        if args.store != "range":
+            with s3_server(args.store, directory, uid) as url:
+                res = uvloop.run(measure(url, uid, ledger_id, count, prefetches, args.repeat))
+        else:
+            proc, url = start_server(directory, args.latency_ms)
+            try:
+                res = uvloop.run(measure(url, uid, ledger_id, count, prefetches, args.repeat))
+            finally:
+                proc.terminate()
+                proc.wait(10)
+    stores = {"range": f"aiohttp range server on loopback (local files, page cache) answering "
+                       f"each request after {args.latency_ms:g} ms",
+              "rgw": "Ceph RADOS Gateway 16.2 (beast, one BlueStore OSD on a sparse file) on "
+                     "loopback, nothing added",
+              "moto": "moto_server on loopback, nothing added"}
     print(json.dumps({
         "benchmark": "s3_read_parallel",
         "date": time.strftime("%Y-%m-%d"),
         "machine": f"{platform.machine()}, {os.cpu_count()} cpus, Python "
                    f"{platform.python_version()}",
-        "store": f"aiohttp range server on loopback (local files, page cache) answering each "
-                 f"request after {args.latency_ms:g} ms; reader: TierReader on S3BlobStore",
+        "store": f"{stores[args.store]}; reader: TierReader on S3BlobStore",
+        "loadavg": os.getloadavg(),
         "object_mib": args.mib, "block_mib": args.block_mib, "entry_kib": args.entry_kib,
         "entries": count, "goal_ratio": 4.0, **res,
     }, indent=2))

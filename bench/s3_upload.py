@@ -1,5 +1,5 @@
 """Upload throughput of offloadd's S3 path vs a plain aiobotocore multipart upload of the same
-bytes at the same concurrency, against moto_server on loopback.
+bytes at the same concurrency, against moto_server or Ceph's RADOS Gateway on loopback.
 
 The bytes: one streaming data object (PIP-76) of ``--mib`` MiB built by the pipeline's builder
 (``--block-mib`` blocks, per-block CRC32C stamped), so both sides send identical parts.
@@ -14,11 +14,14 @@ The bytes: one streaming data object (PIP-76) of ``--mib`` MiB built by the pipe
     (so botocore adds its default CRC32 per part).
 
 Both use their own client with the same connection pool size, in this process, against one
-moto_server process (started here; its S3 is in memory). The two alternate ``--repeat`` times;
-objects are deleted between runs; the best time of each counts. Prints one JSON document;
-``ratio`` is plain time over offloadd time (goal >= 0.9).
+server started here: ``--store moto`` (moto_server, its S3 in memory) or ``--store rgw`` (a
+single-node Ceph cluster, ``tests/fixtures/rgw.py``, its OSD on BlueStore over a sparse file, as
+``../shared/RGW.md`` suggests for benchmarks). The two alternate ``--repeat`` times; objects are
+deleted between runs; the best time of each counts. Prints one JSON document; ``ratio`` is plain
+time over offloadd time (goal >= 0.9).
 
-    .venv/bin/python bench/s3_upload.py [--mib 256] [--block-mib 8] [--in-flight 4] [--repeat 3]
+    .venv/bin/python bench/s3_upload.py [--store moto|rgw] [--mib 256] [--block-mib 8]
+        [--in-flight 4] [--repeat 3]
 """
 
 from __future__ import annotations
@@ -38,7 +41,11 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
 
 MiB = 1024 * 1024
 BUCKET = "bench-upload"
@@ -75,6 +82,24 @@ def moto() -> Iterator[str]:
         finally:
             proc.terminate()
             proc.wait(10)
+
+
+@contextmanager
+def store(kind: str) -> Iterator[str]:
+    """The endpoint of the server ``kind`` names, started for the run."""
+    if kind == "rgw":
+        from tests.fixtures.rgw import running_rgw
+
+        with running_rgw(store="bluestore") as cluster:
+            yield cluster.endpoint
+        return
+    with moto() as url:
+        yield url
+
+
+STORES = {"moto": "moto_server (in-memory S3) on loopback, plain HTTP",
+          "rgw": "Ceph RADOS Gateway 16.2 (beast, one BlueStore OSD on a sparse file) on "
+                 "loopback, plain HTTP"}
 
 
 def build_parts(mib: int, block_mib: float) -> list[Any]:
@@ -169,18 +194,20 @@ def main() -> None:
     ap.add_argument("--block-mib", type=float, default=8.0)
     ap.add_argument("--in-flight", type=int, default=4)
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--store", choices=sorted(STORES), default="moto")
     args = ap.parse_args()
     import uvloop
 
     parts = build_parts(args.mib, args.block_mib)
-    with moto() as url:
+    with store(args.store) as url:
         res = uvloop.run(run(url, parts, args.in_flight, args.repeat))
     print(json.dumps({
         "benchmark": "s3_upload",
         "date": time.strftime("%Y-%m-%d"),
         "machine": f"{platform.machine()}, {os.cpu_count()} cpus, Python "
                    f"{platform.python_version()}",
-        "store": "moto_server (in-memory S3) on loopback, plain HTTP",
+        "store": STORES[args.store],
+        "loadavg": os.getloadavg(),
         "block_mib": args.block_mib, "in_flight": args.in_flight, "goal_ratio": 0.9, **res,
     }, indent=2))
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pydantic import SecretStr
 
@@ -191,3 +191,11 @@ def gc_settings(settings: Settings) -> GcSettings:
         limits=RetentionLimits.from_config(ret.max_age_minutes, ret.max_size_mbytes),
         trim_source=ret.trim_source,
         deletion_lag_ms=lambda topic: settings.policy_for(topic).deletion_lag_ms)
+def source_status(settings: Settings, source: LedgerSource) -> dict[str, Any] | None:
+    """What the source :func:`open_source` built says about itself in ``status`` (the
+    BookKeeper source: how it reads each bookie), or None."""
+    if settings.source.kind != "bookkeeper":
+        return None
+    from offloadd.ledger.bookkeeper import BookKeeperLedgerSource
+
+    return source.status() if isinstance(source, BookKeeperLedgerSource) else None

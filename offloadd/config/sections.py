@@ -81,8 +81,13 @@ class SourceSettings(Section):
     bookie_connect_timeout_s: float = Field(5.0, gt=0)
     bookie_quarantine_s: float = Field(10.0, ge=0,
                                        description="a failed bookie is asked last this long")
-    reads_in_flight: int = Field(64, ge=1, le=4096, description="entry reads per ledger")
+    reads_in_flight: int = Field(1024, ge=1, le=65536, description="entry reads per ledger")
     readahead_bytes: int = Field(8 * MiB, ge=0, description="read ahead of the offloader")
+    bookie_protocol: Literal["auto", "v3"] = Field(
+        "auto", description='"auto": bulk reads over protocol v2 (a bookie that refuses it '
+        'is read over v3), the tail of open ledgers over v3; "v3": everything over v3')
+    batch_reads: bool = Field(True, description="one request per run of entries where a "
+                              "bookie supports batched reads (BookKeeper 4.17+)")
 
 
 class ReadEndpointSettings(Section):

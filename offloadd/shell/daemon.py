@@ -497,6 +497,7 @@ class Daemon:
             "throttle": {"bytes_per_s": self.throttle.rate, "waiting": self.throttle.waiting},
             "buffer": {"used": self.buffer.used, "cap": self.buffer.cap},
             "topics": {str(t): dict(r.offloader.status()) for t, r in self.topics.items()},
+            "source": wiring.source_status(self.settings, self.source),
         }
 
 

@@ -141,12 +141,15 @@ async def collect(settings: Settings, topics: Sequence[TopicName] | None = None
         now_ms = int(time.time() * 1000)
         out_topics = [await topic_status(md, src, n, now_ms) for n in names]
         members = [asdict(m) for m in await cluster.read_members(md)]
+        source = wiring.source_status(settings, src.source)
     finally:
         await src.source.close()
         await md.close()
     out: dict[str, Any] = {"metadata": _redact_url(settings.metadata.url),
                            "driver": settings.blobstore.driver, "members": members,
                            "topics": out_topics}
+    if source is not None:
+        out["source"] = source
     if settings.metrics.enabled:
         out["daemon"] = await asyncio.to_thread(_daemon_status, settings.metrics.bind)
         live = (out["daemon"] or {}).get("topics") or {}
@@ -214,6 +217,11 @@ def render_text(st: dict[str, Any]) -> str:
         lines.append("daemon: not answering (status below is what the metadata store holds)")
     if st.get("members"):
         lines.append("members " + ", ".join(m["owner"] for m in st["members"]))
+    bookies = ((d or {}).get("source") or st.get("source") or {}).get("bookies")
+    if bookies:  # the daemon's view when it answers: it is the one reading them
+        lines.append("bookies " + ", ".join(
+            f"{b} {v['reads']}" + (" batched" if v.get("batched_reads") == "yes" else "")
+            + (f" ({v['note']})" if v.get("note") else "") for b, v in bookies.items()))
     for t in st["topics"]:
         owner = (f"; owner {t.get('owner') or '-'} epoch {t['epoch']}"
                  if t.get("epoch") is not None else "")

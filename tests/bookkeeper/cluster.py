@@ -31,26 +31,106 @@ Hostile, as a broker and its BookKeeper client are:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from offloadd.errors import OffloaddError
+from offloadd.errors import FormatError
 from offloadd.ledger.bookkeeper import codec
-from offloadd.ledger.bookkeeper.client import BookieClient, BookieError, ClientOptions
-from offloadd.ledger.bookkeeper.codec import AddRequest, AddResponse, DigestType, Status
+from offloadd.ledger.bookkeeper.codec import DigestType, Status
 from offloadd.ledger.bookkeeper.layout import (
     HIERARCHICAL_FACTORY,
     LedgerMetadata,
     LedgerStateBK,
-    encode_ledger_metadata,
     ledger_path,
 )
 from offloadd.metadata import managed_ledger
 from offloadd.metadata.zookeeper import ZooKeeperMetadataStore
 from offloadd.model import Position, TopicName
 from offloadd.model.keys import managed_ledger_path
+from tests.fixtures.bookie_wire import (
+    AddRequest,
+    AddResponse,
+    decode_any_response,
+    encode_entry,
+    encode_ledger_metadata,
+    encode_request,
+    master_key,
+)
 from tests.fixtures.fake_bookie import FakeBookie
+
+
+class BookieWriter:
+    """Adds over protocol v3, as a BookKeeper client writes them: one connection per bookie,
+    many adds in flight, answers matched by txnId; an add unanswered within ``timeout_s`` (or
+    on a connection that failed) is reported as not acknowledged."""
+
+    def __init__(self, timeout_s: float, connect_timeout_s: float = 2.0) -> None:
+        self.timeout_s = timeout_s
+        self.connect_timeout_s = connect_timeout_s
+        self._conns: dict[str, tuple[asyncio.StreamWriter, asyncio.Task[None]]] = {}
+        self._pending: dict[str, dict[int, asyncio.Future[object]]] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._txn = 0
+
+    async def _writer(self, bookie: str) -> asyncio.StreamWriter:
+        async with self._locks.setdefault(bookie, asyncio.Lock()):  # one connection each
+            conn = self._conns.get(bookie)
+            if conn is not None and not conn[1].done():
+                return conn[0]
+            return await self._connect(bookie)
+
+    async def _connect(self, bookie: str) -> asyncio.StreamWriter:
+        host, _, port = bookie.rpartition(":")
+        reader, writer = await asyncio.wait_for(asyncio.open_connection(host, int(port)),
+                                                self.connect_timeout_s)
+        pending = self._pending[bookie] = {}
+        self._conns[bookie] = (writer, asyncio.ensure_future(self._read(reader, writer,
+                                                                        pending)))
+        return writer
+
+    @staticmethod
+    async def _read(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                    pending: dict[int, asyncio.Future[object]]) -> None:
+        try:
+            while True:
+                (n,) = codec.U32.unpack(await reader.readexactly(4))
+                resp = decode_any_response(await reader.readexactly(n), "add answer")
+                fut = pending.pop(resp.txn_id, None)
+                if fut is not None and not fut.done():
+                    fut.set_result(resp)
+        except (OSError, asyncio.IncompleteReadError, FormatError):
+            pass
+        finally:  # the adds in flight on a failed connection are not acknowledged
+            writer.close()
+            for fut in pending.values():
+                if not fut.done():
+                    fut.set_exception(ConnectionResetError("connection lost"))
+
+    async def add(self, bookie: str, ledger_id: int, entry_id: int, key: bytes,
+                  body: bytes) -> bool:
+        self._txn += 1
+        txn = self._txn
+        fut: asyncio.Future[object] = asyncio.get_running_loop().create_future()
+        try:
+            writer = await self._writer(bookie)
+            self._pending[bookie][txn] = fut
+            writer.write(encode_request(AddRequest(txn, ledger_id, entry_id, key, body)))
+            resp = await asyncio.wait_for(fut, self.timeout_s)
+        except (OSError, TimeoutError):
+            return False
+        finally:
+            self._pending.get(bookie, {}).pop(txn, None)
+        return isinstance(resp, AddResponse) and resp.status == Status.EOK
+
+    async def close(self) -> None:
+        for writer, task in self._conns.values():
+            writer.close()
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await task
+        self._conns.clear()
 
 
 @dataclass
@@ -96,12 +176,11 @@ class FakePulsar:
     _avoid: dict[str, float] = field(default_factory=dict)
     _rotation: int = 0
     _locks: dict[TopicName, asyncio.Lock] = field(default_factory=dict)
-    adder: BookieClient | None = None
+    adder: BookieWriter | None = None
 
     def __post_init__(self) -> None:
         if self.adder is None:
-            self.adder = BookieClient(ClientOptions(read_timeout_s=self.add_timeout_s,
-                                                    connect_timeout_s=2.0, quarantine_s=0.0))
+            self.adder = BookieWriter(self.add_timeout_s)
 
     async def setup(self) -> None:
         await self.zk.create(f"{self.ledgers_root}/LAYOUT",
@@ -177,7 +256,7 @@ class FakePulsar:
             e = led.next_entry
             led.next_entry += 1
             led.length += len(p)
-            bodies[e] = codec.encode_entry(self.digest, led.meta.ledger_id, e, lac, led.length,
+            bodies[e] = encode_entry(self.digest, led.meta.ledger_id, e, lac, led.length,
                                            p)
             ids.append((e, p))
         acked: dict[int, set[str]] = {e: set() for e in bodies}
@@ -229,14 +308,9 @@ class FakePulsar:
         self.ensemble_changes += 1
 
     async def _add(self, bookie: str, ledger_id: int, entry_id: int, body: bytes) -> bool:
-        key = codec.master_key(self.password)
         assert self.adder is not None
-        try:
-            resp = await self.adder.call(
-                bookie, lambda txn: AddRequest(txn, ledger_id, entry_id, key, body))
-        except (BookieError, OffloaddError):
-            return False
-        return isinstance(resp, AddResponse) and resp.status == Status.EOK
+        return await self.adder.add(bookie, ledger_id, entry_id, master_key(self.password),
+                                    body)
 
     async def crash_and_recover(self, topic: TopicName, payload: bytes) -> int:
         """The broker dies while adding ``payload``: it reached one bookie of its write set
@@ -244,7 +318,7 @@ class FakePulsar:
         the entry stays on that bookie, past the ledger's end. Returns the ledger id."""
         led = self.open[topic]
         e = led.next_entry
-        body = codec.encode_entry(self.digest, led.meta.ledger_id, e, led.lac,
+        body = encode_entry(self.digest, led.meta.ledger_id, e, led.lac,
                                   led.length + len(payload), payload)
         await self._add(led.meta.bookies_for(e)[0], led.meta.ledger_id, e, body)
         self.history[led.meta.ledger_id].torn = True

@@ -1,6 +1,9 @@
 """A Pulsar-shaped cluster per test: a real ZooKeeper (the session's shared server, one chroot
 for Pulsar's tree and another for offloadd's catalog), three fake bookies and a writer.
 
+The bookies are of mixed versions, as during a rolling upgrade: two answer batched reads
+(BookKeeper 4.17+), the third drops a connection that asks for one (an older bookie).
+
 Pulsar's nodes are created with a digest ACL (``pulsar:broker-secret``) plus world-read, as a
 secured cluster would grant a sidecar: offloadd connects without credentials, so any write it
 attempted there would fail loudly with ``NoAuth``.
@@ -17,7 +20,12 @@ from typing import Any
 
 import pytest
 
-from offloadd.ledger.bookkeeper import BookKeeperLedgerSource, BookKeeperOptions, ClientOptions
+from offloadd.ledger.bookkeeper import (
+    BookKeeperLedgerSource,
+    BookKeeperOptions,
+    ClientOptions,
+    ReplicaPolicy,
+)
 from offloadd.metadata.zookeeper import DigestAcl, ZooKeeperMetadataStore
 from tests.bookkeeper.cluster import FakePulsar
 from tests.fixtures.fake_bookie import FakeBookie
@@ -38,16 +46,18 @@ class Cluster:
     def source(self, **kw: object) -> BookKeeperLedgerSource:
         opts: dict[str, object] = dict(
             pulsar_zk=self.pulsar_url, session_timeout_s=4.0, connect_timeout_s=10.0,
-            client=ClientOptions(read_timeout_s=1.0, connect_timeout_s=1.0, quarantine_s=5.0))
+            client=ClientOptions(read_timeout_s=1.0, connect_timeout_s=1.0,
+                                 replicas=ReplicaPolicy(quarantine_s=5.0)))
         opts.update(kw)
         return BookKeeperLedgerSource(BookKeeperOptions(**opts), self.ours)  # type: ignore[arg-type]
 
 
 @contextlib.asynccontextmanager
-async def open_cluster(hosts: str, bookies: int = 3,
+async def open_cluster(hosts: str, bookies: int = 3, old_bookies: int = 1,
                        **pulsar: Any) -> AsyncIterator[Cluster]:
-    """A cluster of ``bookies`` fake bookies on the ZooKeeper at ``hosts``; ``pulsar`` sets
-    :class:`FakePulsar` fields."""
+    """A cluster of ``bookies`` fake bookies on the ZooKeeper at ``hosts``, the last
+    ``old_bookies`` of them without batched reads; ``pulsar`` sets :class:`FakePulsar`
+    fields."""
     tag = uuid.uuid4().hex[:12]
     pulsar_url = f"zk://{hosts}/pulsar-{tag}"
     offloadd_url = f"zk://{hosts}/offloadd-{tag}"
@@ -55,7 +65,8 @@ async def open_cluster(hosts: str, bookies: int = 3,
                                                connect_timeout_s=10.0, acl=PULSAR_ACL)
     ours = await ZooKeeperMetadataStore.open(offloadd_url, session_timeout_s=4.0,
                                              connect_timeout_s=10.0)
-    started = [await FakeBookie().start() for _ in range(bookies)]
+    started = [await FakeBookie(batch_reads="close" if i >= bookies - old_bookies else "yes"
+                                ).start() for i in range(bookies)]
     fake = FakePulsar(writer, started, **pulsar)
     await fake.setup()
     try:

@@ -20,6 +20,7 @@ from offloadd.model import Position, TopicName, catalog
 from offloadd.read.reader import TierReader
 from offloadd.read.verify import verify
 from offloadd.shell.runtime import Runtime
+from offloadd.shell.status import render_text
 from tests.bookkeeper.conftest import Cluster
 from tests.bookkeeper.test_source import expire_session
 
@@ -119,6 +120,16 @@ async def test_sidecar_offloads_three_topics_two_live_through_faults(
                 for t in (STATIC, *LIVE):
                     while not await offloaded_to_the_end(cluster, t):
                         await asyncio.sleep(0.25)
+        # status says how each bookie is read: v2, batched reads found out per bookie (the
+        # third bookie of the fixture is an old one)
+        live = rt.daemon.status()
+        rows = live["source"]["bookies"]
+        for b in cluster.bookies[:2]:
+            assert rows[b.address] == {"reads": "v2", "tail": "v3", "batched_reads": "yes"}
+        assert rows[cluster.bookies[2].address]["batched_reads"] in ("no", "unknown")
+        text = render_text({"metadata": "m", "driver": "filesystem", "topics": [],
+                            "daemon": live})
+        assert f"{cluster.bookies[0].address} v2 batched" in text
         rt.daemon.request_stop()
         await asyncio.wait_for(daemon, 30)
         metrics = rt.source.metrics  # type: ignore[attr-defined]

@@ -18,7 +18,6 @@ from offloadd.ledger.bookkeeper.layout import (
     PulsarList,
     check_layout,
     decode_ledger_metadata,
-    encode_ledger_metadata,
     ledger_id_from_path,
     ledger_path,
     lost_ledgers,
@@ -28,6 +27,7 @@ from offloadd.ledger.bookkeeper.layout import (
 )
 from offloadd.model import catalog
 from offloadd.model.catalog import LedgerRange
+from tests.fixtures.bookie_wire import encode_ledger_metadata
 
 
 class TestLedgerPaths:

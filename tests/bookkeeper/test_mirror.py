@@ -10,6 +10,7 @@ an old list — and Pulsar moves on meanwhile.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import random
 import subprocess
@@ -200,6 +201,9 @@ class TestReadOnlyCommandsNeverWrite:
         for args in (["status"], ["status", "--json"], ["verify"], ["verify", "--json"]):
             done = await asyncio.to_thread(cli, *args, "--config", str(cfg))
             assert "Traceback" not in done.stderr, done.stderr
+            if args == ["status", "--json"]:  # the bookies it asked for the open ledger's LAC
+                rows = json.loads(done.stdout)["source"]["bookies"]
+                assert rows and all(r["tail"] == "v3" for r in rows.values()), rows
             after = await asyncio.to_thread(snapshot, cluster.hosts, cluster.offloadd_url)
             assert after == before, f"offloadd {' '.join(args)} wrote the catalog"
         assert await mirror_ids(cluster.ours, A) == [1, 2]  # still as the daemon left it

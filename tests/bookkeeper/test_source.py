@@ -16,12 +16,13 @@ from kazoo.client import KazooClient
 from offloadd import config, wiring
 from offloadd.errors import ConfigError, FormatError, NotFound
 from offloadd.ledger.base import LedgerSource
-from offloadd.ledger.bookkeeper import BookKeeperLedgerSource, codec, lost_ledgers
+from offloadd.ledger.bookkeeper import BookKeeperLedgerSource, lost_ledgers
 from offloadd.ledger.bookkeeper.codec import DigestType
-from offloadd.ledger.bookkeeper.layout import decode_ledger_metadata, encode_ledger_metadata
+from offloadd.ledger.bookkeeper.layout import decode_ledger_metadata
 from offloadd.metadata import managed_ledger
 from offloadd.model import LedgerState, TopicName
 from tests.bookkeeper.conftest import Cluster
+from tests.fixtures.bookie_wire import encode_entry, encode_ledger_metadata
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
@@ -205,7 +206,7 @@ class TestOnlyUpToTheLac:
         led = p.open[A]
         # an add pipelined behind 3..5 (sent before their acks came: it says LAC 2), on one
         # bookie of its write set only; nobody acknowledged it
-        torn = codec.encode_entry(p.digest, 1, 6, 2, led.length + 4, b"torn")
+        torn = encode_entry(p.digest, 1, 6, 2, led.length + 4, b"torn")
         holder = next(b for b in cluster.bookies if b.address == led.meta.bookies_for(6)[0])
         holder.put(1, 6, torn)
         src = cluster.source()
@@ -267,8 +268,9 @@ class TestFaults:
                 break
         src = cluster.source()
         try:
-            src.client.pending.update({x.address: 50 for x in cluster.bookies
-                                       if x.address != bad})  # ask the corrupt one first
+            for x in cluster.bookies:  # the others in quarantine: the corrupt one is asked first
+                if x.address != bad:
+                    src.client.replicas.health[x.address].down_until = 1e18
             await src.ledgers(A)
             assert bytes((await src.read(A, 1, 0, 8)).data) == framed(0, items)
             assert src.metrics.digest_errors[bad] == 1
@@ -429,7 +431,7 @@ reads_in_flight = 32
         src = wiring.open_source(s, None)  # type: ignore[arg-type]
         assert isinstance(src, BookKeeperLedgerSource)
         assert src.password == b"pw" and src.options.reads_in_flight == 32
-        assert src.options.client.local_zone == "east"
+        assert src.options.client.replicas.local_zone == "east"
         assert "pw" not in repr(src.options)
 
     def test_pulsar_tree_as_our_store_is_refused(self, tmp_path: Any) -> None:

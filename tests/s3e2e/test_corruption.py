@@ -66,11 +66,11 @@ class Offloaded:
 
 
 @pytest.fixture(scope="module")
-def offloaded(moto_server: str, tmp_path_factory: pytest.TempPathFactory) -> Offloaded:
+def offloaded(s3_server: str, tmp_path_factory: pytest.TempPathFactory) -> Offloaded:
     cwd = tmp_path_factory.mktemp("corruption")
-    bucket = MotoBucket(moto_server, f"offloadd-corruption-{os.getpid()}")
+    bucket = MotoBucket(s3_server, f"offloadd-corruption-{os.getpid()}")
     bucket.boto3().create_bucket(Bucket=bucket.name)
-    cfg = s3_config(cwd, moto_server, bucket.name, POLICY)
+    cfg = s3_config(cwd, s3_server, bucket.name, POLICY)
     run(["standalone", "--config", str(cfg), "--duration", "3", "--rate", "500000", "--topics",
          "1"], cwd, timeout=120)
     uid = committed_uids(cwd)[TopicName.parse(TOPIC).managed_ledger][0]

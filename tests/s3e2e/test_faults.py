@@ -1,4 +1,4 @@
-"""A fault-injecting HTTP proxy between offloadd and moto_server fails well over 10 % of the
+"""A fault-injecting HTTP proxy between offloadd and the S3 server fails well over 10 % of the
 requests (500 InternalError, 503 SlowDown, connection resets before and after the server acted,
 stalled and truncated responses): every segment still completes, what reads back is
 byte-identical to what was written (``offloadd read`` goes through the same faulty proxy), and
@@ -44,8 +44,8 @@ rollover_bytes = 700000
 
 
 @pytest.fixture
-def proxy(moto_server: str) -> Iterator[FaultProxy]:
-    with FaultProxy(moto_server, seed=4) as p:
+def proxy(s3_server: str) -> Iterator[FaultProxy]:
+    with FaultProxy(s3_server, seed=4) as p:
         yield p
 
 

@@ -1,4 +1,4 @@
-"""An S3 outage under a running daemon: the proxy between offloadd and moto_server refuses every
+"""An S3 outage under a running daemon: the proxy between offloadd and the S3 server refuses every
 request (connection reset) for a while, then recovers.
 
 While it lasts, uploads pause (the store's circuit opens and only probes reach the store), the
@@ -57,8 +57,8 @@ RATE = 3_000_000  # bytes/s the writer keeps writing, outage or not
 
 
 @pytest.fixture
-def proxy(moto_server: str) -> Iterator[FaultProxy]:
-    with FaultProxy(moto_server, seed=7) as p:
+def proxy(s3_server: str) -> Iterator[FaultProxy]:
+    with FaultProxy(s3_server, seed=7) as p:
         yield p
 
 

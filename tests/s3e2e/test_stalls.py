@@ -1,7 +1,8 @@
 """What an operator sees while S3 hangs or refuses, on a real ``offloadd run`` process.
 
-The daemon talks to ``moto_server`` through the fault proxy; an ``offloadd produce`` process
-keeps writing into the embedded store meanwhile. Issue 13 defect 7 and issue 14 items 1-3:
+The daemon talks to the S3 server (moto or RGW) through the fault proxy; an ``offloadd
+produce`` process keeps writing into the embedded store meanwhile. Issue 13 defect 7 and
+issue 14 items 1-3:
 
 * a store that freezes (answers nothing, not even ``Expect: 100-continue``) turns ``/readyz``
   to 503 within two request deadlines of its first unanswered request, is logged at WARNING,
@@ -59,8 +60,8 @@ BLOBSTORE = f"request_timeout_s = {DEADLINE}\nread_timeout_s = 10.0\nconnect_tim
 
 
 @pytest.fixture
-def proxy(moto_server: str) -> Iterator[FaultProxy]:
-    with FaultProxy(moto_server, seed=14) as p:
+def proxy(s3_server: str) -> Iterator[FaultProxy]:
+    with FaultProxy(s3_server, seed=14) as p:
         yield p
 
 

@@ -1,117 +1,134 @@
-"""Reading entries from bookies over protocol v3, on asyncio.
+"""Reading entries from bookies, on asyncio: protocol v2 for bulk reads, v3 for the tail.
 
-One TCP connection per bookie, opened on first use and re-opened after a failure. Requests carry
-a fresh ``txnId`` each and many are in flight on a connection at once; responses are matched by
-``txnId`` (a late answer to a request already given up is dropped). Reads go out in batches:
-one ``writelines`` of many frames, one future per batch, no per-entry task.
+Per bookie, two connections at most, opened on first use and re-opened after a failure: a v2 one
+for bulk reads (what Pulsar's brokers use: fixed binary headers, no protobuf) and a v3 one for
+the reads v2 cannot express (the last entry with ``maxLAC``, the long poll). Which protocol a
+bookie's bulk reads use is decided per bookie and shown in ``status``
+(:meth:`BookieClient.status`): v2 unless ``[source] bookie_protocol = "v3"``, or unless the bookie
+refused v2 (closed two fresh v2 connections in a row without an answer), then v3. Where a bookie
+supports batched reads (BookKeeper 4.17+; found out once per bookie by a probe on a connection of
+its own, :meth:`BookieClient._probe`), each run of ``MIN_BATCH_RUN`` or more consecutive entries
+it holds is one request; otherwise one request per entry.
 
-Replica choice, in the spirit of BookKeeper's reorder-read. For each entry the candidates are
-its write set; they are ranked by :func:`order_replicas`::
-
-    healthy before quarantined (failed or timed out within ``quarantine_s``)
-    before slow (latency EWMA > slow_factor × the best bookie's, and > slow_floor_s)
-    local zone before remote (``zones`` maps bookie → zone; ``local_zone`` is ours)
-    fewest reads in flight
-    write-set order
-
-A batch spreads entries over the equally-ranked best bookies by reads in flight. An entry that
-fails (error status, timeout, lost connection, digest mismatch) is re-sent to the next untried
-bookie of its write set. When every bookie answered "no such entry" the caller's metadata may be
-stale (an ensemble change), so it is re-read once before giving up with ``NotFound``; all digests
-wrong gives ``DigestError`` (a ``FormatError``); anything else ``Retriable``.
+A read of entries ``first..last`` (:meth:`BookieClient.read_entries`) is planned as runs over
+the bookies (:mod:`.replicas`); each bookie's requests go out in one write and their answers land
+in one :class:`~.connection.Sink` (one future per bookie, none per entry); the bodies are then
+checked in one pass (:func:`~.codec.check_bodies`). An entry that failed (error status, timeout,
+lost connection, digest mismatch) is re-sent to the next untried bookie of its write set. When
+every bookie answered "no such entry" the caller's metadata may be stale (an ensemble change), so
+it is re-read once before giving up with ``NotFound``; all digests wrong gives ``DigestError``
+(a ``FormatError``); anything else ``Retriable``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import struct
 import time
-from collections import defaultdict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, cast
+from typing import Literal, Protocol
 
-from offloadd.errors import FormatError, NotFound, Retriable
+from offloadd.errors import NotFound, Retriable
+from offloadd.ledger.bookkeeper import v2
 from offloadd.ledger.bookkeeper.codec import (
     LAST_ADD_CONFIRMED,
-    MAX_FRAME,
     Digest,
     DigestError,
     Entry,
-    Flag,
-    ReadRequest,
-    ReadResponse,
-    Request,
-    Response,
     Status,
+    check_bodies,
     decode_entry,
-    decode_response,
-    encode_plain_reads,
-    encode_read_request,
-    encode_request,
-    split_frames,
     status_name,
+)
+from offloadd.ledger.bookkeeper.connection import (
+    LOST,
+    REASONS,
+    TIMEOUT,
+    BookieError,
+    Sink,
+    V2Connection,
+    V3Connection,
+    short_runs,
+    split_addr,
+    with_slots,
 )
 from offloadd.ledger.bookkeeper.layout import LedgerMetadata
 from offloadd.ledger.bookkeeper.metrics import BookKeeperMetrics
+from offloadd.ledger.bookkeeper.replicas import (
+    ReplicaPolicy,
+    Replicas,
+    ids_of,
+    plan_retry,
+    plan_runs,
+)
+from offloadd.ledger.bookkeeper.shared import single_flight
+from offloadd.ledger.bookkeeper.v3 import (
+    Flag,
+    ReadRequest,
+    ReadResponse,
+    encode_plain_reads,
+    encode_read_request,
+)
 
 log = logging.getLogger(__name__)
 
 __all__ = [
     "BookieClient",
     "BookieError",
-    "BookieHealth",
     "ClientOptions",
+    "Entries",
     "LedgerContext",
-    "order_replicas",
+    "ReplicaPolicy",
 ]
 
-_U32 = struct.Struct(">I")
 _NOT_THERE = (Status.ENOENTRY, Status.ENOLEDGER)
-_EWMA_ALPHA = 0.2
-
-
-class BookieError(Retriable):
-    """A request to one bookie failed; ``reason`` is a short label (metrics, decisions)."""
-
-    def __init__(self, bookie: str, reason: str, detail: str = "") -> None:
-        self.bookie = bookie
-        self.reason = reason
-        super().__init__(f"bookie {bookie}: {reason}{': ' + detail if detail else ''}")
+_V2_REFUSALS = 2  # fresh v2 connections closed unanswered, in a row, before v3 is used
+# Shorter runs go as plain reads: a batched answer costs this side more per entry than two
+# plain ones (it is split entry by entry all the same), so on a ledger striped with write
+# quorum 2 (runs of two) batching would only save the bookie work.
+MIN_BATCH_RUN = 3
+Protocol_ = Literal["auto", "v3"]
 
 
 @dataclass(frozen=True)
 class ClientOptions:
     read_timeout_s: float = 10.0
+    """A bookie request unanswered this long fails (and its entries go to other replicas)."""
     connect_timeout_s: float = 5.0
-    quarantine_s: float = 10.0
-    slow_factor: float = 4.0
-    slow_floor_s: float = 0.05
-    local_zone: str | None = None
-    zones: Mapping[str, str] = field(default_factory=dict)
+    replicas: ReplicaPolicy = field(default_factory=ReplicaPolicy)
+    protocol: Protocol_ = "auto"
+    """"auto": bulk reads over v2, the tail over v3; "v3": everything over v3."""
+    batch_reads: bool = True
+    batch_max_bytes: int = 4 * 1024 * 1024
+    """Batched reads where a bookie has them, of at most this many bytes each."""
 
 
 @dataclass
-class BookieHealth:
-    ewma_s: float | None = None
-    down_until: float = 0.0
-    failures: int = 0
+class BookieProtocol:
+    """How this client reads from one bookie."""
+
+    reads: Literal["v2", "v3"] = "v2"
+    batch: bool | None = None  # None: not known yet (or batched reads are off)
+    refusals: int = 0  # fresh v2 connections closed without an answer since the last one read
+    note: str = ""
+
+    def batched(self, enabled: bool) -> str:
+        if not enabled or self.reads == "v3":
+            return "off"
+        return {None: "unknown", True: "yes", False: "no"}[self.batch]
 
 
-def order_replicas(candidates: Sequence[str], *, now: float, pending: Mapping[str, int],
-                   health: Mapping[str, BookieHealth], slow: Callable[[str], bool],
-                   local_zone: str | None, zones: Mapping[str, str]) -> list[str]:
-    """Rank a write set for one read (see the module docstring); pure."""
+@dataclass(slots=True)
+class Entries:
+    """Entries ``first .. first + len(payloads) - 1`` of a ledger, verified: their payloads
+    (views of what the bookies sent), the highest LAC learnt from their headers and the bookies'
+    ``maxLAC``, and (entryId, lastAddConfirmed, ledger length) of the last one."""
 
-    def key(item: tuple[int, str]) -> tuple[bool, bool, bool, int, int]:
-        pos, b = item
-        h = health.get(b)
-        down = h is not None and h.down_until > now
-        remote = local_zone is not None and zones.get(b) != local_zone
-        return down, slow(b), remote, pending.get(b, 0), pos
-
-    return [b for _, b in sorted(enumerate(candidates), key=key)]
+    first: int
+    payloads: list[memoryview]
+    lac: int
+    tail: tuple[int, int, int]
 
 
 class LedgerContext(Protocol):
@@ -126,181 +143,15 @@ class LedgerContext(Protocol):
         ...
 
 
-# ---- one connection ---------------------------------------------------------------------------
+@dataclass(slots=True)
+class _Got:
+    """One bookie's share of a read: payload (or None) per entry, failures by position."""
 
-
-class _Sink:
-    """Collects the responses of one batch (or one request) into slots."""
-
-    __slots__ = ("future", "remaining", "results")
-
-    def __init__(self, n: int, future: asyncio.Future[None]) -> None:
-        self.results: list[Response | BookieError | None] = [None] * n
-        self.remaining = n
-        self.future = future
-        if n == 0:  # nothing to wait for: a sink of no requests must never hang its waiter
-            future.set_result(None)
-
-    def deliver(self, slot: int, result: Response | BookieError) -> None:
-        if self.results[slot] is not None:
-            return
-        self.results[slot] = result
-        self.remaining -= 1
-        if self.remaining == 0 and not self.future.done():
-            self.future.set_result(None)
-
-
-class _Connection(asyncio.Protocol):
-    def __init__(self, addr: str) -> None:
-        self.addr = addr
-        self.transport: asyncio.Transport | None = None
-        self.pending: dict[int, tuple[_Sink, int]] = {}
-        self.closed = False
-        self._chunks: list[memoryview] = []
-        self._have = 0
-        self._need = 4
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
-
-    def data_received(self, data: bytes) -> None:
-        # Whole frames are handed on as views of ``data``. A frame split across reads is
-        # joined alone, at its exact size: joining whole reads would allocate (and page-fault
-        # in) buffers above malloc's mmap threshold for every large entry.
-        try:
-            view = memoryview(data)
-            while self._chunks:
-                missing = self._need - self._have
-                if len(view) < missing:
-                    self._chunks.append(view)
-                    self._have += len(view)
-                    return
-                self._chunks.append(view[:missing])
-                view = view[missing:]
-                buf = memoryview(b"".join(self._chunks))
-                self._chunks = []
-                self._have = 0
-                if self._need == 4:  # only the length prefix was incomplete
-                    self._start(buf)
-                else:
-                    self._need = 4
-                    self._dispatch(buf[4:])
-            frames, used = split_frames(view, f"bookie {self.addr}")
-            for f in frames:
-                self._dispatch(f)
-            if used < len(view):
-                self._start(view[used:])
-        except FormatError as exc:
-            log.error("bookie %s sent bytes that do not parse (%s); dropping the connection",
-                      self.addr, exc)
-            self._fail(BookieError(self.addr, "protocol", str(exc)))
-            if self.transport is not None:
-                self.transport.abort()
-
-    def _start(self, part: memoryview) -> None:
-        """Keep the beginning of a frame until the rest arrives."""
-        self._chunks = [part]
-        self._have = len(part)
-        if len(part) < 4:
-            self._need = 4
-            return
-        (n,) = _U32.unpack_from(part)
-        if n > MAX_FRAME:
-            raise FormatError(f"bookie {self.addr}", 0, f"frame of {n} bytes exceeds the "
-                              f"{MAX_FRAME} limit")
-        self._need = 4 + n
-        if self._have >= self._need:  # a whole frame after a completed length prefix
-            self._chunks = []
-            self._have = 0
-            rest = part[self._need:]
-            self._need = 4
-            self._dispatch(part[4:4 + n])
-            if rest:
-                frames, used = split_frames(rest, f"bookie {self.addr}")
-                for f in frames:
-                    self._dispatch(f)
-                if used < len(rest):
-                    self._start(rest[used:])
-
-    def _dispatch(self, payload: memoryview) -> None:
-        resp = decode_response(payload, f"response from bookie {self.addr}")
-        waiter = self.pending.pop(resp.txn_id, None)
-        if waiter is not None:
-            waiter[0].deliver(waiter[1], resp)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.closed = True
-        self._fail(BookieError(self.addr, "connection", f"connection lost ({exc or 'closed'})"))
-
-    def _fail(self, err: BookieError) -> None:
-        self.closed = True
-        pending, self.pending = self.pending, {}
-        for sink, slot in pending.values():
-            sink.deliver(slot, err)
-
-    def send(self, data: bytes, first_txn: int, sink: _Sink, n: int) -> None:
-        if self.closed or self.transport is None or self.transport.is_closing():
-            raise BookieError(self.addr, "connection", "connection is closed")
-        for slot in range(n):
-            self.pending[first_txn + slot] = (sink, slot)
-        self.transport.write(data)
-
-    def forget(self, first_txn: int, n: int) -> None:
-        for txn in range(first_txn, first_txn + n):
-            self.pending.pop(txn, None)
-
-    def close(self) -> None:
-        self.closed = True
-        if self.transport is not None:
-            self.transport.close()
-
-
-def _split_addr(addr: str) -> tuple[str, int]:
-    host, sep, port = addr.rpartition(":")
-    if not sep or not port.isdigit():
-        raise BookieError(addr, "address", "bookie ids must be host:port")
-    return host.strip("[]"), int(port)
-
-
-# ---- the client -------------------------------------------------------------------------------
-
-
-@dataclass
-class _Plan:
-    by_bookie: dict[str, list[int]]  # bookie -> indexes (from the first entry), ascending
-    assigned: set[int]
-
-
-def _failure(addr: str, r: Response | BookieError | None) -> tuple[str, str]:
-    """(reason, detail) of a read that did not return a good entry."""
-    if isinstance(r, BookieError):
-        return r.reason, str(r)
-    if not isinstance(r, ReadResponse):
-        return "protocol", f"{addr}: answer {r!r} to a read"
-    status = r.status if r.status != Status.EOK else (r.read_status or 0)
-    if status == Status.EOK:
-        return "protocol", f"{addr}: EOK without a body"
-    reason = "noentry" if status in _NOT_THERE else status_name(status).lower()
-    return reason, f"{addr}: {status_name(status)}"
-
-
-def _water_fill(n: int, bookies: Sequence[str], pend: Mapping[str, int]
-                ) -> list[tuple[str, int]]:
-    """Split ``n`` reads over equally good bookies so their reads in flight end up as even
-    as possible (the least loaded get more)."""
-    if len(bookies) == 1:
-        return [(bookies[0], n)]
-    loads = sorted((pend.get(b, 0), i, b) for i, b in enumerate(bookies))
-    level, active, left = loads[0][0], 1, n
-    while active < len(loads) and (loads[active][0] - level) * active < left:
-        left -= (loads[active][0] - level) * active
-        level = loads[active][0]
-        active += 1
-    q, r = divmod(left, active)
-    out = []
-    for j, (load, _, b) in enumerate(loads[:active]):
-        out.append((b, level - load + q + (1 if j < r else 0)))
-    return out
+    ids: list[int]
+    payloads: list[memoryview | None]
+    failed: dict[int, tuple[str, str]]
+    lac: int
+    tail: tuple[int, int, int] | None
 
 
 class BookieClient:
@@ -312,278 +163,320 @@ class BookieClient:
         self.options = options or ClientOptions()
         self.metrics = metrics or BookKeeperMetrics()
         self._clock = clock
-        self._conns: dict[str, _Connection] = {}
-        self._connecting: dict[str, asyncio.Future[_Connection]] = {}
-        self._next_txn = 1
-        self.pending: defaultdict[str, int] = defaultdict(int)
-        self.health: defaultdict[str, BookieHealth] = defaultdict(BookieHealth)
+        self._conns: dict[tuple[str, int], V2Connection | V3Connection] = {}
+        self._connecting: dict[tuple[str, int], asyncio.Future[V2Connection | V3Connection]] = {}
+        self._protocols: dict[str, BookieProtocol] = {}
+        self._probes: dict[str, asyncio.Future[None]] = {}
+        self._next_id = 1  # txnIds (v3) and requestIds (v2 batched reads)
+        self.replicas = Replicas(self.options.replicas, clock=clock)
         self._closed = False
 
+    # ---- protocol per bookie -------------------------------------------------------------
+    def protocol(self, addr: str) -> BookieProtocol:
+        p = self._protocols.get(addr)
+        if p is None:
+            p = BookieProtocol(reads="v3" if self.options.protocol == "v3" else "v2")
+            if p.reads == "v3":
+                p.note = "configured"
+            self._protocols[addr] = p
+            self._publish(addr, p)
+        return p
+
+    def _publish(self, addr: str, p: BookieProtocol) -> None:
+        self.metrics.bookie_protocol(addr, p.reads, p.batched(self.options.batch_reads))
+
+    def status(self) -> dict[str, dict[str, str]]:
+        """Per bookie talked to so far: the protocol of its bulk reads (the tail is always v3),
+        whether batched reads are used, and why when it is not the default."""
+        return {addr: {"reads": p.reads, "tail": "v3",
+                       "batched_reads": p.batched(self.options.batch_reads),
+                       **({"note": p.note} if p.note else {})}
+                for addr, p in sorted(self._protocols.items())}
+
     # ---- connections ---------------------------------------------------------------------
-    async def _connection(self, addr: str) -> _Connection:
+    async def _connection(self, addr: str, version: int) -> V2Connection | V3Connection:
         if self._closed:
             raise BookieError(addr, "closed", "the bookie client is closed")
-        conn = self._conns.get(addr)
+        self.protocol(addr)  # every bookie talked to appears in status
+        conn = self._conns.get((addr, version))
         if conn is not None and not conn.closed:
             return conn
-        fut = self._connecting.get(addr)
-        if fut is None:
-            fut = asyncio.ensure_future(self._connect(addr))
-            self._connecting[addr] = fut
-            fut.add_done_callback(lambda _: self._connecting.pop(addr, None))
-        return await asyncio.shield(fut)
+        return await single_flight(self._connecting, (addr, version),
+                                   lambda: self._connect(addr, version))
 
-    async def _connect(self, addr: str) -> _Connection:
-        host, port = _split_addr(addr)
+    async def _connect(self, addr: str, version: int, *, keep: bool = True
+                       ) -> V2Connection | V3Connection:
+        host, port = split_addr(addr)
         loop = asyncio.get_running_loop()
+        factory = V2Connection if version == 2 else V3Connection
         try:
             async with asyncio.timeout(self.options.connect_timeout_s):
-                _, conn = await loop.create_connection(lambda: _Connection(addr), host, port)
+                _, conn = await loop.create_connection(lambda: factory(addr), host, port)
         except (OSError, TimeoutError) as exc:
             self._mark_down(addr, "connect")
             raise BookieError(addr, "connect", str(exc) or type(exc).__name__) from None
-        self._conns[addr] = conn
+        if keep:
+            self._conns[(addr, version)] = conn
         return conn
 
+    async def _v2(self, addr: str) -> V2Connection:
+        conn = await self._connection(addr, 2)
+        assert isinstance(conn, V2Connection)
+        return conn
+
+    async def _v3(self, addr: str) -> V3Connection:
+        conn = await self._connection(addr, 3)
+        assert isinstance(conn, V3Connection)
+        return conn
+
+    # ---- health ----------------------------------------------------------------------------
     def _mark_down(self, addr: str, reason: str) -> None:
-        """Ask ``addr`` last for ``quarantine_s``. A healthy bookie going into quarantine is
-        counted and logged (a failure while already quarantined only extends it)."""
-        h = self.health[addr]
-        h.failures += 1
-        now = self._clock()
-        if h.down_until <= now and self.options.quarantine_s > 0:
+        if self.replicas.mark_down(addr):
             self.metrics.quarantine(addr, reason)
             log.warning("bookie %s quarantined for %gs (%s): other replicas are asked first",
-                        addr, self.options.quarantine_s, reason)
-        h.down_until = now + self.options.quarantine_s
-
-    def is_down(self, addr: str) -> bool:
-        """Failed (error, timeout, refused connection) within the last ``quarantine_s``."""
-        h = self.health.get(addr)
-        return h is not None and h.down_until > self._clock()
-
-    def is_slow(self, addr: str) -> bool:
-        h = self.health.get(addr)
-        if h is None or h.ewma_s is None or h.ewma_s <= self.options.slow_floor_s:
-            return False
-        best = min((x.ewma_s for x in self.health.values() if x.ewma_s is not None),
-                   default=h.ewma_s)
-        return h.ewma_s > self.options.slow_factor * best
+                        addr, self.options.replicas.quarantine_s, reason)
 
     def _observe(self, addr: str, latency: float) -> None:
-        h = self.health[addr]
-        h.ewma_s = latency if h.ewma_s is None else \
-            h.ewma_s + _EWMA_ALPHA * (latency - h.ewma_s)
-        if h.failures:
-            h.failures = 0
-        self.metrics.set_slow(addr, self.is_slow(addr))
+        self.replicas.observe(addr, latency)
+        self.metrics.set_slow(addr, self.replicas.is_slow(addr))
 
-    def order(self, candidates: Sequence[str], pending: Mapping[str, int] | None = None
-              ) -> list[str]:
-        o = self.options
-        return order_replicas(candidates, now=self._clock(),
-                              pending=self.pending if pending is None else pending,
-                              health=self.health, slow=self.is_slow, local_zone=o.local_zone,
-                              zones=o.zones)
-
-    def _take_txns(self, n: int) -> int:
-        first = self._next_txn
-        self._next_txn += n
+    def _take_ids(self, n: int) -> int:
+        first = self._next_id
+        self._next_id += n
         return first
 
-    # ---- raw requests --------------------------------------------------------------------
-    async def _send(self, addr: str, data: bytes, n: int, first_txn: int,
-                    timeout: float) -> list[Response | BookieError]:
-        """Send ``n`` framed requests with txnIds ``first_txn..``; one result per request."""
-        if n == 0:
-            return []
+    # ---- one bookie's share of a read ----------------------------------------------------
+    async def _read_on(self, addr: str, ctx: LedgerContext, runs: Sequence[tuple[int, int]]
+                       ) -> _Got:
+        """Read the entries of ``runs`` from one bookie and check them."""
+        ids = ids_of(runs)
+        n = len(ids)
+        sink = Sink(n, asyncio.get_running_loop().create_future())
+        t0 = self._clock()
+        self.replicas.pending[addr] += n
+        self.metrics.set_pending(addr, self.replicas.pending[addr])
         try:
-            conn = await self._connection(addr)
+            if self.protocol(addr).reads == "v3":
+                await self._ask_v3(addr, ctx.ledger_id, ids, sink)
+            else:
+                await self._ask_v2(addr, ctx.ledger_id, runs, ids, sink)
+        finally:
+            self.replicas.pending[addr] -= n
+            self.metrics.set_pending(addr, self.replicas.pending[addr])
+        return self._check(addr, ctx, ids, sink, self._clock() - t0)
+
+    async def _ask_v2(self, addr: str, ledger_id: int, runs: Sequence[tuple[int, int]],
+                      ids: list[int], sink: Sink) -> None:
+        try:
+            conn = await self._v2(addr)
         except BookieError as exc:
-            return [exc] * n
-        loop = asyncio.get_running_loop()
-        sink = _Sink(n, loop.create_future())
-        self.pending[addr] += n
-        self.metrics.set_pending(addr, self.pending[addr])
+            sink.fail(LOST, str(exc))
+            return
+        batched = self.options.batch_reads and self.protocol(addr).batch is True
+        if not batched and self.options.batch_reads and self.protocol(addr).batch is None:
+            self._start_probe(addr, ledger_id, ids[0])
+        batched = batched and any(n >= MIN_BATCH_RUN for _, n in runs)
         try:
-            conn.send(data, first_txn, sink, n)
-            try:
-                async with asyncio.timeout(timeout):
+            async with asyncio.timeout(self.options.read_timeout_s):
+                if not batched:
+                    conn.expect(ledger_id, ids, range(len(ids)), sink)
+                    conn.send(v2.encode_reads(ledger_id, ids))
                     await sink.future
-            except TimeoutError:
-                conn.forget(first_txn, n)
-                late = sum(1 for r in sink.results if r is None)
-                err = BookieError(addr, "timeout", f"{late} of {n} reads unanswered after "
-                                  f"{timeout:g}s")
-                for slot in range(n):
-                    sink.deliver(slot, err)
-                self._mark_down(addr, "timeout")
+                slots = with_slots(runs) if batched else []
+                while slots:
+                    conn.send_runs(ledger_id, slots, sink, self._take_ids,
+                                   self.options.batch_max_bytes, MIN_BATCH_RUN)
+                    await sink.future
+                    slots = short_runs(sink, ids)
+                    sink.reopen([s for _, n, slot in slots for s in range(slot, slot + n)])
+        except TimeoutError:
+            conn.forget(sink, ledger_id, ids)
+            late = sink.remaining
+            sink.fail(TIMEOUT, f"{late} of {len(ids)} reads unanswered after "
+                      f"{self.options.read_timeout_s:g}s")
+            self._mark_down(addr, "timeout")
+        except BookieError as exc:  # the connection closed before the requests went out
+            conn.forget(sink, ledger_id, ids)
+            sink.fail(LOST, str(exc))
+        finally:
+            if not sink.future.done() or sink.remaining:  # cancelled
+                conn.forget(sink, ledger_id, ids)
+        if LOST in sink.codes:
+            self._lost_v2(addr, conn)
+
+    def _lost_v2(self, addr: str, conn: V2Connection) -> None:
+        """A v2 connection failed. Closed fresh without a word, twice: the bookie refuses v2."""
+        p = self.protocol(addr)
+        if conn.answers == 0 and conn.sent > 0 and p.reads == "v2":
+            p.refusals += 1
+            if p.refusals >= _V2_REFUSALS:
+                p.reads, p.note = "v3", "closed v2 connections unanswered: reads over v3"
+                log.warning("bookie %s: %s", addr, p.note)
+                self._publish(addr, p)
+        else:
+            self._mark_down(addr, "connection")
+
+    async def _ask_v3(self, addr: str, ledger_id: int, ids: list[int], sink: Sink) -> None:
+        n = len(ids)
+        try:
+            conn = await self._v3(addr)
+        except BookieError as exc:
+            sink.fail(LOST, str(exc))
+            return
+        first_txn = self._take_ids(n)
+        try:
+            conn.expect(first_txn, sink, n)
+            conn.send(encode_plain_reads(first_txn, ledger_id, ids))
+            async with asyncio.timeout(self.options.read_timeout_s):
+                await sink.future
+        except TimeoutError:
+            conn.forget(first_txn, n)
+            sink.fail(TIMEOUT, f"{sink.remaining} of {n} reads unanswered after "
+                      f"{self.options.read_timeout_s:g}s")
+            self._mark_down(addr, "timeout")
         except BookieError as exc:
             conn.forget(first_txn, n)
-            for slot in range(n):
-                sink.deliver(slot, exc)
+            sink.fail(LOST, str(exc))
         finally:
-            if not sink.future.done():  # cancelled: late answers must find nobody
+            if sink.remaining:  # cancelled: late answers must find nobody
                 conn.forget(first_txn, n)
-            self.pending[addr] -= n
-            self.metrics.set_pending(addr, self.pending[addr])
-        results = [r for r in sink.results if r is not None]
-        if any(isinstance(r, BookieError) and r.reason == "connection" for r in results):
+        if LOST in sink.codes:
             self._mark_down(addr, "connection")
-        return results
 
-    async def call(self, addr: str, request: Callable[[int], Request],
-                   timeout: float | None = None) -> Response:
-        """One request (built with the txnId given) and its response; ``BookieError`` on
-        failure."""
-        txn = self._take_txns(1)
-        req = request(txn)
-        data = encode_read_request(req) if isinstance(req, ReadRequest) else encode_request(req)
-        (result,) = await self._send(addr, data, 1, txn,
-                                     self.options.read_timeout_s if timeout is None else timeout)
-        if isinstance(result, BookieError):
-            raise result
-        return result
+    def _check(self, addr: str, ctx: LedgerContext, ids: list[int], sink: Sink,
+               elapsed: float) -> _Got:
+        codes = sink.codes
+        bodies = sink.bodies
+        failed: dict[int, tuple[str, str]] = {}
+        if codes.count(0) != len(codes):
+            bodies = list(bodies)
+            for k, code in enumerate(codes):
+                if code == 0 and bodies[k] is not None:
+                    continue
+                bodies[k] = None
+                failed[k] = self._failure(addr, code, sink.detail)
+        checked = check_bodies(bodies, ids, ctx.ledger_id, ctx.digest, f"bookie {addr}")
+        failed.update(checked.failed)
+        ok = len(ids) - len(failed)
+        if ok and self.protocol(addr).refusals:
+            self.protocol(addr).refusals = 0  # it answers v2: only refusals in a row count
+        if ok:
+            nbytes = sum(map(len, filter(None, checked.payloads)))
+            self.metrics.entries_read(addr, ok, nbytes, elapsed * ok)
+            self._observe(addr, elapsed)
+        tail = checked.tail
+        lac = max(sink.max_lac, tail[1] if tail is not None else -1)
+        return _Got(ids, checked.payloads, failed, lac, tail)
+
+    @staticmethod
+    def _failure(addr: str, code: int, detail: str) -> tuple[str, str]:
+        """(reason, detail) of a read that did not return a body."""
+        if code < 0:
+            return REASONS.get(code, "protocol"), f"bookie {addr}: {detail}"
+        if code == Status.EOK:
+            return "protocol", f"bookie {addr}: EOK without a body"
+        reason = "noentry" if code in _NOT_THERE else status_name(code).lower()
+        return reason, f"bookie {addr}: {status_name(code)}"
+
+    # ---- batched reads: supported? -------------------------------------------------------
+    def _start_probe(self, addr: str, ledger_id: int, entry_id: int) -> None:
+        if addr in self._probes or self._closed:
+            return
+        fut = asyncio.ensure_future(self._probe(addr, ledger_id, entry_id))
+        self._probes[addr] = fut
+
+    async def _probe(self, addr: str, ledger_id: int, entry_id: int) -> None:
+        """One batched read on a connection of its own: any batched answer but ``EBADREQ``
+        means the bookie supports them; ``EBADREQ``, a closed connection or silence that it
+        does not. The connection is closed after, so the probe can disturb nothing else."""
+        p = self.protocol(addr)
+        try:
+            conn = await self._connect(addr, 2, keep=False)
+        except BookieError:
+            del self._probes[addr]  # asked again on the next read
+            return
+        assert isinstance(conn, V2Connection)
+        sink = Sink(2, asyncio.get_running_loop().create_future())
+        rid = self._take_ids(1)
+        try:
+            conn.expect_batch(rid, sink, 0, 2)
+            conn.send(v2.encode_batch_read(ledger_id, entry_id, rid, 2, 1024 * 1024))
+            async with asyncio.timeout(self.options.read_timeout_s):
+                await sink.future
+        except (TimeoutError, BookieError):
+            pass
+        finally:
+            conn.close()
+        p.batch = conn.batch_answers > 0 and not conn.batch_refused
+        how = "refused with EBADREQ" if conn.batch_refused else \
+            "connection closed" if LOST in sink.codes else "no answer"
+        log.info("bookie %s: batched reads %s", addr,
+                 "supported" if p.batch else f"not supported ({how}): one read per entry")
+        self._publish(addr, p)
 
     # ---- reads ---------------------------------------------------------------------------
-    async def _read_on(self, addr: str, ctx: LedgerContext, entry_ids: list[int]
-                       ) -> tuple[list[Entry | None], dict[int, tuple[str, str]], int]:
-        """Read ``entry_ids`` from one bookie: the entries (None where it failed), the
-        failures by position (reason, detail) and the best LAC hint."""
-        n = len(entry_ids)
-        if n == 0:
-            return [], {}, -1
-        first_txn = self._take_txns(n)
-        data = encode_plain_reads(first_txn, ctx.ledger_id, entry_ids)
-        t0 = self._clock()
-        results = await self._send(addr, data, n, first_txn, self.options.read_timeout_s)
-        elapsed = self._clock() - t0
-        got: list[Entry | None] = [None] * n
-        failed: dict[int, tuple[str, str]] = {}
-        lac = -1
-        ok_bytes = 0
-        digest = ctx.digest
-        ledger_id = ctx.ledger_id
-        for k, r in enumerate(results):
-            if r.__class__ is ReadResponse and r.status == 0 and r.read_status == 0 \
-                    and r.body is not None:
-                try:
-                    entry = decode_entry(r.body, digest, ledger_id=ledger_id,
-                                         entry_id=entry_ids[k])
-                except DigestError as exc:
-                    failed[k] = ("digest", f"{addr}: {exc}")
-                    continue
-                except FormatError as exc:
-                    failed[k] = ("format", f"{addr}: {exc}")
-                    continue
-                got[k] = entry
-                ok_bytes += len(entry.payload)
-                if r.max_lac is not None and r.max_lac > lac:
-                    lac = r.max_lac
-            else:
-                failed[k] = _failure(addr, r)
-        if got and got[-1] is not None and got[-1].lac > lac:
-            lac = got[-1].lac
-        ok = n - len(failed)
-        if ok:
-            self.metrics.entries_read(addr, ok, ok_bytes, elapsed * ok)
-            self._observe(addr, elapsed)
-        return got, failed, lac
-
-    async def read_entries(self, ctx: LedgerContext, first: int, last: int
-                           ) -> tuple[list[Entry], int]:
-        """Entries ``first..last`` (all must exist), verified; plus the highest LAC learnt
-        from their headers and the bookies' ``maxLAC``."""
+    async def read_entries(self, ctx: LedgerContext, first: int, last: int) -> Entries:
+        """Entries ``first..last`` (all must exist), verified."""
         n = last - first + 1
-        out: list[Entry | None] = [None] * n
+        out: list[memoryview | None] = [None] * n
         tried: dict[int, set[str]] = {}  # only for entries that failed somewhere
         failures: dict[int, list[tuple[str, str, str]]] = {}
         refreshed = False
         lac = -1
-        todo: list[int] | None = None  # None: first round, grouped by write set
+        tail: tuple[int, int, int] | None = None
+        todo: list[int] | None = None  # entry ids to ask again; None: the first round
         while True:
-            plan = self._plan(ctx, first, last, todo, tried)
-            exhausted = [i for i in (todo or []) if i not in plan.assigned]
-            if exhausted:
-                if not refreshed and all(r == "noentry" for i in exhausted
-                                         for _, r, _ in failures.get(i, [])):
-                    refreshed = True
-                    if await ctx.refresh():  # an ensemble change: ask the new write sets
-                        for i in todo or []:
-                            tried.pop(i, None)
-                        continue
-                raise self._give_up(ctx, first, exhausted, failures)
-            if not plan.by_bookie:
+            if todo is None:
+                plan = plan_runs(ctx.meta, first, last, self.replicas.rank,
+                                 self.replicas.pending)
+            else:
+                plan, exhausted = plan_retry(ctx.meta, todo, tried, self.replicas.order,
+                                             self.replicas.pending)
+                if exhausted:
+                    if not refreshed and all(r == "noentry" for e in exhausted
+                                             for _, r, _ in failures.get(e, [])):
+                        refreshed = True
+                        if await ctx.refresh():  # an ensemble change: ask the new write sets
+                            for e in todo:
+                                tried.pop(e, None)
+                            todo = sorted(todo)
+                            continue
+                    raise self._give_up(ctx, exhausted, failures)
+            if not plan:
                 break
-            results = await asyncio.gather(*(self._read_on(b, ctx, [first + i for i in idxs])
-                                             for b, idxs in plan.by_bookie.items()))
+            results = await asyncio.gather(*(self._read_on(b, ctx, runs)
+                                             for b, runs in plan.items()))
             todo = []
-            for (b, idxs), (got, failed, hint) in zip(plan.by_bookie.items(), results,
-                                                      strict=True):
-                if hint > lac:
-                    lac = hint
-                if not failed:
-                    for i, e in zip(idxs, got, strict=True):
-                        out[i] = e
+            for b, got in zip(plan, results, strict=True):
+                lac = max(lac, got.lac)
+                if got.tail is not None and (tail is None or got.tail[0] > tail[0]):
+                    tail = got.tail
+                if not got.failed:
+                    for e, p in zip(got.ids, got.payloads, strict=True):
+                        out[e - first] = p
                     continue
-                for k, i in enumerate(idxs):
-                    if k not in failed:
-                        out[i] = got[k]
+                for k, e in enumerate(got.ids):
+                    if k not in got.failed:
+                        out[e - first] = got.payloads[k]
                         continue
-                    reason, detail = failed[k]
-                    tried.setdefault(i, set()).add(b)
-                    failures.setdefault(i, []).append((b, reason, detail))
+                    reason, detail = got.failed[k]
+                    tried.setdefault(e, set()).add(b)
+                    failures.setdefault(e, []).append((b, reason, detail))
                     self.metrics.failover(b, reason)
-                    todo.append(i)
+                    todo.append(e)
             if not todo:
                 break
             self.metrics.retry(len(todo))
             log.debug("ledger %d: %d reads failed, trying other replicas", ctx.ledger_id,
                       len(todo))
-        return out, lac  # type: ignore[return-value]
+        assert tail is not None  # every entry was read, so the last one too
+        return Entries(first, out, lac, tail)  # type: ignore[arg-type]  # every slot is set
 
-    def _plan(self, ctx: LedgerContext, first: int, last: int, todo: list[int] | None,
-              tried: dict[int, set[str]]) -> _Plan:
-        """Assign each entry to read (by index from ``first``) to a bookie."""
-        pend = dict(self.pending)
-        by_bookie: dict[str, list[int]] = defaultdict(list)
-        assigned: set[int] = set()
-        meta = ctx.meta
-        if todo is None:
-            for ws, ids in meta.write_set_groups(first, last).items():
-                ranked = self.order(ws, pend)
-                top = self._rank(ranked[0])
-                best = [b for b in ranked if self._rank(b) == top]
-                pos = 0
-                for b, count in _water_fill(len(ids), best, pend):
-                    if count == 0:
-                        continue  # an empty read would wait for nothing (see _Sink)
-                    by_bookie[b].extend(e - first for e in ids[pos:pos + count])
-                    pend[b] = pend.get(b, 0) + count
-                    pos += count
-        else:
-            for i in todo:
-                cands = [b for b in meta.bookies_for(first + i) if b not in tried.get(i, ())]
-                if not cands:
-                    continue
-                b = self.order(cands, pend)[0]
-                by_bookie[b].append(i)
-                pend[b] = pend.get(b, 0) + 1
-                assigned.add(i)
-        for idxs in by_bookie.values():
-            idxs.sort()
-        return _Plan(dict(by_bookie), assigned)
-
-    def _rank(self, b: str) -> tuple[bool, bool, bool]:
-        o = self.options
-        return (self.is_down(b), self.is_slow(b),
-                o.local_zone is not None and o.zones.get(b) != o.local_zone)
-
-    def _give_up(self, ctx: LedgerContext, first: int, exhausted: list[int],
+    def _give_up(self, ctx: LedgerContext, exhausted: list[int],
                  failures: dict[int, list[tuple[str, str, str]]]) -> Exception:
-        i = exhausted[0]
-        fails = failures.get(i, [])
-        where = f"entry {ctx.ledger_id}:{first + i}"
+        e = exhausted[0]
+        fails = failures.get(e, [])
+        where = f"entry {ctx.ledger_id}:{e}"
         detail = "; ".join(d or f"{b}: {r}" for b, r, d in fails) or "no bookie to ask"
         reasons = {r for _, r, _ in fails}
         if reasons == {"noentry"}:
@@ -592,11 +485,36 @@ class BookieClient:
             return DigestError(where, 0, f"every replica failed its digest check ({detail})")
         return Retriable(f"{where}: every replica failed ({detail})")
 
-    # ---- the last-add-confirmed ----------------------------------------------------------
+    # ---- the last-add-confirmed (v3) -----------------------------------------------------
+    async def _call(self, addr: str, req: Callable[[int], ReadRequest],
+                    timeout: float) -> ReadResponse:
+        """One v3 read request and its answer; ``BookieError`` on failure."""
+        conn = await self._v3(addr)
+        txn = self._take_ids(1)
+        sink = Sink(1, asyncio.get_running_loop().create_future(), keep=True)
+        try:
+            conn.expect(txn, sink, 1)
+            conn.send(encode_read_request(req(txn)))
+            async with asyncio.timeout(timeout):
+                await sink.future
+        except TimeoutError:
+            self._mark_down(addr, "timeout")
+            raise BookieError(addr, "timeout", f"no answer after {timeout:g}s") from None
+        finally:
+            conn.forget(txn, 1)
+        assert sink.responses is not None
+        resp = sink.responses[0]
+        if resp is None:
+            if sink.codes[0] == LOST:
+                self._mark_down(addr, "connection")
+            raise BookieError(addr, REASONS.get(sink.codes[0], "protocol"), sink.detail)
+        return resp
+
     async def read_last(self, addr: str, ctx: LedgerContext) -> tuple[int, Entry | None]:
         """Ask one bookie for its last entry of the ledger: (LAC hint, that entry or None)."""
-        resp = await self.call(addr, lambda txn: ReadRequest(txn, ctx.ledger_id,
-                                                             LAST_ADD_CONFIRMED))
+        resp = await self._call(addr, lambda txn: ReadRequest(txn, ctx.ledger_id,
+                                                              LAST_ADD_CONFIRMED),
+                                self.options.read_timeout_s)
         return self._lac_answer(addr, ctx, resp, None)
 
     async def long_poll(self, addr: str, ctx: LedgerContext, previous_lac: int,
@@ -605,17 +523,15 @@ class BookieClient:
         (LAC hint, entry ``previous_lac + 1`` when piggybacked)."""
         self.metrics.long_poll()
         timeout_ms = max(int(timeout_s * 1000), 1)
-        resp = await self.call(
+        resp = await self._call(
             addr, lambda txn: ReadRequest(txn, ctx.ledger_id, previous_lac + 1,
                                           previous_lac=previous_lac, timeout_ms=timeout_ms,
                                           flag=Flag.ENTRY_PIGGYBACK),
-            timeout=timeout_s + self.options.read_timeout_s)
+            timeout_s + self.options.read_timeout_s)
         return self._lac_answer(addr, ctx, resp, previous_lac + 1)
 
-    def _lac_answer(self, addr: str, ctx: LedgerContext, resp: Response,
+    def _lac_answer(self, addr: str, ctx: LedgerContext, resp: ReadResponse,
                     entry_id: int | None) -> tuple[int, Entry | None]:
-        if not isinstance(resp, ReadResponse):
-            raise BookieError(addr, "protocol", f"answer {resp!r} to a read")
         status = resp.status if resp.status != Status.EOK else (resp.read_status or 0)
         lac = resp.max_lac if resp.max_lac is not None else -1
         body = resp.body
@@ -633,8 +549,10 @@ class BookieClient:
 
     async def close(self) -> None:
         self._closed = True
-        for fut in list(self._connecting.values()):
+        for fut in self._connecting.values():
             fut.cancel()
+        for probe in self._probes.values():
+            probe.cancel()
         for conn in self._conns.values():
             conn.close()
         self._conns.clear()

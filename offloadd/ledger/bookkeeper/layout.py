@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 from offloadd._proto import bookkeeper_pb2
 from offloadd._proto import mldataformats_pb2 as mlpb
 from offloadd.errors import FormatError
-from offloadd.format.varint import encode_varint as _varint
+from offloadd.ledger.bookkeeper.codec import missing_fields
 from offloadd.model.losses import LOST_PREFIX, LostLedger, lost_ledgers
 
 __all__ = [
@@ -62,7 +62,6 @@ __all__ = [
     "PulsarList",
     "check_layout",
     "decode_ledger_metadata",
-    "encode_ledger_metadata",
     "ledger_id_from_path",
     "ledger_path",
     "lost_ledgers",
@@ -223,8 +222,8 @@ def decode_ledger_metadata(data: bytes, ledger_id: int, where: str) -> LedgerMet
         fmt.ParseFromString(data[pos:pos + size])
     except Exception as exc:  # protobuf's DecodeError and friends
         raise FormatError(where, pos, f"not a LedgerMetadataFormat protobuf ({exc})") from exc
-    if not fmt.IsInitialized():
-        missing: list[str] = getattr(fmt, "FindInitializationErrors", list)()
+    missing = missing_fields(fmt)
+    if missing:
         raise FormatError(where, pos, "LedgerMetadataFormat lacks required fields: "
                           + ", ".join(missing))
     segments = tuple((s.firstEntryId, tuple(s.ensembleMember)) for s in fmt.segment)
@@ -241,25 +240,6 @@ def decode_ledger_metadata(data: bytes, ledger_id: int, where: str) -> LedgerMet
         password=fmt.password if fmt.HasField("password") else None,
         ctime_ms=fmt.ctime if fmt.HasField("ctime") else 0,
         segments=segments)
-
-
-def encode_ledger_metadata(md: LedgerMetadata) -> bytes:
-    """The node bytes a BookKeeper client writes for ``md`` (used to build test clusters)."""
-    fmt = bookkeeper_pb2.LedgerMetadataFormat(
-        quorumSize=md.write_quorum, ensembleSize=md.ensemble_size, length=md.length,
-        state=int(md.state), digestType=md.digest_type, ackQuorumSize=md.ack_quorum)  # type: ignore[arg-type]
-    if md.closed:
-        fmt.lastEntryId = md.last_entry_id
-    if md.password is not None:
-        fmt.password = md.password
-    if md.ctime_ms:
-        fmt.ctime = md.ctime_ms
-    for first, ensemble in md.segments:
-        seg = fmt.segment.add()
-        seg.firstEntryId = first
-        seg.ensembleMember.extend(ensemble)
-    body = fmt.SerializeToString()
-    return METADATA_HEADER + b"3\n" + _varint(len(body)) + body
 
 
 # ---- the mirror -------------------------------------------------------------------------------

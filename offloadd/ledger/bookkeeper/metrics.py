@@ -20,6 +20,9 @@ anything. :meth:`BookKeeperMetrics.snapshot` is a plain dict for status output a
 ``offloadd_bookkeeper_long_polls_total``            counter  LAC long polls sent
 ``offloadd_bookkeeper_quarantines_total``           counter  per ``bookie`` and ``reason``: bookies
                                                              put in quarantine (asked last)
+``offloadd_bookkeeper_bookie_protocol``             gauge    1 per ``bookie``, labelled with the
+                                                             protocol of its bulk ``reads`` (v2, v3)
+                                                             and ``batched`` (yes, no, unknown, off)
 ==================================================  =======  =======================================
 """
 
@@ -51,6 +54,7 @@ class BookKeeperMetrics:
         self.lost_ledgers: defaultdict[str, int] = defaultdict(int)
         self.long_polls = 0
         self.quarantines: defaultdict[tuple[str, str], int] = defaultdict(int)
+        self.protocols: dict[str, tuple[str, str]] = {}
 
     # ---- probe ---------------------------------------------------------------------------
     def entries_read(self, bookie: str, count: int, nbytes: int, latency_sum_s: float) -> None:
@@ -87,6 +91,9 @@ class BookKeeperMetrics:
     def quarantine(self, bookie: str, reason: str) -> None:
         self.quarantines[(bookie, reason)] += 1
 
+    def bookie_protocol(self, bookie: str, reads: str, batched: str) -> None:
+        self.protocols[bookie] = (reads, batched)
+
     # ---- export --------------------------------------------------------------------------
     def snapshot(self) -> dict[str, Any]:
         return {
@@ -105,6 +112,7 @@ class BookKeeperMetrics:
             "data_lost_ledgers": dict(self.lost_ledgers),
             "long_polls": self.long_polls,
             "quarantines": {f"{b} {r}": n for (b, r), n in self.quarantines.items()},
+            "protocols": {b: {"reads": r, "batched": x} for b, (r, x) in self.protocols.items()},
         }
 
     def collect(self) -> Iterator[Any]:
@@ -160,6 +168,12 @@ class BookKeeperMetrics:
         for (b, r), n in sorted(self.quarantines.items()):
             quar.add_metric([b, r], float(n))
         yield quar
+        proto = GaugeMetricFamily(_PREFIX + "bookie_protocol", "How bulk reads reach each "
+                                  "bookie: protocol v2 or v3, batched reads or not",
+                                  labels=["bookie", "reads", "batched"])
+        for b, (r, x) in sorted(self.protocols.items()):
+            proto.add_metric([b, r, x], 1.0)
+        yield proto
 
     def describe(self) -> list[Any]:
         return []  # collected on every scrape; no fixed description needed

@@ -2,7 +2,7 @@
 
 What it reads, and from where::
 
-    Pulsar's ZooKeeper (read-only)                         bookies (protocol v3)
+    Pulsar's ZooKeeper (read-only)                         bookies (v2 bulk, v3 tail)
       /managed-ledgers/<t>/<ns>/persistent/<x>  topics,      entries, digest-checked,
           ledger lists (data watch per topic)                many reads in flight,
       <ledgers_root>/LAYOUT, /<hierarchical path>            replica choice + failover,
@@ -47,20 +47,17 @@ import contextlib
 import fnmatch
 import logging
 import time
-from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from itertools import accumulate, chain
 from typing import Any
 
 import crc32c
 
 from offloadd import errors
 from offloadd.errors import ConfigError, Fatal, FormatError, NotFound, OffloaddError, Retriable
-from offloadd.ledger.bookkeeper.client import BookieClient, BookieError, ClientOptions
-from offloadd.ledger.bookkeeper.codec import Digest, Entry, digest_for
+from offloadd.ledger.bookkeeper import tail
+from offloadd.ledger.bookkeeper.client import BookieClient
 from offloadd.ledger.bookkeeper.layout import (
-    DEFAULT_LEDGERS_ROOT,
     LedgerMetadata,
     MirrorChange,
     PulsarLedger,
@@ -70,13 +67,16 @@ from offloadd.ledger.bookkeeper.layout import (
     ledger_path,
     mirror_edit,
 )
+from offloadd.ledger.bookkeeper.ledgers import KnownLedger
 from offloadd.ledger.bookkeeper.metrics import BookKeeperMetrics
+from offloadd.ledger.bookkeeper.options import BookKeeperOptions, options_from_settings
+from offloadd.ledger.bookkeeper.shared import single_flight
+from offloadd.ledger.bookkeeper.stream import ReadStream, frame_run
 from offloadd.ledger.bookkeeper.zk import PulsarZooKeeper
 from offloadd.metadata import managed_ledger
 from offloadd.metadata.base import MetadataStore, Versioned
 from offloadd.metadata.zookeeper import Watch
-from offloadd.model import FRAME as _HEADER
-from offloadd.model import FRAME_OVERHEAD, EntryRun, LedgerDesc, LedgerState, TopicName
+from offloadd.model import EntryRun, LedgerDesc, LedgerState, TopicName
 from offloadd.model.keys import managed_ledger_path
 from offloadd.model.losses import describe_lost
 
@@ -85,225 +85,10 @@ log = logging.getLogger(__name__)
 __all__ = ["BookKeeperLedgerSource", "BookKeeperOptions"]
 
 MiB = 1024 * 1024
-_CHUNK_BYTES = 256 * 1024  # one batch of reads aims at this many payload bytes
-_DEFAULT_ENTRY_BYTES = 1024
 _CRC_BATCH = 1024
 _MIRROR_REFRESH_S = 60.0
 _MIRROR_ATTEMPTS = 5  # fresh reads of Pulsar's list per mirror update while it keeps moving
 _METADATA_READS = 32  # ledger metadata reads in flight when a topic is first seen
-
-
-@dataclass(frozen=True)
-class BookKeeperOptions:
-    pulsar_zk: str
-    ledgers_root: str = DEFAULT_LEDGERS_ROOT
-    password: bytes = field(default=b"", repr=False)
-    topics: tuple[str, ...] = ()
-    client: ClientOptions = field(default_factory=ClientOptions)
-    reads_in_flight: int = 64
-    readahead_bytes: int = 8 * MiB
-    long_poll_max_s: float = 10.0
-    session_timeout_s: float = 10.0
-    connect_timeout_s: float = 15.0
-    zk_auth: tuple[tuple[str, str], ...] = field(default=(), repr=False)
-
-
-# ---- per-ledger state ---------------------------------------------------------------------------
-
-
-class _Ledger:
-    """One BookKeeper ledger as this source knows it (shared by every topic that lists it)."""
-
-    def __init__(self, source: BookKeeperLedgerSource, meta: LedgerMetadata,
-                 version: int) -> None:
-        self._source = source
-        self.ledger_id = meta.ledger_id
-        self.meta = meta
-        self.version = version
-        self.digest: Digest = digest_for(meta.digest_type, meta.password
-                                         if meta.password is not None else source.password)
-        self.lac = meta.last_entry_id if meta.closed else -1
-        # the highest entry ≤ lac whose cumulative length is known: what ledgers() advertises
-        self.known: tuple[int, int] = (meta.last_entry_id, meta.length) if meta.closed \
-            else (-1, 0)
-        self.lac_learnt = meta.closed
-        self.deleted = False
-        if meta.closed:
-            source.saw_closed(meta)
-        self.watch: Watch | None = None
-        self.changed = asyncio.Event()
-        self.stream: _ReadStream | None = None
-        self.probe_lock = asyncio.Lock()
-        self.lac_task: asyncio.Future[None] | None = None
-
-    @property
-    def path(self) -> str:
-        return ledger_path(self.ledger_id, self._source.options.ledgers_root)
-
-    @property
-    def readable_last(self) -> int:
-        return self.known[0]
-
-    def learn(self, lac: int) -> None:
-        if lac > self.lac and not self.meta.closed:
-            self.lac = lac
-            self._wake()
-
-    def note(self, entry: Entry) -> None:
-        """An entry read: its header teaches a LAC and, if confirmed, the size up to it."""
-        if self.meta.closed:
-            return
-        if entry.lac > self.lac:
-            self.lac = entry.lac
-        if self.known[0] < entry.entry_id <= self.lac:
-            self.known = (entry.entry_id, entry.length)
-            self._wake()
-
-    def update(self, meta: LedgerMetadata, version: int) -> bool:
-        """New metadata from ZooKeeper; True if the ensembles changed."""
-        ensembles_changed = meta.segments != self.meta.segments
-        self.meta = meta
-        self.version = version
-        if meta.closed:
-            self.lac = meta.last_entry_id
-            self.known = (meta.last_entry_id, meta.length)
-            self.lac_learnt = True
-            self._source.saw_closed(meta)
-        self._wake()
-        return ensembles_changed
-
-    async def refresh(self) -> bool:
-        """Re-read the metadata (an entry was on no bookie: maybe an ensemble change)."""
-        try:
-            node = await self._source.zk.get(self.path)
-        except NotFound:
-            self.deleted = True
-            self._wake()
-            return False
-        meta = decode_ledger_metadata(node.data, self.ledger_id, self.path)
-        return self.update(meta, node.version)
-
-    def _wake(self) -> None:
-        event, self.changed = self.changed, asyncio.Event()
-        event.set()
-
-    def close(self, *, streams: bool = False) -> None:
-        """Stop watching. Reads in flight finish on their own unless ``streams`` (shutdown):
-        a ledger dropped from Pulsar's list may still be being read by the offloader."""
-        if self.watch is not None:
-            self.watch.cancel()
-            self.watch = None
-        if streams and self.stream is not None:
-            self.stream.reset(0)
-            self.stream = None
-        if self.lac_task is not None:
-            self.lac_task.cancel()
-        self.deleted = True
-        self._wake()
-
-
-@dataclass
-class _Chunk:
-    first: int
-    last: int
-    task: asyncio.Task[tuple[list[Entry], int]]
-    taken: int = 0  # entries already handed out
-
-
-class _ReadStream:
-    """Pipelined, read-ahead reads of one ledger for one consumer reading forward."""
-
-    def __init__(self, client: BookieClient, ledger: _Ledger, window: int,
-                 readahead: int) -> None:
-        self._client = client
-        self._ledger = ledger
-        self._window = window
-        self._readahead = readahead
-        self.next = 0  # the next entry to hand out
-        self._issued = 0  # the next entry to ask for
-        self._chunks: deque[_Chunk] = deque()
-
-    def _arrived(self, task: asyncio.Task[tuple[list[Entry], int]]) -> None:
-        """A chunk came in: what its headers say about the tail is news even before anyone
-        takes it (this is how a reader following an open ledger learns its LAC and sizes)."""
-        if task.cancelled() or task.exception() is not None:
-            return  # whoever takes the chunk sees the error; nobody else needs it
-        entries, lac = task.result()
-        self._ledger.learn(lac)
-        if entries:
-            self._ledger.note(entries[-1])
-
-    def _limit(self) -> int:
-        """The last entry that may be read: confirmed, though maybe not yet advertised."""
-        return max(self._ledger.readable_last, self._ledger.lac)
-
-    def reset(self, first: int) -> None:
-        for c in self._chunks:
-            c.task.cancel()
-        self._chunks.clear()
-        self.next = self._issued = first
-
-    def _avg(self) -> int:
-        last, size = self._ledger.known
-        if last >= 0 and size > 0:
-            return max(size // (last + 1), 1)
-        return _DEFAULT_ENTRY_BYTES
-
-    def _issue(self, limit: int, budget: int) -> None:
-        """Ask for entries up to ``limit`` while fewer than ``window`` are in flight and the
-        unconsumed ones are estimated below ``budget`` bytes."""
-        avg = self._avg()
-        pending = sum(c.last - c.first + 1 - c.taken for c in self._chunks)
-        while self._issued <= limit and pending < self._window and pending * avg < budget:
-            n = min(max(_CHUNK_BYTES // avg, 1), self._window - pending,
-                    limit - self._issued + 1)
-            first = self._issued
-            task = asyncio.ensure_future(
-                self._client.read_entries(self._ledger, first, first + n - 1))
-            task.add_done_callback(self._arrived)
-            self._chunks.append(_Chunk(first, first + n - 1, task))
-            self._issued += n
-            pending += n
-
-    async def take(self, first: int, last: int, max_bytes: int | None) -> list[Entry]:
-        if first != self.next or (self._chunks and self._chunks[0].first
-                                  + self._chunks[0].taken != first):
-            self.reset(first)
-        limit = max(self._limit(), last)
-        cap = (1 << 62) if max_bytes is None else max_bytes
-        out: list[Entry] = []
-        got = 0
-        full = False
-        try:
-            while self.next <= last and not full:
-                self._issue(limit, max(cap - got, 1) + self._readahead)
-                chunk = self._chunks[0]
-                try:
-                    entries, _ = await chunk.task
-                except asyncio.CancelledError:
-                    task = asyncio.current_task()
-                    if chunk.task.cancelled() and task is not None and not task.cancelling():
-                        raise Retriable(f"ledger {self._ledger.ledger_id}: read of entries "
-                                        f"{chunk.first}..{chunk.last} was abandoned") from None
-                    raise
-                for e in entries[chunk.taken:]:
-                    if e.entry_id > last:
-                        break
-                    size = FRAME_OVERHEAD + len(e.payload)
-                    if out and got + size > cap:
-                        full = True
-                        break
-                    out.append(e)
-                    got += size
-                    chunk.taken += 1
-                    self.next += 1
-                if chunk.first + chunk.taken > chunk.last:
-                    self._chunks.popleft()
-        except BaseException:
-            self.reset(first)  # the caller asks again from ``first``
-            raise
-        self._issue(self._limit(), self._readahead)
-        return out
 
 
 @dataclass
@@ -326,28 +111,6 @@ class _Topic:
 
     def ledger_ids(self) -> list[int]:
         return [li.ledgerId for li in self.info.ledgerInfo] if self.info is not None else []
-
-
-def _frame_run(ledger_id: int, first: int, entries: Sequence[Entry],
-               into: bytearray | None = None) -> EntryRun:
-    """Frame entries as blocks do. Into ``into`` when it is large enough (a recycled buffer:
-    no fresh pages to fault in), else with one ``bytes.join``."""
-    payloads = [e.payload for e in entries]
-    sizes = list(map(len, payloads))
-    offsets = list(accumulate((s + FRAME_OVERHEAD for s in sizes), initial=0))
-    total = offsets[-1]
-    if into is not None and len(into) >= total:
-        view = memoryview(into)
-        pack = _HEADER.pack_into
-        entry_id = first
-        for pos, size, payload in zip(offsets, sizes, payloads, strict=False):  # n+1 offsets
-            pack(into, pos, size, entry_id)
-            view[pos + FRAME_OVERHEAD:pos + FRAME_OVERHEAD + size] = payload
-            entry_id += 1
-        return EntryRun(ledger_id, first, view[:total], offsets)
-    heads = map(_HEADER.pack, sizes, range(first, first + len(entries)))
-    data = b"".join(chain.from_iterable(zip(heads, payloads, strict=True)))
-    return EntryRun(ledger_id, first, memoryview(data), offsets)
 
 
 # ---- the source ---------------------------------------------------------------------------------
@@ -373,8 +136,8 @@ class BookKeeperLedgerSource:
         self._open_lock = asyncio.Lock()
         self._topics: dict[TopicName, _Topic] = {}
         self._topic_futs: dict[TopicName, asyncio.Future[_Topic]] = {}
-        self._ledgers: dict[int, _Ledger] = {}
-        self._ledger_futs: dict[int, asyncio.Future[_Ledger | None]] = {}
+        self._ledgers: dict[int, KnownLedger] = {}
+        self._ledger_futs: dict[int, asyncio.Future[KnownLedger | None]] = {}
         # (last entry, bytes) of ledgers seen closed in BookKeeper whose close the mirror has
         # not recorded yet: the end of a loss should Pulsar delete one first
         self._ends: dict[int, tuple[int, int]] = {}
@@ -385,29 +148,7 @@ class BookKeeperLedgerSource:
                       read_only: bool = False) -> BookKeeperLedgerSource:
         """Build from :class:`offloadd.config.Settings` (``[source] kind = "bookkeeper"``);
         ``read_only`` for every command but the daemon (the source never writes then)."""
-        src = settings.source
-        if not src.pulsar_zk:
-            raise ConfigError('[source] kind = "bookkeeper" needs pulsar_zk, Pulsar\'s '
-                              'ZooKeeper, e.g. "zk://zk1:2181,zk2:2181" (add /chroot if Pulsar '
-                              "uses one)")
-        _check_separate_stores(settings.metadata.url, src.pulsar_zk)
-        auth: tuple[tuple[str, str], ...] = ()
-        if src.pulsar_zk_digest is not None:
-            cred = src.pulsar_zk_digest.get_secret_value()
-            if ":" not in cred:
-                raise ConfigError('[source] pulsar_zk_digest must be "user:password"')
-            auth = (("digest", cred),)
-        opts = BookKeeperOptions(
-            pulsar_zk=src.pulsar_zk, ledgers_root=src.ledgers_root,
-            password=src.digest_password.get_secret_value().encode(), topics=tuple(src.topics),
-            client=ClientOptions(read_timeout_s=src.read_timeout_s,
-                                 connect_timeout_s=src.bookie_connect_timeout_s,
-                                 quarantine_s=src.bookie_quarantine_s, local_zone=src.zone,
-                                 zones=dict(src.zones)),
-            reads_in_flight=src.reads_in_flight, readahead_bytes=src.readahead_bytes,
-            session_timeout_s=settings.metadata.session_timeout_s,
-            connect_timeout_s=settings.metadata.connect_timeout_s, zk_auth=auth)
-        return cls(opts, metadata, read_only=read_only)
+        return cls(options_from_settings(settings), metadata, read_only=read_only)
 
     # ---- opening -------------------------------------------------------------------------
     @property
@@ -493,12 +234,7 @@ class BookKeeperLedgerSource:
                 raise NotFound(f"topic {topic} does not exist in Pulsar (no "
                                f"{managed_ledger_path(topic.managed_ledger)})")
             return t
-        fut = self._topic_futs.get(topic)
-        if fut is None:
-            fut = asyncio.ensure_future(self._watch_topic(topic))
-            self._topic_futs[topic] = fut
-            fut.add_done_callback(lambda _: self._topic_futs.pop(topic, None))
-        t = await asyncio.shield(fut)
+        t = await single_flight(self._topic_futs, topic, lambda: self._watch_topic(topic))
         if t.info is None:
             raise NotFound(f"topic {topic} does not exist in Pulsar (no "
                            f"{managed_ledger_path(topic.managed_ledger)})")
@@ -527,7 +263,7 @@ class BookKeeperLedgerSource:
         return t
 
     # ---- ledgers -------------------------------------------------------------------------
-    async def _ledger(self, ledger_id: int) -> _Ledger | None:
+    async def _ledger(self, ledger_id: int) -> KnownLedger | None:
         """The ledger's state, loading its metadata (and watching it while open); None if
         BookKeeper has no such ledger."""
         led = self._ledgers.get(ledger_id)
@@ -535,14 +271,10 @@ class BookKeeperLedgerSource:
             return led
         if led is not None:
             return None
-        fut = self._ledger_futs.get(ledger_id)
-        if fut is None:
-            fut = asyncio.ensure_future(self._load_ledger(ledger_id))
-            self._ledger_futs[ledger_id] = fut
-            fut.add_done_callback(lambda _: self._ledger_futs.pop(ledger_id, None))
-        return await asyncio.shield(fut)
+        return await single_flight(self._ledger_futs, ledger_id,
+                                   lambda: self._load_ledger(ledger_id))
 
-    async def _load_ledger(self, ledger_id: int) -> _Ledger | None:
+    async def _load_ledger(self, ledger_id: int) -> KnownLedger | None:
         zk = await self._open()
         path = ledger_path(ledger_id, self.options.ledgers_root)
         try:
@@ -550,13 +282,15 @@ class BookKeeperLedgerSource:
         except NotFound:
             return None
         meta = decode_ledger_metadata(node.data, ledger_id, path)
-        led = _Ledger(self, meta, node.version)
+        led = KnownLedger(meta, node.version, password=self.password,
+                          root=self.options.ledgers_root,
+                          read_node=lambda p: self.zk.get(p), on_closed=self.saw_closed)
         self._ledgers[ledger_id] = led
         if not meta.closed:
             def on_change(n: Versioned | None) -> None:
                 if n is None:
                     led.deleted = True
-                    led._wake()
+                    led.wake()
                     self._wake_topics(ledger_id)
                     return
                 if n.version <= led.version and led.watch is not None:
@@ -582,51 +316,7 @@ class BookKeeperLedgerSource:
             if ledger_id in t.ledger_ids():
                 t.wake()
 
-    async def _learn_lac(self, led: _Ledger) -> None:
-        """First sight of an open ledger: ask its current ensemble for their last entries."""
-        if led.lac_learnt:
-            return
-        if led.lac_task is None or led.lac_task.done():
-            led.lac_task = asyncio.ensure_future(self._ask_lac(led))
-        await asyncio.shield(led.lac_task)
-
-    async def _ask_lac(self, led: _Ledger) -> None:
-        first, ensemble = led.meta.segments[-1]
-        # bookies that just failed would only make every caller wait for their timeouts
-        ask = [b for b in ensemble if not self.client.is_down(b)] or list(ensemble)
-        results = await asyncio.gather(*(self.client.read_last(b, led) for b in ask),
-                                       return_exceptions=True)
-        answers = [r for r in results if not isinstance(r, BaseException)]
-        if not answers:
-            errs = "; ".join(str(r) for r in results)
-            raise Retriable(f"ledger {led.ledger_id}: no bookie of its ensemble answered for "
-                            f"its last-add-confirmed ({errs})")
-        # entries before the last ensemble change were confirmed when the ensemble changed
-        lac = max([first - 1, *(hint for hint, _ in answers)])
-        led.learn(lac)
-        for _, entry in answers:
-            if entry is not None:
-                led.note(entry)
-        led.lac_learnt = True
-
-    async def _advance(self, led: _Ledger) -> None:
-        """Make the learnt LAC readable: learn that entry's cumulative length (one read)."""
-        if led.meta.closed or led.known[0] >= led.lac:
-            return
-        async with led.probe_lock:
-            target = led.lac
-            if led.known[0] >= target:
-                return
-            try:
-                entries, hint = await self.client.read_entries(led, target, target)
-            except (NotFound, Retriable, FormatError) as exc:
-                log.warning("ledger %d: could not read entry %d to advance the readable tail "
-                            "(%s); staying at %d", led.ledger_id, target, exc, led.known[0])
-                return
-            led.learn(hint)
-            led.note(entries[0])
-
-    def _desc(self, led: _Ledger, ts: int) -> LedgerDesc:
+    def _desc(self, led: KnownLedger, ts: int) -> LedgerDesc:
         ctime = led.meta.ctime_ms or ts
         last, size = led.known
         state = LedgerState.CLOSED if led.meta.closed else LedgerState.OPEN
@@ -658,12 +348,12 @@ class BookKeeperLedgerSource:
                 continue  # Pulsar is deleting it (its BookKeeper node is gone already)
             if not led.meta.closed:
                 try:
-                    await self._learn_lac(led)
+                    await tail.learn_lac(self.client, led)
                 except Retriable as exc:
                     # the ledgers before it can still be offloaded meanwhile
                     log.warning("topic %s: %s; its open ledger stays unread for now",
                                 t.topic, exc)
-                await self._advance(led)
+                await tail.advance(self.client, led)
             out.append(self._desc(led, li.timestamp if li.HasField("timestamp") else 0))
         self._prune()
         return out
@@ -831,13 +521,13 @@ class BookKeeperLedgerSource:
                            f"{ledger_id} are not all readable (readable up to "
                            f"{led.readable_last})")
         if led.stream is None:
-            led.stream = _ReadStream(self.client, led, self.options.reads_in_flight,
-                                     self.options.readahead_bytes)
-        entries = await led.stream.take(first_entry_id, last_entry_id, max_bytes)
+            led.stream = ReadStream(self.client, led, self.options.reads_in_flight,
+                                    self.options.readahead_bytes)
+        payloads = await led.stream.take(first_entry_id, last_entry_id, max_bytes)
         t = self._topics.get(topic)
         if t is not None:
-            t.read_pos = (ledger_id, entries[-1].entry_id)
-        return _frame_run(ledger_id, first_entry_id, entries, into)
+            t.read_pos = (ledger_id, first_entry_id + len(payloads) - 1)
+        return frame_run(ledger_id, first_entry_id, payloads, into)
 
     async def read_crcs(self, ledger_id: int, first_entry_id: int,
                         last_entry_id: int) -> list[int]:
@@ -853,9 +543,9 @@ class BookKeeperLedgerSource:
                            f"are not all readable")
         out: list[int] = []
         for lo in range(first_entry_id, last_entry_id + 1, _CRC_BATCH):
-            entries, _ = await self.client.read_entries(
-                led, lo, min(lo + _CRC_BATCH - 1, last_entry_id))
-            out.extend(crc32c.crc32c(e.payload) for e in entries)
+            got = await self.client.read_entries(led, lo, min(lo + _CRC_BATCH - 1,
+                                                              last_entry_id))
+            out.extend(map(crc32c.crc32c, got.payloads))
         return out
 
     async def wait_for_entries(self, topic: TopicName, ledger_id: int,
@@ -879,7 +569,8 @@ class BookKeeperLedgerSource:
         waits: list[asyncio.Future[Any]] = [asyncio.ensure_future(t.changed.wait()),
                                             asyncio.ensure_future(led.changed.wait())]
         if not led.meta.closed:
-            waits.append(asyncio.ensure_future(self._follow(led, deadline)))
+            waits.append(asyncio.ensure_future(tail.follow(
+                self.client, led, deadline, self.options.long_poll_max_s)))
         try:
             await asyncio.wait(waits, timeout=max(deadline - loop.time(), 0.0),
                                return_when=asyncio.FIRST_COMPLETED)
@@ -888,26 +579,9 @@ class BookKeeperLedgerSource:
                 w.cancel()
             await asyncio.gather(*waits, return_exceptions=True)
 
-    async def _follow(self, led: _Ledger, deadline: float) -> None:
-        """Long-poll for the LAC to pass what is readable; then make it readable."""
-        loop = asyncio.get_running_loop()
-        try:
-            await self._learn_lac(led)
-            if led.lac <= led.readable_last:
-                remaining = min(deadline - loop.time(), self.options.long_poll_max_s)
-                if remaining <= 0:
-                    return
-                previous = led.lac
-                candidates = led.meta.bookies_for(previous + 1)
-                bookie = self.client.order(candidates)[0]
-                hint, entry = await self.client.long_poll(bookie, led, previous, remaining)
-                led.learn(hint)
-                if entry is not None:
-                    led.note(entry)
-            await self._advance(led)
-        except (BookieError, Retriable, FormatError, NotFound) as exc:
-            log.debug("ledger %d: long poll failed: %s", led.ledger_id, exc)
-            await asyncio.sleep(max(min(deadline - loop.time(), 0.5), 0.0))
+    def status(self) -> dict[str, Any]:
+        """How this source reads each bookie it has read from so far (``offloadd status``)."""
+        return {"kind": "bookkeeper", "bookies": self.client.status()}
 
     async def close(self) -> None:
         self._closed = True
@@ -922,20 +596,3 @@ class BookKeeperLedgerSource:
         if self._zk is not None:
             zk, self._zk = self._zk, None
             await zk.close()
-
-
-def _check_separate_stores(metadata_url: str, pulsar_zk: str) -> None:
-    """offloadd's catalog must not live in Pulsar's own tree (it would be Pulsar's metadata)."""
-    from offloadd.metadata.zookeeper import ZooKeeperUrl
-
-    if not metadata_url.startswith("zk://"):
-        return
-    try:
-        ours, theirs = ZooKeeperUrl.parse(metadata_url), ZooKeeperUrl.parse(pulsar_zk)
-    except ValueError as exc:
-        raise ConfigError(f"[source] pulsar_zk: {exc}") from None
-    if set(ours.hosts) & set(theirs.hosts) and ours.chroot == theirs.chroot:
-        raise ConfigError(
-            f"[metadata] url {metadata_url!r} is Pulsar's own ZooKeeper tree ([source] "
-            f"pulsar_zk {pulsar_zk!r}): in sidecar mode offloadd keeps its catalog under its "
-            f"own chroot, e.g. {str(theirs).rstrip('/')}/offloadd")
