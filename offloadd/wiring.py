@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pydantic import SecretStr
@@ -55,6 +56,18 @@ async def connect_metadata(settings: Settings, *, read_only: bool = False,
 
         return MetadataConnection(ReadOnlyMetadataStore(conn.store), conn.sessions)
     return conn
+
+
+def deployment(settings: Settings) -> str:
+    """Which metadata store this configuration uses, as ``status`` shows it: an embedded
+    store's absolute directory or the ZooKeeper URL, never a credential. ``offloadd status``
+    merges a daemon's live view only when the daemon answering on ``[metrics] bind`` says the
+    same (another deployment's daemon may listen there)."""
+    url = settings.metadata.url
+    if url.startswith("embedded:"):
+        return "embedded:" + str(Path(url[len("embedded:"):] or "./data/metadata").absolute())
+    head, sep, tail = url.partition("@")  # zk://user:secret@host is refused, but never echo one
+    return f"{head.split('//')[0]}//***@{tail}" if sep else url
 
 
 async def _open_metadata(settings: Settings, *, read_only: bool,

@@ -60,6 +60,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+from offloadd.aio import first_of
 from offloadd.blobstore.base import StoreHealthView
 from offloadd.errors import ConfigError, Retriable
 
@@ -416,12 +417,7 @@ class StoreHealth(StoreHealthView):
         """Sleep ``delay`` (may be ``inf``), but wake early when a request starts or the state
         changes: either may bring the next check forward."""
         self._nudge.clear()
-        waits: list[asyncio.Future[object]] = [asyncio.ensure_future(self._nudge.wait())]
+        waits: list[Awaitable[object]] = [self._nudge.wait()]
         if delay != float("inf"):
-            waits.append(asyncio.ensure_future(sleep(delay)))
-        try:
-            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for w in waits:
-                w.cancel()
-            await asyncio.gather(*waits, return_exceptions=True)
+            waits.append(sleep(delay))
+        await first_of(*waits)

@@ -17,6 +17,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
 from offloadd._proto import mldataformats_pb2 as pb
+from offloadd.aio import first_of
 from offloadd.blobstore.base import BlobStore
 from offloadd.commit import edits
 from offloadd.commit.fence import Fence
@@ -95,16 +96,11 @@ class TopicContext:
     async def wait(self, pos: Position | None, timeout: float) -> None:
         """Until the topic may have moved past ``pos``, a wake-up, or ``timeout``."""
         self.wake.clear()
-        waits: list[asyncio.Task[object]] = [asyncio.ensure_future(self.wake.wait())]
+        waits: list[Awaitable[object]] = [self.wake.wait()]
         if pos is not None:
-            waits.append(asyncio.ensure_future(self.env.source.wait_for_entries(
-                self.topic, pos.ledger_id, pos.entry_id - 1, timeout)))
-        try:
-            await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for w in waits:
-                w.cancel()
-            await asyncio.gather(*waits, return_exceptions=True)
+            waits.append(self.env.source.wait_for_entries(
+                self.topic, pos.ledger_id, pos.entry_id - 1, timeout))
+        await first_of(*waits, timeout=timeout)
 
     # ---- the two commit steps ------------------------------------------------------------
     async def assign(self, edit: Callable[[pb.ManagedLedgerInfo], bool],

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from offloadd import wiring
+from offloadd.aio import first_of
 from offloadd.blobstore.base import StoreView
 from offloadd.commit.ownership import Ownership
 from offloadd.config import Settings
@@ -475,15 +476,8 @@ class Daemon:
 
     async def _pause(self) -> None:
         """Until the next pass is due, a stop is requested or the ownership hook wakes us."""
-        waits = [asyncio.ensure_future(self._stop.wait()),
-                 asyncio.ensure_future(self.scheduler.wake.wait())]
-        try:
-            await asyncio.wait(waits, timeout=self._discovery_interval,
-                               return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for w in waits:
-                w.cancel()
-            await asyncio.gather(*waits, return_exceptions=True)
+        await first_of(self._stop.wait(), self.scheduler.wake.wait(),
+                       timeout=self._discovery_interval)
 
     def status(self) -> dict[str, Any]:
         health = self.tier.health
@@ -491,6 +485,7 @@ class Daemon:
         return {
             "state": self.state.value,
             "pid": os.getpid(),
+            "metadata": wiring.deployment(self.settings),
             "store_circuit": health.state.value if health is not None else "healthy",
             "store_ready": ready,
             "store_reason": reason,

@@ -145,14 +145,20 @@ async def collect(settings: Settings, topics: Sequence[TopicName] | None = None
     finally:
         await src.source.close()
         await md.close()
-    out: dict[str, Any] = {"metadata": _redact_url(settings.metadata.url),
+    out: dict[str, Any] = {"metadata": wiring.deployment(settings),
                            "driver": settings.blobstore.driver, "members": members,
                            "topics": out_topics}
     if source is not None:
         out["source"] = source
     if settings.metrics.enabled:
-        out["daemon"] = await asyncio.to_thread(_daemon_status, settings.metrics.bind)
-        live = (out["daemon"] or {}).get("topics") or {}
+        daemon = await asyncio.to_thread(_daemon_status, settings.metrics.bind)
+        if daemon is not None and daemon.get("metadata") != out["metadata"]:
+            # another deployment's daemon on this address: its view is not this one's
+            out["other_daemon"] = {"bind": settings.metrics.bind, "pid": daemon.get("pid"),
+                                   "metadata": daemon.get("metadata")}
+            daemon = None
+        out["daemon"] = daemon
+        live = (daemon or {}).get("topics") or {}
         for t in out_topics:
             if isinstance(live.get(t["topic"]), dict):
                 _merge_live(t, live[t["topic"]])
@@ -170,12 +176,6 @@ def _daemon_status(bind: str) -> dict[str, Any] | None:
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None
-
-
-def _redact_url(url: str) -> str:
-    # zk://user:secret@host is not a form we accept, but never echo credentials anyway
-    head, sep, tail = url.partition("@")
-    return f"{head.split('//')[0]}//***@{tail}" if sep else url
 
 
 def _when(ms: object) -> str:
@@ -213,6 +213,11 @@ def render_text(st: dict[str, Any]) -> str:
         lines.append(f"daemon pid {d.get('pid')} {d.get('state')}: store circuit "
                      f"{store}, buffer {d['buffer']['used']}/"
                      f"{d['buffer']['cap']} bytes, {len(d.get('topics', {}))} topic(s) owned")
+    elif st.get("other_daemon"):
+        o = st["other_daemon"]
+        lines.append(f"daemon: the one answering on {o['bind']} (pid {o.get('pid')}) serves "
+                     f"another deployment ({o.get('metadata')}); check [metrics] bind (status "
+                     "below is what the metadata store holds)")
     elif "daemon" in st:
         lines.append("daemon: not answering (status below is what the metadata store holds)")
     if st.get("members"):

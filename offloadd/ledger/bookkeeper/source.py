@@ -47,13 +47,14 @@ import contextlib
 import fnmatch
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import crc32c
 
 from offloadd import errors
+from offloadd.aio import first_of
 from offloadd.errors import ConfigError, Fatal, FormatError, NotFound, OffloaddError, Retriable
 from offloadd.ledger.bookkeeper import tail
 from offloadd.ledger.bookkeeper.client import BookieClient
@@ -566,18 +567,10 @@ class BookKeeperLedgerSource:
         ids = t.ledger_ids()
         if led.meta.closed and ledger_id in ids and ids.index(ledger_id) + 1 < len(ids):
             return  # the next ledger is there already
-        waits: list[asyncio.Future[Any]] = [asyncio.ensure_future(t.changed.wait()),
-                                            asyncio.ensure_future(led.changed.wait())]
+        waits: list[Awaitable[object]] = [t.changed.wait(), led.changed.wait()]
         if not led.meta.closed:
-            waits.append(asyncio.ensure_future(tail.follow(
-                self.client, led, deadline, self.options.long_poll_max_s)))
-        try:
-            await asyncio.wait(waits, timeout=max(deadline - loop.time(), 0.0),
-                               return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for w in waits:
-                w.cancel()
-            await asyncio.gather(*waits, return_exceptions=True)
+            waits.append(tail.follow(self.client, led, deadline, self.options.long_poll_max_s))
+        await first_of(*waits, timeout=max(deadline - loop.time(), 0.0))
 
     def status(self) -> dict[str, Any]:
         """How this source reads each bookie it has read from so far (``offloadd status``)."""
