@@ -129,13 +129,14 @@ def test_kill_9_mid_upload_redoes_the_assigned_segment(tmp_path: Path) -> None:
     """kill -9 while a segment is ASSIGNED and uploading: the restart redoes exactly its
     positions under a new uuid; verify passes; nothing lost or duplicated."""
     cfg = tmp_path / "slow.toml"
-    # a slow tier (200 kB/s throttle) keeps every segment's upload in flight for seconds
+    # a slow tier (100 kB/s throttle) keeps every 1 MB segment's upload in flight ~10 s: far
+    # longer than one poll of the catalog takes on a loaded machine
     cfg.write_text("""
 [offload]
 max_size_per_segment_mbytes = 1
 max_segment_rollover_time_minutes = 0.05
 max_block_size_bytes = 262144
-flow_permits_per_second = 200000
+flow_permits_per_second = 100000
 [source]
 rollover_bytes = 700000
 """)
