@@ -2,6 +2,8 @@
 
     .venv/bin/python bench/run_all.py            # everything (< 15 min on 2 cores)
     .venv/bin/python bench/run_all.py --only P4  # one benchmark (names below)
+    .venv/bin/python bench/run_all.py --only BK --update          # ... and its rows in the table
+    .venv/bin/python bench/run_all.py --from BK=bench/results/x.json --update  # a saved run
 
 Each benchmark is its own script (run alone with ``.venv/bin/python bench/<name>.py``) that
 prints one JSON document; this runner runs them one after another (never in parallel: they
@@ -9,6 +11,12 @@ measure ratios on a shared 2-core machine), stores every document in
 ``bench/results/latest.json`` and rewrites the table between the summary markers at the top of
 ``docs/benchmarks.md``: date, machine, commit, goal, figure, met or not. The detailed sections
 below the table are written by hand from the same run.
+
+``--only`` runs some benchmarks and ``--from NAME=FILE`` takes a document a benchmark printed
+when run alone (with other arguments than the suite's, say); either way the document replaces
+that benchmark's in ``latest.json`` — the others' stay — with its date and commit. With
+``--update`` the table is rendered again from every stored document, its header naming the
+benchmarks rerun since the last full run, so that no row of the table is written by hand.
 """
 
 from __future__ import annotations
@@ -218,11 +226,16 @@ def commit() -> str:
         return "unknown"
 
 
-def render(rows: list[Row], meta: dict[str, str]) -> str:
-    lines = [BEGIN, "",
-             f"Last full run: {meta['date']} · {meta['machine']} · commit `{meta['commit']}` · "
-             f"{meta['seconds']} s for the whole suite (`.venv/bin/python bench/run_all.py`).",
-             "", "| benchmark | goal | figure | met |", "|---|---|---|---|"]
+def render(rows: list[Row], meta: dict[str, str],
+           reruns: dict[tuple[str, str], list[str]] | None = None) -> str:
+    head = (f"Last full run: {meta['date']} · {meta['machine']} · commit `{meta['commit']}` · "
+            f"{meta['seconds']} s for the whole suite (`.venv/bin/python bench/run_all.py`).")
+    if reruns:
+        head += " Rerun alone since (`bench/run_all.py --only NAME --update`, or a saved run " \
+                "with `--from`): " + "; ".join(
+                    f"{', '.join(names)} on {date}, commit `{rev}`"
+                    for (date, rev), names in sorted(reruns.items())) + "."
+    lines = [BEGIN, "", head, "", "| benchmark | goal | figure | met |", "|---|---|---|---|"]
     for what, goal, figure, met in rows:
         mark = "—" if met is None else ("yes" if met else "**no**")
         lines.append(f"| {what} | {goal} | {figure} | {mark} |")
@@ -242,40 +255,86 @@ def write_summary(block: str) -> None:
     DOC.write_text(text)
 
 
+def summarize(b: Bench, stored: dict[str, Any] | None) -> list[Row]:
+    data = None if stored is None else stored.get("result")
+    if data is None:
+        err = "not run" if stored is None else stored.get("error") or "failed"
+        return [(f"{b.name} ({b.script})", "", f"did not run: {err}", None)]
+    try:
+        return b.summarize(data)
+    except (KeyError, TypeError, ValueError) as exc:
+        return [(f"{b.name} ({b.script})", "", f"unreadable result: {exc}", None)]
+
+
+def _from_file(spec: str) -> tuple[str, dict[str, Any], str]:
+    """NAME, the document, and when it was written (the file's time)."""
+    name, sep, path = spec.partition("=")
+    if not sep or name not in {b.name for b in SUITE}:
+        raise SystemExit(f"--from {spec}: expected NAME=FILE, NAME one of "
+                         f"{', '.join(b.name for b in SUITE)}")
+    try:
+        text = Path(path).read_text()
+        data: dict[str, Any] = json.loads(text[text.index("{"):])
+        when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(Path(path).stat().st_mtime))
+    except (OSError, ValueError) as exc:
+        raise SystemExit(f"--from {spec}: cannot read a benchmark's JSON document: {exc}") \
+            from None
+    return name, data, when
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--only", action="append", help="run only these (e.g. P4); no doc rewrite")
+    ap.add_argument("--only", action="append", default=[],
+                    help="run only these (e.g. P4); the others' stored results stay")
+    ap.add_argument("--from", dest="from_", action="append", default=[], metavar="NAME=FILE",
+                    help="store FILE (a benchmark's JSON output) as NAME's result, no run")
+    ap.add_argument("--update", action="store_true",
+                    help="with --only/--from: render the summary table again from every "
+                         "stored result")
     a = ap.parse_args()
+    partial = bool(a.only or a.from_)
+    unknown = set(a.only) - {b.name for b in SUITE}
+    if unknown:
+        raise SystemExit(f"--only {', '.join(sorted(unknown))}: no such benchmark; one of "
+                         f"{', '.join(b.name for b in SUITE)}")
     t0 = time.monotonic()
-    results: dict[str, Any] = {}
-    rows: list[Row] = []
+    now = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    latest = ROOT / "bench" / "results" / "latest.json"
+    saved: dict[str, Any] = json.loads(latest.read_text()) if partial and latest.exists() \
+        else {}
+    results: dict[str, Any] = dict(saved.get("results", {})) if partial else {}
+    for spec in a.from_:
+        name, data, when = _from_file(spec)
+        results[name] = {"seconds": None, "error": None, "result": data, "date": when,
+                         "commit": commit(), "from": spec.partition("=")[2]}
     for b in SUITE:
-        if a.only and b.name not in a.only:
+        if partial and b.name not in a.only:
             continue
         data, took, err = run_one(b)
         results[b.name] = {"seconds": round(took, 1), "error": err or None, "result": data}
+        if partial:
+            results[b.name] |= {"date": now, "commit": commit()}
         print(f"{b.name:5s} {b.script:28s} {took:6.1f}s {'ok' if data else 'FAILED: ' + err}",
               file=sys.stderr)
-        if data is not None:
-            try:
-                rows += b.summarize(data)
-            except (KeyError, TypeError, ValueError) as exc:
-                rows.append((f"{b.name} ({b.script})", "", f"unreadable result: {exc}", None))
-        else:
-            rows.append((f"{b.name} ({b.script})", "", f"did not run: {err}", None))
-    meta = {
-        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python "
-                   f"{platform.python_version()}",
-        "commit": commit(),
-        "seconds": f"{time.monotonic() - t0:.0f}",
-    }
-    out = ROOT / "bench" / "results"
-    out.mkdir(exist_ok=True)
-    (out / "latest.json").write_text(json.dumps({"meta": meta, "results": results}, indent=2)
-                                     + "\n")
-    if not a.only:
-        write_summary(render(rows, meta))
+    rows = [row for b in SUITE for row in summarize(b, results.get(b.name))]
+    meta = saved.get("meta") if partial else None
+    if meta is None:
+        meta = {
+            "date": now,
+            "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python "
+                       f"{platform.python_version()}",
+            "commit": commit(),
+            "seconds": f"{time.monotonic() - t0:.0f}",
+        }
+    reruns: dict[tuple[str, str], list[str]] = {}
+    for b in SUITE:  # in the suite's order
+        r = results.get(b.name)
+        if r is not None and "date" in r:
+            reruns.setdefault((r["date"], r["commit"]), []).append(b.name)
+    latest.parent.mkdir(exist_ok=True)
+    latest.write_text(json.dumps({"meta": meta, "results": results}, indent=2) + "\n")
+    if not partial or a.update:
+        write_summary(render(rows, meta, reruns))
     print(json.dumps({"meta": meta, "rows": rows}, indent=2))
 
 
