@@ -21,7 +21,9 @@ CPU is this process's own (``time.process_time``: user + system; the bookies are
 processes), pinned with the bookies to separate cores when there are two (``--no-pin`` not to):
 "on one core". ``cpu_share`` is that CPU over wall time: near 1 the read was CPU-bound, below it
 the reader waited (for the bookies, or for a core shared with other work), so on a shared
-machine CPU-s/GiB is the robust figure and MiB/s is not. Also: the raw socket floor (a
+machine CPU-s/GiB is the robust figure and MiB/s is not. ``bookies_cpu_s_per_gib``: the three
+fake bookies' CPU over the same read (from ``/proc``; a little more than the timed part: the
+first few entries read before the clock starts are in it). Also: the raw socket floor (a
 blocking ``recv_into`` of the very v2 answer bytes) and 200 single-entry reads one after another
 (the live tail's pattern: none may wait a whole read timeout, issue 13). Medians of the
 repeats; one JSON document; the machine's load average before and after.
@@ -78,6 +80,15 @@ class _Ledger:
 
     async def refresh(self) -> bool:
         return False
+
+
+def _proc_cpu(pids: list[int]) -> float:
+    """User + system CPU seconds the processes ``pids`` have used (Linux ``/proc``)."""
+    total = 0
+    for pid in pids:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14, 15 of stat)
+    return total / os.sysconf("SC_CLK_TCK")
 
 
 def _cpus() -> list[int]:
@@ -198,9 +209,9 @@ def _raw(n: int, size: int) -> dict[str, Any]:
 def _median(runs: list[dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {k: statistics.median(r[k] for r in runs)
                            for k in ("seconds", "mib_s", "cpu_s_per_gib", "us_per_entry",
-                                     "cpu_share")}
-    out["runs"] = [{k: round(r[k], 3) for k in ("mib_s", "cpu_s_per_gib", "cpu_share")}
-                   for r in runs]
+                                     "cpu_share", "bookies_cpu_s_per_gib")}
+    out["runs"] = [{k: round(r[k], 3) for k in ("mib_s", "cpu_s_per_gib", "cpu_share",
+                                                 "bookies_cpu_s_per_gib")} for r in runs]
     out["errors"] = sum(r["errors"] for r in runs)
     out["bookies"] = runs[-1]["bookies"]
     return out
@@ -249,8 +260,12 @@ def main() -> None:
                     runs: dict[str, list[dict[str, Any]]] = {m: [] for m in modes}
                     for k in range(args.repeats + 1):
                         for m in modes:  # alternating, so that load changes hit every mode
+                            b0 = _proc_cpu([p.pid for p, _ in bookies])
                             got = uvloop.run(_read_all(addrs, n, size, args.block_mib * MiB, m,
                                                        args.window, wq))
+                            # the bookies' CPU for the whole read, warm-up reads included
+                            got["bookies_cpu_s_per_gib"] = \
+                                (_proc_cpu([p.pid for p, _ in bookies]) - b0) / (n * size / GiB)
                             if k:  # the first of each is a warm-up
                                 runs[m].append(got)
                     tail = uvloop.run(_tail(addrs, n, size, args.tail, wq)) \
