@@ -195,8 +195,8 @@ SUITE = [
     Bench("P9", "backfill_scaling.py", (), _p9),
     Bench("P5RGW", "s3_read_parallel.py", ("--store", "rgw"), _p5_rgw),
     Bench("P2RGW", "s3_upload.py", ("--store", "rgw"), _p2s3_rgw),
-    Bench("BK", "bookkeeper_read.py", (), _bk),
-    Bench("SIDECAR", "sidecar_path.py", (), _sidecar),
+    Bench("BK", "bookkeeper_read.py", ("--mib", "256,1024"), _bk),
+    Bench("SIDECAR", "sidecar_path.py", ("--repeats", "7"), _sidecar),
     Bench("P10", "lakehouse_lag.py", ("--seconds", "90"), _p10),
 ]
 
