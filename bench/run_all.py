@@ -51,6 +51,16 @@ def _get(d: Any, *path: Any) -> Any:
     return d
 
 
+def _load(d: dict[str, Any]) -> str:
+    """The machine's 1-minute load average the document recorded, as a figure's suffix: the
+    machine is shared, and a rate means little without it."""
+    before, after = _get(d, "loadavg_before", 0), _get(d, "loadavg_after", 0)
+    if before is not None and after is not None:
+        return f" (load {before:.1f}→{after:.1f})"
+    at = _get(d, "loadavg", 0)
+    return "" if at is None else f" (load {at:.1f})"
+
+
 def _p1p2(d: dict[str, Any]) -> list[Row]:
     rows: list[Row] = []
     for r in d.get("results", []):
@@ -88,14 +98,15 @@ def _p5(d: dict[str, Any]) -> list[Row]:
     best_key = max(ratios, key=lambda k: ratios[k])
     r = ratios[best_key]
     return [(f"P5 cold read: parallel ({best_key}) ÷ sequential, 20 ms/request", "≥ 4",
-             f"{r}", r >= 4)]
+             f"{r}{_load(d)}", r >= 4)]
 
 
 def _p2s3(d: dict[str, Any]) -> list[Row]:
     r = _get(d, "ratio")
     if r is None:
         return []
-    return [("P2 S3 upload ÷ plain aiobotocore multipart", "≥ 0.9", f"{r}", r >= 0.9)]
+    return [("P2 S3 upload ÷ plain aiobotocore multipart", "≥ 0.9", f"{r}{_load(d)}",
+             r >= 0.9)]
 
 
 def _p6(d: dict[str, Any]) -> list[Row]:
@@ -138,7 +149,7 @@ def _p2s3_rgw(d: dict[str, Any]) -> list[Row]:
     r = _get(d, "ratio")
     if r is None:
         return []
-    return [("P2 S3 upload ÷ plain aiobotocore multipart, Ceph RGW", "≥ 0.9", f"{r}",
+    return [("P2 S3 upload ÷ plain aiobotocore multipart, Ceph RGW", "≥ 0.9", f"{r}{_load(d)}",
              r >= 0.9)]
 
 
@@ -148,7 +159,7 @@ def _p5_rgw(d: dict[str, Any]) -> list[Row]:
         return []
     best_key = max(ratios, key=lambda k: ratios[k])
     return [(f"P5 read: parallel ({best_key}) ÷ sequential, Ceph RGW, its own latency",
-             "(figure)", f"{ratios[best_key]}", None)]
+             "(figure)", f"{ratios[best_key]}{_load(d)}", None)]
 
 
 def _bk(d: dict[str, Any]) -> list[Row]:
@@ -161,9 +172,9 @@ def _bk(d: dict[str, Any]) -> list[Row]:
         cpu_goal, rate_goal = (8.0, 100.0) if size <= 1024 else (1.5, 400.0)
         what = f"BookKeeper source, {size // 1024} KiB entries, bookies +{lat:g} ms"
         rows.append((f"{what}: CPU-s/GiB", f"≤ {cpu_goal:g}",
-                     f"{v['cpu_s_per_gib']:.2f} ({v['us_per_entry']:.1f} µs/entry)",
+                     f"{v['cpu_s_per_gib']:.2f} ({v['us_per_entry']:.1f} µs/entry){_load(d)}",
                      v["cpu_s_per_gib"] <= cpu_goal))
-        rows.append((f"{what}: MiB/s", f"≥ {rate_goal:g}", f"{v['mib_s']:.0f}",
+        rows.append((f"{what}: MiB/s", f"≥ {rate_goal:g}", f"{v['mib_s']:.0f}{_load(d)}",
                      v["mib_s"] >= rate_goal))
     return rows
 
@@ -171,7 +182,7 @@ def _bk(d: dict[str, Any]) -> list[Row]:
 def _sidecar(d: dict[str, Any]) -> list[Row]:
     r = d["cpu_ratio"]
     return [("Sidecar path (BookKeeper → filesystem tier) ÷ source alone, CPU-s/GiB, 1 KiB",
-             "≤ 1.5", f"{r:.2f}", r <= 1.5)]
+             "≤ 1.5", f"{r:.2f}{_load(d)}", r <= 1.5)]
 
 
 @dataclass(frozen=True)
@@ -227,14 +238,20 @@ def commit() -> str:
 
 
 def render(rows: list[Row], meta: dict[str, str],
-           reruns: dict[tuple[str, str], list[str]] | None = None) -> str:
+           reruns: dict[tuple[str, str], list[tuple[str, str]]] | None = None) -> str:
+    """The summary block. ``reruns``: per (day, commit), the (name, time) of the benchmarks
+    stored since the last full run."""
     head = (f"Last full run: {meta['date']} · {meta['machine']} · commit `{meta['commit']}` · "
             f"{meta['seconds']} s for the whole suite (`.venv/bin/python bench/run_all.py`).")
     if reruns:
-        head += " Rerun alone since (`bench/run_all.py --only NAME --update`, or a saved run " \
-                "with `--from`): " + "; ".join(
-                    f"{', '.join(names)} on {date}, commit `{rev}`"
-                    for (date, rev), names in sorted(reruns.items())) + "."
+        parts = []
+        for (day, rev), runs in sorted(reruns.items()):
+            times = sorted(t for _, t in runs)
+            span = times[0] if times[0] == times[-1] else f"{times[0]}–{times[-1]}"
+            parts.append(f"{', '.join(n for n, _ in runs)} on {day} ({span} UTC), "
+                         f"commit `{rev}`")
+        head += (" Rerun alone since (`bench/run_all.py --only NAME --update`, or a saved run "
+                 "with `--from`): " + "; ".join(parts) + ".")
     lines = [BEGIN, "", head, "", "| benchmark | goal | figure | met |", "|---|---|---|---|"]
     for what, goal, figure, met in rows:
         mark = "—" if met is None else ("yes" if met else "**no**")
@@ -255,8 +272,30 @@ def write_summary(block: str) -> None:
     DOC.write_text(text)
 
 
-def summarize(b: Bench, stored: dict[str, Any] | None) -> list[Row]:
+def table_rows() -> list[Row]:
+    """The rows of the summary table as it is in the document."""
+    text = DOC.read_text() if DOC.exists() else ""
+    if BEGIN not in text or END not in text:
+        return []
+    rows: list[Row] = []
+    for line in text.split(BEGIN, 1)[1].split(END, 1)[0].splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) != 4 or cells[0] in ("benchmark", "---"):
+            continue
+        met = {"yes": True, "**no**": False}.get(cells[3])
+        rows.append((cells[0], cells[1], cells[2], met))
+    return rows
+
+
+def summarize(b: Bench, stored: dict[str, Any] | None,
+              kept: list[Row] | None = None) -> list[Row]:
+    """``b``'s rows from its stored result; without one, the rows of the table that name it
+    (``kept``: put there before results were stored) rather than none."""
     data = None if stored is None else stored.get("result")
+    if data is None and stored is None and kept:
+        mine = [r for r in kept if r[0].startswith(f"{b.name} ")]
+        if mine:
+            return mine
     if data is None:
         err = "not run" if stored is None else stored.get("error") or "failed"
         return [(f"{b.name} ({b.script})", "", f"did not run: {err}", None)]
@@ -316,7 +355,8 @@ def main() -> None:
             results[b.name] |= {"date": now, "commit": commit()}
         print(f"{b.name:5s} {b.script:28s} {took:6.1f}s {'ok' if data else 'FAILED: ' + err}",
               file=sys.stderr)
-    rows = [row for b in SUITE for row in summarize(b, results.get(b.name))]
+    kept = table_rows() if partial else []
+    rows = [row for b in SUITE for row in summarize(b, results.get(b.name), kept)]
     meta = saved.get("meta") if partial else None
     if meta is None:
         meta = {
@@ -326,11 +366,12 @@ def main() -> None:
             "commit": commit(),
             "seconds": f"{time.monotonic() - t0:.0f}",
         }
-    reruns: dict[tuple[str, str], list[str]] = {}
+    reruns: dict[tuple[str, str], list[tuple[str, str]]] = {}
     for b in SUITE:  # in the suite's order
         r = results.get(b.name)
         if r is not None and "date" in r:
-            reruns.setdefault((r["date"], r["commit"]), []).append(b.name)
+            day, _, hhmm = r["date"].partition(" ")
+            reruns.setdefault((day, r["commit"]), []).append((b.name, hhmm.split()[0]))
     latest.parent.mkdir(exist_ok=True)
     latest.write_text(json.dumps({"meta": meta, "results": results}, indent=2) + "\n")
     if not partial or a.update:
