@@ -343,8 +343,8 @@ def main() -> None:
         else {}
     results: dict[str, Any] = dict(saved.get("results", {})) if partial else {}
     for spec in a.from_:
-        name, data, when = _from_file(spec)
-        results[name] = {"seconds": None, "error": None, "result": data, "date": when,
+        name, doc, when = _from_file(spec)
+        results[name] = {"seconds": None, "error": None, "result": doc, "date": when,
                          "commit": commit(), "from": spec.partition("=")[2]}
     for b in SUITE:
         if partial and b.name not in a.only:
