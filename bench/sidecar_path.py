@@ -24,10 +24,13 @@ another (``--no-pin`` not to). The figure is the ratio of the medians (goal ≤ 
 ``cpu_ratio_less_raw_write`` takes the raw write's CPU out of the sidecar path's, to tell
 offloadd's own cost from the file system's. The tier lives under ``--tier-root`` (default: the
 run's temporary directory; ``/dev/shm`` to take the disk's file system out), each run's tier is
-deleted once checked. One JSON document; the load average before and after.
+deleted once checked. ``--drop-written-pages`` is an experiment on the file system's side: every
+``fsync`` in the children is followed by ``posix_fadvise(DONTNEED)`` on the file, so the page
+cache reuses the written pages rather than growing (offloadd does not do this). One JSON
+document; the load average before and after.
 
     .venv/bin/python bench/sidecar_path.py [--mib 256] [--size 1024] [--repeats 3]
-        [--tier-root DIR]
+        [--tier-root DIR] [--drop-written-pages]
 """
 
 from __future__ import annotations
@@ -175,6 +178,22 @@ print(json.dumps({{"wall_s": wall, "user_s": r1.ru_utime - r0.ru_utime,
 """
 
 
+# An experiment, not offloadd's behaviour: every os.fsync in the children also tells the kernel
+# the file's pages are not needed (the filesystem driver fsyncs each object once, complete), so
+# the page cache recycles them instead of growing into fresh pages.
+DROP_WRITTEN = """
+import os as _os
+_fsync = _os.fsync
+def _fsync_and_drop(fd):
+    _fsync(fd)
+    try:
+        _os.posix_fadvise(fd, 0, 0, _os.POSIX_FADV_DONTNEED)
+    except OSError:  # a directory
+        pass
+_os.fsync = _fsync_and_drop
+"""
+
+
 def _fs_type(path: Path) -> str:
     p = subprocess.run(["stat", "-f", "-c", "%T", str(path)], capture_output=True, text=True)
     return p.stdout.strip() or "unknown"
@@ -230,6 +249,8 @@ def main() -> None:
     ap.add_argument("--latency-ms", type=float, default=0.2)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--no-pin", action="store_true")
+    ap.add_argument("--drop-written-pages", action="store_true",
+                    help="experiment: posix_fadvise(DONTNEED) after every fsync in the children")
     ap.add_argument("--tier-root", type=Path, default=None,
                     help="where the tier directories go (default: the run's temporary dir)")
     args = ap.parse_args()
@@ -252,6 +273,8 @@ def main() -> None:
             asyncio.run(_pulsar(zk.address, addrs, entries, args.size))
             pin_code = f"os.sched_setaffinity(0, {{{cpus[0]}}})" if pin else ""
             pin_code += "\n" + os.environ.get("SIDECAR_BENCH_PRELUDE", "")
+            if args.drop_written_pages:
+                pin_code += DROP_WRITTEN
             ml = TopicName.parse(TOPIC).managed_ledger
             runs: dict[str, list[dict[str, float]]] = {"source": [], "sidecar": [], "raw": []}
             for k in range(args.repeats):
@@ -282,7 +305,8 @@ def main() -> None:
     print(json.dumps({"benchmark": "sidecar_path", "mib": args.mib, "entry_bytes": args.size,
                       "latency_ms": args.latency_ms, "repeats": args.repeats, "pinned": pin,
                       "source_alone": source, "sidecar_path": sidecar,
-                      "tier_fs": fs_type, "raw_tier_write": raw,
+                      "tier_fs": fs_type, "drop_written_pages": args.drop_written_pages,
+                      "raw_tier_write": raw,
                       "cpu_ratio": sidecar["cpu_s_per_gib"] / source["cpu_s_per_gib"],
                       "cpu_ratio_less_raw_write": own / source["cpu_s_per_gib"],
                       "loadavg_before": load0, "loadavg_after": os.getloadavg()}, indent=2))
