@@ -19,13 +19,17 @@ times each after one warm-up read of each (not counted):
 
 CPU is this process's own (``time.process_time``: user + system; the bookies are other
 processes), pinned with the bookies to separate cores when there are two (``--no-pin`` not to):
-"on one core". Also: the raw socket floor (a blocking ``recv_into`` of the very v2 answer bytes)
-and 200 single-entry reads one after another (the live tail's pattern: none may wait a whole
-read timeout, issue 13). Medians of the repeats; one JSON document; the machine's load average
-before and after.
+"on one core". ``cpu_share`` is that CPU over wall time: near 1 the read was CPU-bound, below it
+the reader waited (for the bookies, or for a core shared with other work), so on a shared
+machine CPU-s/GiB is the robust figure and MiB/s is not. ``bookies_cpu_s_per_gib``: the three
+fake bookies' CPU over the same read (from ``/proc``; a little more than the timed part: the
+first few entries read before the clock starts are in it). Also: the raw socket floor (a
+blocking ``recv_into`` of the very v2 answer bytes) and 200 single-entry reads one after another
+(the live tail's pattern: none may wait a whole read timeout, issue 13). Medians of the
+repeats; one JSON document; the machine's load average before and after.
 
-    .venv/bin/python bench/bookkeeper_read.py [--mib 128] [--repeats 3] [--sizes 1024,65536]
-        [--latencies 0.2,2] [--modes v2,v2_batch,v3]
+    .venv/bin/python bench/bookkeeper_read.py [--mib 128 | --mib 256,1024] [--repeats 3]
+        [--sizes 1024,65536] [--latencies 0.2,2] [--modes v2,v2_batch,v3]
 """
 
 from __future__ import annotations
@@ -76,6 +80,15 @@ class _Ledger:
 
     async def refresh(self) -> bool:
         return False
+
+
+def _proc_cpu(pids: list[int]) -> float:
+    """User + system CPU seconds the processes ``pids`` have used (Linux ``/proc``)."""
+    total = 0
+    for pid in pids:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14, 15 of stat)
+    return total / os.sysconf("SC_CLK_TCK")
 
 
 def _cpus() -> list[int]:
@@ -133,7 +146,7 @@ async def _read_all(addrs: list[str], n: int, size: int, block: int, mode: str,
     await client.close()
     assert payload == n * size
     return {"seconds": wall, "mib_s": payload / MiB / wall, "cpu_s_per_gib": cpu / (payload / GiB),
-            "us_per_entry": cpu / n * 1e6, "errors": errors,
+            "us_per_entry": cpu / n * 1e6, "cpu_share": cpu / wall, "errors": errors,
             "bookies": sorted({f"{v['reads']} batched={v['batched_reads']}"
                                for v in status.values()})}
 
@@ -195,8 +208,10 @@ def _raw(n: int, size: int) -> dict[str, Any]:
 
 def _median(runs: list[dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {k: statistics.median(r[k] for r in runs)
-                           for k in ("seconds", "mib_s", "cpu_s_per_gib", "us_per_entry")}
-    out["runs"] = [{k: round(r[k], 3) for k in ("mib_s", "cpu_s_per_gib")} for r in runs]
+                           for k in ("seconds", "mib_s", "cpu_s_per_gib", "us_per_entry",
+                                     "cpu_share", "bookies_cpu_s_per_gib")}
+    out["runs"] = [{k: round(r[k], 3) for k in ("mib_s", "cpu_s_per_gib", "cpu_share",
+                                                 "bookies_cpu_s_per_gib")} for r in runs]
     out["errors"] = sum(r["errors"] for r in runs)
     out["bookies"] = runs[-1]["bookies"]
     return out
@@ -204,7 +219,8 @@ def _median(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--mib", type=int, default=128)
+    ap.add_argument("--mib", default="128",
+                    help="MiB of ledger per entry size: one figure, or one per --sizes entry")
     ap.add_argument("--block-mib", type=int, default=16)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--sizes", default="1024,65536")
@@ -226,8 +242,14 @@ def main() -> None:
     load0 = os.getloadavg()
     modes = args.modes.split(",")
     results = []
-    for size in (int(x) for x in args.sizes.split(",")):
-        n = args.mib * MiB // size
+    sizes = [int(x) for x in args.sizes.split(",")]
+    mibs = [int(x) for x in args.mib.split(",")]
+    if len(mibs) == 1:
+        mibs *= len(sizes)
+    if len(mibs) != len(sizes):
+        raise SystemExit(f"--mib {args.mib}: give one figure, or one per size ({args.sizes})")
+    for size, mib in zip(sizes, mibs, strict=True):
+        n = mib * MiB // size
         raw = _raw(n, size)
         for layout in args.layouts.split(","):
             ens, wq = (int(x) for x in layout.split(":"))
@@ -238,8 +260,12 @@ def main() -> None:
                     runs: dict[str, list[dict[str, Any]]] = {m: [] for m in modes}
                     for k in range(args.repeats + 1):
                         for m in modes:  # alternating, so that load changes hit every mode
+                            b0 = _proc_cpu([p.pid for p, _ in bookies])
                             got = uvloop.run(_read_all(addrs, n, size, args.block_mib * MiB, m,
                                                        args.window, wq))
+                            # the bookies' CPU for the whole read, warm-up reads included
+                            got["bookies_cpu_s_per_gib"] = \
+                                (_proc_cpu([p.pid for p, _ in bookies]) - b0) / (n * size / GiB)
                             if k:  # the first of each is a warm-up
                                 runs[m].append(got)
                     tail = uvloop.run(_tail(addrs, n, size, args.tail, wq)) \
@@ -249,7 +275,7 @@ def main() -> None:
                         proc.kill()
                         proc.wait()
                 results.append({"entry_bytes": size, "ensemble": ens, "wq": wq,
-                                "latency_ms": latency, "mib": args.mib,
+                                "latency_ms": latency, "mib": mib,
                                 "modes": {m: _median(r) for m, r in runs.items()},
                                 "single_entry_reads": tail, "raw_socket": raw})
     print(json.dumps({"benchmark": "bookkeeper_read", "window": args.window,

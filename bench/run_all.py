@@ -2,6 +2,8 @@
 
     .venv/bin/python bench/run_all.py            # everything (< 15 min on 2 cores)
     .venv/bin/python bench/run_all.py --only P4  # one benchmark (names below)
+    .venv/bin/python bench/run_all.py --only BK --update          # ... and its rows in the table
+    .venv/bin/python bench/run_all.py --from BK=bench/results/x.json --update  # a saved run
 
 Each benchmark is its own script (run alone with ``.venv/bin/python bench/<name>.py``) that
 prints one JSON document; this runner runs them one after another (never in parallel: they
@@ -9,6 +11,12 @@ measure ratios on a shared 2-core machine), stores every document in
 ``bench/results/latest.json`` and rewrites the table between the summary markers at the top of
 ``docs/benchmarks.md``: date, machine, commit, goal, figure, met or not. The detailed sections
 below the table are written by hand from the same run.
+
+``--only`` runs some benchmarks and ``--from NAME=FILE`` takes a document a benchmark printed
+when run alone (with other arguments than the suite's, say); either way the document replaces
+that benchmark's in ``latest.json`` — the others' stay — with its date and commit. With
+``--update`` the table is rendered again from every stored document, its header naming the
+benchmarks rerun since the last full run, so that no row of the table is written by hand.
 """
 
 from __future__ import annotations
@@ -41,6 +49,16 @@ def _get(d: Any, *path: Any) -> Any:
         else:
             return None
     return d
+
+
+def _load(d: dict[str, Any]) -> str:
+    """The machine's 1-minute load average the document recorded, as a figure's suffix: the
+    machine is shared, and a rate means little without it."""
+    before, after = _get(d, "loadavg_before", 0), _get(d, "loadavg_after", 0)
+    if before is not None and after is not None:
+        return f" (load {before:.1f}→{after:.1f})"
+    at = _get(d, "loadavg", 0)
+    return "" if at is None else f" (load {at:.1f})"
 
 
 def _p1p2(d: dict[str, Any]) -> list[Row]:
@@ -80,14 +98,15 @@ def _p5(d: dict[str, Any]) -> list[Row]:
     best_key = max(ratios, key=lambda k: ratios[k])
     r = ratios[best_key]
     return [(f"P5 cold read: parallel ({best_key}) ÷ sequential, 20 ms/request", "≥ 4",
-             f"{r}", r >= 4)]
+             f"{r}{_load(d)}", r >= 4)]
 
 
 def _p2s3(d: dict[str, Any]) -> list[Row]:
     r = _get(d, "ratio")
     if r is None:
         return []
-    return [("P2 S3 upload ÷ plain aiobotocore multipart", "≥ 0.9", f"{r}", r >= 0.9)]
+    return [("P2 S3 upload ÷ plain aiobotocore multipart", "≥ 0.9", f"{r}{_load(d)}",
+             r >= 0.9)]
 
 
 def _p6(d: dict[str, Any]) -> list[Row]:
@@ -130,7 +149,7 @@ def _p2s3_rgw(d: dict[str, Any]) -> list[Row]:
     r = _get(d, "ratio")
     if r is None:
         return []
-    return [("P2 S3 upload ÷ plain aiobotocore multipart, Ceph RGW", "≥ 0.9", f"{r}",
+    return [("P2 S3 upload ÷ plain aiobotocore multipart, Ceph RGW", "≥ 0.9", f"{r}{_load(d)}",
              r >= 0.9)]
 
 
@@ -140,7 +159,7 @@ def _p5_rgw(d: dict[str, Any]) -> list[Row]:
         return []
     best_key = max(ratios, key=lambda k: ratios[k])
     return [(f"P5 read: parallel ({best_key}) ÷ sequential, Ceph RGW, its own latency",
-             "(figure)", f"{ratios[best_key]}", None)]
+             "(figure)", f"{ratios[best_key]}{_load(d)}", None)]
 
 
 def _bk(d: dict[str, Any]) -> list[Row]:
@@ -153,9 +172,9 @@ def _bk(d: dict[str, Any]) -> list[Row]:
         cpu_goal, rate_goal = (8.0, 100.0) if size <= 1024 else (1.5, 400.0)
         what = f"BookKeeper source, {size // 1024} KiB entries, bookies +{lat:g} ms"
         rows.append((f"{what}: CPU-s/GiB", f"≤ {cpu_goal:g}",
-                     f"{v['cpu_s_per_gib']:.2f} ({v['us_per_entry']:.1f} µs/entry)",
+                     f"{v['cpu_s_per_gib']:.2f} ({v['us_per_entry']:.1f} µs/entry){_load(d)}",
                      v["cpu_s_per_gib"] <= cpu_goal))
-        rows.append((f"{what}: MiB/s", f"≥ {rate_goal:g}", f"{v['mib_s']:.0f}",
+        rows.append((f"{what}: MiB/s", f"≥ {rate_goal:g}", f"{v['mib_s']:.0f}{_load(d)}",
                      v["mib_s"] >= rate_goal))
     return rows
 
@@ -163,7 +182,7 @@ def _bk(d: dict[str, Any]) -> list[Row]:
 def _sidecar(d: dict[str, Any]) -> list[Row]:
     r = d["cpu_ratio"]
     return [("Sidecar path (BookKeeper → filesystem tier) ÷ source alone, CPU-s/GiB, 1 KiB",
-             "≤ 1.5", f"{r:.2f}", r <= 1.5)]
+             "≤ 1.5", f"{r:.2f}{_load(d)}", r <= 1.5)]
 
 
 @dataclass(frozen=True)
@@ -187,8 +206,8 @@ SUITE = [
     Bench("P9", "backfill_scaling.py", (), _p9),
     Bench("P5RGW", "s3_read_parallel.py", ("--store", "rgw"), _p5_rgw),
     Bench("P2RGW", "s3_upload.py", ("--store", "rgw"), _p2s3_rgw),
-    Bench("BK", "bookkeeper_read.py", (), _bk),
-    Bench("SIDECAR", "sidecar_path.py", (), _sidecar),
+    Bench("BK", "bookkeeper_read.py", ("--mib", "256,1024"), _bk),
+    Bench("SIDECAR", "sidecar_path.py", ("--repeats", "7"), _sidecar),
     Bench("P10", "lakehouse_lag.py", ("--seconds", "90"), _p10),
 ]
 
@@ -218,11 +237,22 @@ def commit() -> str:
         return "unknown"
 
 
-def render(rows: list[Row], meta: dict[str, str]) -> str:
-    lines = [BEGIN, "",
-             f"Last full run: {meta['date']} · {meta['machine']} · commit `{meta['commit']}` · "
-             f"{meta['seconds']} s for the whole suite (`.venv/bin/python bench/run_all.py`).",
-             "", "| benchmark | goal | figure | met |", "|---|---|---|---|"]
+def render(rows: list[Row], meta: dict[str, str],
+           reruns: dict[tuple[str, str], list[tuple[str, str]]] | None = None) -> str:
+    """The summary block. ``reruns``: per (day, commit), the (name, time) of the benchmarks
+    stored since the last full run."""
+    head = (f"Last full run: {meta['date']} · {meta['machine']} · commit `{meta['commit']}` · "
+            f"{meta['seconds']} s for the whole suite (`.venv/bin/python bench/run_all.py`).")
+    if reruns:
+        parts = []
+        for (day, rev), runs in sorted(reruns.items()):
+            times = sorted(t for _, t in runs)
+            span = times[0] if times[0] == times[-1] else f"{times[0]}–{times[-1]}"
+            parts.append(f"{', '.join(n for n, _ in runs)} on {day} ({span} UTC), "
+                         f"commit `{rev}`")
+        head += (" Rerun alone since (`bench/run_all.py --only NAME --update`, or a saved run "
+                 "with `--from`): " + "; ".join(parts) + ".")
+    lines = [BEGIN, "", head, "", "| benchmark | goal | figure | met |", "|---|---|---|---|"]
     for what, goal, figure, met in rows:
         mark = "—" if met is None else ("yes" if met else "**no**")
         lines.append(f"| {what} | {goal} | {figure} | {mark} |")
@@ -242,40 +272,110 @@ def write_summary(block: str) -> None:
     DOC.write_text(text)
 
 
+def table_rows() -> list[Row]:
+    """The rows of the summary table as it is in the document."""
+    text = DOC.read_text() if DOC.exists() else ""
+    if BEGIN not in text or END not in text:
+        return []
+    rows: list[Row] = []
+    for line in text.split(BEGIN, 1)[1].split(END, 1)[0].splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) != 4 or cells[0] in ("benchmark", "---"):
+            continue
+        met = {"yes": True, "**no**": False}.get(cells[3])
+        rows.append((cells[0], cells[1], cells[2], met))
+    return rows
+
+
+def summarize(b: Bench, stored: dict[str, Any] | None,
+              kept: list[Row] | None = None) -> list[Row]:
+    """``b``'s rows from its stored result; without one, the rows of the table that name it
+    (``kept``: put there before results were stored) rather than none."""
+    data = None if stored is None else stored.get("result")
+    if data is None and stored is None and kept:
+        mine = [r for r in kept if r[0].startswith(f"{b.name} ")]
+        if mine:
+            return mine
+    if data is None:
+        err = "not run" if stored is None else stored.get("error") or "failed"
+        return [(f"{b.name} ({b.script})", "", f"did not run: {err}", None)]
+    try:
+        return b.summarize(data)
+    except (KeyError, TypeError, ValueError) as exc:
+        return [(f"{b.name} ({b.script})", "", f"unreadable result: {exc}", None)]
+
+
+def _from_file(spec: str) -> tuple[str, dict[str, Any], str]:
+    """NAME, the document, and when it was written (the file's time)."""
+    name, sep, path = spec.partition("=")
+    if not sep or name not in {b.name for b in SUITE}:
+        raise SystemExit(f"--from {spec}: expected NAME=FILE, NAME one of "
+                         f"{', '.join(b.name for b in SUITE)}")
+    try:
+        text = Path(path).read_text()
+        data: dict[str, Any] = json.loads(text[text.index("{"):])
+        when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(Path(path).stat().st_mtime))
+    except (OSError, ValueError) as exc:
+        raise SystemExit(f"--from {spec}: cannot read a benchmark's JSON document: {exc}") \
+            from None
+    return name, data, when
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--only", action="append", help="run only these (e.g. P4); no doc rewrite")
+    ap.add_argument("--only", action="append", default=[],
+                    help="run only these (e.g. P4); the others' stored results stay")
+    ap.add_argument("--from", dest="from_", action="append", default=[], metavar="NAME=FILE",
+                    help="store FILE (a benchmark's JSON output) as NAME's result, no run")
+    ap.add_argument("--update", action="store_true",
+                    help="with --only/--from: render the summary table again from every "
+                         "stored result")
     a = ap.parse_args()
+    partial = bool(a.only or a.from_)
+    unknown = set(a.only) - {b.name for b in SUITE}
+    if unknown:
+        raise SystemExit(f"--only {', '.join(sorted(unknown))}: no such benchmark; one of "
+                         f"{', '.join(b.name for b in SUITE)}")
     t0 = time.monotonic()
-    results: dict[str, Any] = {}
-    rows: list[Row] = []
+    now = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    latest = ROOT / "bench" / "results" / "latest.json"
+    saved: dict[str, Any] = json.loads(latest.read_text()) if partial and latest.exists() \
+        else {}
+    results: dict[str, Any] = dict(saved.get("results", {})) if partial else {}
+    for spec in a.from_:
+        name, doc, when = _from_file(spec)
+        results[name] = {"seconds": None, "error": None, "result": doc, "date": when,
+                         "commit": commit(), "from": spec.partition("=")[2]}
     for b in SUITE:
-        if a.only and b.name not in a.only:
+        if partial and b.name not in a.only:
             continue
         data, took, err = run_one(b)
         results[b.name] = {"seconds": round(took, 1), "error": err or None, "result": data}
+        if partial:
+            results[b.name] |= {"date": now, "commit": commit()}
         print(f"{b.name:5s} {b.script:28s} {took:6.1f}s {'ok' if data else 'FAILED: ' + err}",
               file=sys.stderr)
-        if data is not None:
-            try:
-                rows += b.summarize(data)
-            except (KeyError, TypeError, ValueError) as exc:
-                rows.append((f"{b.name} ({b.script})", "", f"unreadable result: {exc}", None))
-        else:
-            rows.append((f"{b.name} ({b.script})", "", f"did not run: {err}", None))
-    meta = {
-        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python "
-                   f"{platform.python_version()}",
-        "commit": commit(),
-        "seconds": f"{time.monotonic() - t0:.0f}",
-    }
-    out = ROOT / "bench" / "results"
-    out.mkdir(exist_ok=True)
-    (out / "latest.json").write_text(json.dumps({"meta": meta, "results": results}, indent=2)
-                                     + "\n")
-    if not a.only:
-        write_summary(render(rows, meta))
+    kept = table_rows() if partial else []
+    rows = [row for b in SUITE for row in summarize(b, results.get(b.name), kept)]
+    meta = saved.get("meta") if partial else None
+    if meta is None:
+        meta = {
+            "date": now,
+            "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python "
+                       f"{platform.python_version()}",
+            "commit": commit(),
+            "seconds": f"{time.monotonic() - t0:.0f}",
+        }
+    reruns: dict[tuple[str, str], list[tuple[str, str]]] = {}
+    for b in SUITE:  # in the suite's order
+        r = results.get(b.name)
+        if r is not None and "date" in r:
+            day, _, hhmm = r["date"].partition(" ")
+            reruns.setdefault((day, r["commit"]), []).append((b.name, hhmm.split()[0]))
+    latest.parent.mkdir(exist_ok=True)
+    latest.write_text(json.dumps({"meta": meta, "results": results}, indent=2) + "\n")
+    if not partial or a.update:
+        write_summary(render(rows, meta, reruns))
     print(json.dumps({"meta": meta, "rows": rows}, indent=2))
 
 
