@@ -25,12 +25,21 @@ from offloadd.offload.buffer import OffloadBuffer
 __all__ = ["Run", "RunReader"]
 
 
+def _nothing() -> None:
+    pass
+
+
 @dataclass(frozen=True)
 class Run:
-    """A run of entries in buffer memory, and what frees that memory (call it exactly once)."""
+    """A run of entries in buffer memory, and what frees that memory (call ``release`` exactly
+    once). ``park`` (optional, before ``release``) stops counting the run against the buffer
+    while its bytes stay alive: for blocks waiting in a multipart part that is not full yet,
+    which would otherwise hold buffer room that only further reads can fill (topics parked
+    together could fill the buffer and wait on each other for ever)."""
 
     entries: EntryRun
     release: Callable[[], None]
+    park: Callable[[], None] = _nothing
 
 
 class RunReader:
@@ -60,11 +69,18 @@ class RunReader:
         elif size > budget:  # an oversize entry: account for what we actually hold
             buf.grow(size - budget)
 
+        counted = [True]
+
+        def park() -> None:
+            if counted[0]:
+                counted[0] = False
+                buf.release(size)
+
         def release() -> None:
-            buf.release(size)
+            park()
             buf.give_back(lease)
 
-        return Run(run, release)
+        return Run(run, release, park)
 
     async def runs(self, r: LedgerRange, budget: int,
                    before: Callable[[], Awaitable[None]] | None = None) -> AsyncIterator[Run]:

@@ -114,6 +114,7 @@ class Daemon:
         env = OffloadEnv(
             source=piped, metadata=metadata, blobstore=self.blobstore, buffer=self.buffer,
             acquire=self._acquire, blocks_in_flight=off.blocks_in_flight,
+            part_size=settings.blobstore.part_size_bytes,
             retry=Backoff(off.retry_base_s, off.retry_max_s))
         self.scheduler = Scheduler(
             env, ownership=ownership or Ownership(), wanted=self.wanted, policy=self._policy_fn,
