@@ -11,6 +11,7 @@ from typing import Any
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from offloadd.config.cost import CostSettings
 from offloadd.config.fields import MiB, key_text, topic_keys
 from offloadd.config.policy import OffloadPolicy, OffloadSettings, PolicyOverride
 from offloadd.config.sections import (
@@ -44,6 +45,7 @@ class Settings(BaseSettings):
     daemon: DaemonSettings = Field(default_factory=DaemonSettings)
     retention: RetentionSettings = Field(default_factory=RetentionSettings)
     lakehouse: LakehouseSettings = Field(default_factory=LakehouseSettings)
+    cost: CostSettings = Field(default_factory=CostSettings)
 
     @classmethod
     def settings_customise_sources(

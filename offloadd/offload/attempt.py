@@ -28,7 +28,7 @@ from offloadd.format.layout import Part
 from offloadd.format.ledger import LedgerObjectBuilder, build_ledger_metadata
 from offloadd.format.streaming import StreamingObjectBuilder
 from offloadd.model import EntryRun, LedgerDesc, Position
-from offloadd.model.catalog import LedgerRange
+from offloadd.model.catalog import LedgerRange, TierUsage
 from offloadd.model.keys import (
     ledger_data_key,
     ledger_index_key,
@@ -90,6 +90,7 @@ class SegmentAttempt:
     ledger_ts: dict[int, int] = field(default_factory=dict)  # ledger -> LedgerInfo timestamp
     close_target: Position | None = None  # where a decided roll closes the segment
     parts: PartAssembler | None = None  # default: one of ``uploads.part_size``
+    index_length: int = 0  # the index object's length, once sealed
     _holds: dict[int, _Hold] = field(default_factory=dict)  # block ordinal -> its run's hold
 
     def __post_init__(self) -> None:
@@ -171,6 +172,15 @@ class SegmentAttempt:
         index = self.finish(self)
         meta = index_metadata(self.uploads.ml_name, data_length=self.upload.length, index=index)
         await self.uploads.store.put(self.index_key, [index], meta)
+        self.index_length = len(index)
+
+    @property
+    def usage(self) -> TierUsage:
+        """What the sealed pair costs in the tier: two objects, their bytes, and the PUT-class
+        requests that wrote them (create, the parts, complete, the index's PUT; retries are
+        counted by the driver, not here)."""
+        return TierUsage(2, self.upload.length + self.index_length, self.payload_bytes,
+                         self.upload.parts + 3)
 
     async def abort(self) -> None:
         """Cancel the parts in flight and discard the upload (best effort); the runs behind

@@ -385,8 +385,10 @@ class Daemon:
                 if done is None or checked.get(topic) == done:
                     continue
                 try:
+                    sink = r.offloader.status_sink
                     seg = await read_back(self.metadata, self.blobstore, topic,
-                                          r.offloader.probe)
+                                          r.offloader.probe, on_requests=(
+                                              sink.read_requests if sink is not None else None))
                 except Exception as exc:  # the check must outlive any failure; retried
                     log.warning("topic %s: reading the newest committed segment back from the "
                                 "tier failed (readers will fail the same way): %s", topic, exc)

@@ -372,3 +372,41 @@ class TestExternalDeletion:
 
 async def _position_past(off: TopicOffloader, ledger_id: int) -> bool:
     return off.position is not None and off.position.ledger_id >= ledger_id
+
+
+class TestTierUsage:
+    """Each committed segment records what it costs in the tier: its two objects, their bytes
+    exactly as stored, the payload they hold and the PUT-class requests that wrote them."""
+
+    async def test_recorded_usage_matches_the_objects(self, tmp_path: Path) -> None:
+        ops: list[str] = []
+        blob = MemoryBlobStore(lambda op, key: ops.append(op))
+        # ledgers of 5 KiB: short blocks; parts of >= 8 KiB group them
+        rig = Rig(tmp_path, RolloverPolicy(max_entries=5), RollPolicy(1 << 20, 600, 16 * KiB),
+                  blob=blob)
+        rig.env.part_size = 8 * KiB
+        await rig.write(40)
+        off = rig.offloader()
+        task = asyncio.create_task(off.run())
+        await until(lambda: _has_position(off))
+        off.trigger()
+        await until(lambda: _committed_at_least(rig, 40))
+        await stop(task, off)
+        segs = [s for s in await rig.segments() if s.complete]
+        total = catalog.TierUsage()
+        for seg in segs:
+            usage = catalog.usage_of(seg)
+            assert usage is not None
+            total = total + usage
+        stored = sum(len(o.data) for o in blob.objects.values())
+        assert total.objects == len(blob.objects) == 2 * len(segs)
+        assert total.stored_bytes == stored
+        assert total.payload_bytes == sum(len(p) for p in rig.payloads)
+        puts = ops.count("start_upload") + ops.count("put_part") + ops.count("complete") + \
+            ops.count("put")
+        assert total.put_requests == puts
+        assert ops.count("put_part") < 8  # 8 ledgers, 8+ blocks: fewer parts than blocks
+        # blocks sized by content: 40 KiB of payload stored in well under 2 % more
+        assert stored / total.payload_bytes < 1.05
+        assert await rig.read_back() == rig.payloads
+        await rig.verify_ok()

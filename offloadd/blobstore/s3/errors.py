@@ -53,6 +53,7 @@ _THROTTLING = frozenset(
         "ProvisionedThroughputExceededException",
     }
 )
+THROTTLING_CODES = _THROTTLING  # S3's (and S3-compatible stores') ways to say "slow down"
 _TRANSIENT_CODES = _THROTTLING | frozenset(
     {
         "InternalError",
