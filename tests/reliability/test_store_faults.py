@@ -137,7 +137,7 @@ def survive(tmp_path: Path, bucket: MotoBucket, proxy: FaultProxy, figures: Figu
     assert got == source and differences == 0
     assert after["ok"], after
     assert vt["source_checked"] == vt["entries"] == len(source)
-    check_objects(bucket, tmp_path)  # only committed objects, one part per block
+    check_objects(bucket, tmp_path)  # only committed objects, parts of whole blocks
     assert incomplete_uploads(bucket) == []
     if rate >= 0.1:
         assert injected / max(len(proxy.log), 1) >= rate / 3, (injected, len(proxy.log))

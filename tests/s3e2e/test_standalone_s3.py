@@ -12,18 +12,21 @@ import pytest
 from tests.fixtures.s3 import MotoBucket
 from tests.s3e2e.helpers import (
     DEMO_POLICY,
+    block_count,
     check_objects,
     read_crcs,
     run,
     s3_config,
     source_crcs,
     stored_objects,
+    streaming_index,
     summary_of,
     verify_json,
 )
 
 pytestmark = pytest.mark.integration
 MiB = 1024 * 1024
+PART = 128 * 1024
 
 
 def check_read_back(cwd: Path, cfg: Path, topics: list[str]) -> None:
@@ -41,9 +44,9 @@ def check_read_back(cwd: Path, cfg: Path, topics: list[str]) -> None:
 def test_standalone_on_s3_verifies_with_pulsar_keys_metadata_and_parts_of_whole_blocks(
         tmp_path: Path, s3_bucket: MotoBucket, seconds: int, rate: int, policy: str,
         min_segments: int) -> None:
-    # parts of 1 MiB (the blocks' size): several parts per segment here
+    # parts of 128 KiB (blocks are up to 1 MiB): several parts per segment crossing ledgers
     cfg = s3_config(tmp_path, s3_bucket.endpoint, s3_bucket.name, policy,
-                    blobstore=f"part_size_bytes = {MiB}")
+                    blobstore=f"part_size_bytes = {PART}")
     out = run(["standalone", "--config", str(cfg), "--duration", str(seconds), "--rate",
                str(rate), "--topics", "3"], tmp_path, timeout=240)
     summary = summary_of(out)
@@ -53,7 +56,7 @@ def test_standalone_on_s3_verifies_with_pulsar_keys_metadata_and_parts_of_whole_
     assert len(rep["topics"]) == 3 and rep["orphans"] == []
     for t in rep["topics"]:
         assert t["source_checked"] == t["entries"] > 0 and t["segments"] >= min_segments
-    parts = check_objects(s3_bucket, tmp_path, part_size=MiB)
+    parts = check_objects(s3_bucket, tmp_path, part_size=PART)
     assert max(parts.values()) > 1  # multipart for real, not one part per object
     # verify compared every payload with the source already; read one topic end to end too
     check_read_back(tmp_path, cfg, [rep["topics"][0]["topic"]])
@@ -76,6 +79,8 @@ def test_default_sizes_give_unpadded_parts_of_at_least_8_mib_under_the_key_prefi
     assert rep["ok"], rep
     parts = check_objects(s3_bucket, tmp_path, prefix)  # parts of at least 8 MiB but the last
     assert max(parts.values()) >= 2
+    blocks = sum(block_count(streaming_index(s3_bucket, f"{key}-index")) for key in parts)
+    assert sum(parts.values()) < blocks  # parts group blocks (a ledger's end cuts one short)
     stored = sum(o.size for o in stored_objects(s3_bucket).values())
     assert stored <= 1.02 * summary_of(out)["bytes_written"]
     check_read_back(tmp_path, cfg, [t["topic"] for t in rep["topics"]])
