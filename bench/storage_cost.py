@@ -22,9 +22,13 @@ Per case, about ``--total-mib`` MiB of payload (at least one segment). Printed p
     get_per_gib               GET-class requests per GiB read (index HEAD + GET included)
     get_expected_per_gib      the issue's figure: GiB ÷ read range size
     get_whole_ranges_per_gib  with whole ranges and the index: ceil(segment ÷ range) + 2 per segment
+    get_data_per_gib          data GETs only (the index's HEAD and GET left out), per GiB read
+
+``--padded`` writes as offloadd did before parts were cut apart from blocks (and as Pulsar's
+PIP-76 writer does): every block a part of its own, padded to 5 MiB — the "before" figures.
 
     .venv/bin/python bench/storage_cost.py [--total-mib 64] [--segment-mib 1,8,64]
-        [--ledger-mib 1.5,64] [--entry-kib 1,64] [--part-mib 8]
+        [--ledger-mib 1.5,64] [--entry-kib 1,64] [--part-mib 8] [--padded]
 """
 
 from __future__ import annotations
@@ -93,7 +97,7 @@ def delta(counts: RequestCounts, before: dict[str, int]) -> dict[str, int]:
 
 
 async def one_case(endpoint: str, *, total: int, seg_bytes: int, ledger_bytes: int, entry: int,
-                   part: int) -> dict[str, Any]:
+                   part: int, padded: bool = False) -> dict[str, Any]:
     bucket = f"cost-{uuid.uuid4().hex[:12]}"
     counts = RequestCounts("aws-s3")
     store = await S3BlobStore.open(S3Options(bucket=bucket, endpoint=endpoint,
@@ -108,12 +112,15 @@ async def one_case(endpoint: str, *, total: int, seg_bytes: int, ledger_bytes: i
         src, segments = plan(total, seg_bytes, ledger_bytes, entry)
         budget = RollPolicy(1 << 62, float("inf"), MAX_BLOCK).block_budget
         reader = RunReader(src, OffloadBuffer(256 * MiB), TOPIC)
-        uploads = Uploads(store, TOPIC.managed_ledger, 4, part_size=part)
+        # padded: a part per block, each block padded to S3's minimum (the old layout)
+        uploads = Uploads(store, TOPIC.managed_ledger, 4, part_size=1 if padded else part)
+        min_block = 5 * MiB if padded else 0
         before = counts.by_class()
         t0 = time.perf_counter()
         payload, done = 0, []
         for ranges in segments:
-            att = await open_streaming(uploads, max_block_size=MAX_BLOCK, opened_at=0.0)
+            att = await open_streaming(uploads, max_block_size=MAX_BLOCK,
+                                       min_block_size=min_block, opened_at=0.0)
             for r in ranges:
                 async for run in reader.runs(r, budget, att.wait_for_room):
                     att.feed(run)
@@ -124,12 +131,14 @@ async def one_case(endpoint: str, *, total: int, seg_bytes: int, ledger_bytes: i
         puts = delta(counts, before)
         stored = sum([o.size async for o in store.list()])
         before = counts.by_class()
+        data_gets = counts.snapshot().get(("GetObject", "ok"), 0)
         tier = TierReader(MemoryMetadataStore(), store, prefetch=4, range_bytes=part)
         read = 0
         for seg in done:
             async for e in tier.read_segment(seg):
                 read += len(e.payload)
         gets = delta(counts, before)
+        data_gets = counts.snapshot().get(("GetObject", "ok"), 0) - data_gets - len(done)
         assert read == payload, (read, payload)
     finally:
         await store.close()
@@ -145,6 +154,7 @@ async def one_case(endpoint: str, *, total: int, seg_bytes: int, ledger_bytes: i
         "get_requests": gets["get"], "get_per_gib": round(gets["get"] / gib, 1),
         "get_expected_per_gib": round(GiB / part, 1),
         "get_whole_ranges_per_gib": round(n * (math.ceil(per_seg / part) + 2) / gib, 1),
+        "get_data_per_gib": round(data_gets / gib, 1),
         "upload_s": round(upload_s, 2),
     }
 
@@ -162,11 +172,13 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                     cases.append(await one_case(
                         endpoint, total=int(args.total_mib * MiB), seg_bytes=int(seg * MiB),
                         ledger_bytes=int(ledger * MiB), entry=int(entry * 1024),
-                        part=int(args.part_mib * MiB)))
+                        part=int(args.part_mib * MiB), padded=args.padded))
                     print(json.dumps(cases[-1]), file=sys.stderr, flush=True)
     worst = max(c["stored_per_payload"] for c in cases)
     return {
         "benchmark": "storage_cost", "store": "moto_server (5 MiB part minimum)",
+        "layout": "padded: a part per block, blocks padded to 5 MiB" if args.padded else
+                  "parts of whole content-sized blocks",
         "part_mib": args.part_mib, "total_mib_per_case": args.total_mib,
         "machine": platform.platform(), "cases": cases,
         "worst_stored_per_payload": worst,
@@ -189,6 +201,7 @@ def main() -> None:
     ap.add_argument("--ledger-mib", default="1.5,64")
     ap.add_argument("--entry-kib", default="1,64")
     ap.add_argument("--part-mib", type=float, default=8.0)
+    ap.add_argument("--padded", action="store_true", help="the old layout, for comparison")
     args = ap.parse_args()
     import uvloop
 

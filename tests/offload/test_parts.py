@@ -158,9 +158,16 @@ class TestSegmentParts:
 
     async def upload(self, store: RecordingStore, src: MemoryLedgerSource, ledgers: int,
                      last: int, buf: OffloadBuffer, part_size: int,
-                     counting: CountingReader | None = None) -> tuple[str, int]:
+                     counting: CountingReader | None = None,
+                     throttled: list[int] | None = None) -> tuple[str, int]:
         reader = RunReader(src, buf, TOPIC)
-        att = await open_streaming(Uploads(store, TOPIC.managed_ledger, 2, part_size=part_size),
+
+        async def acquire(n: int) -> None:
+            if throttled is not None:
+                throttled.append(n)
+
+        att = await open_streaming(Uploads(store, TOPIC.managed_ledger, 2, acquire=acquire,
+                                           part_size=part_size),
                                    max_block_size=16 * KiB, opened_at=0.0)
         for lid in range(ledgers):
             async for run in reader.runs(LedgerRange(lid, 0, last), 8 * KiB,
@@ -170,12 +177,14 @@ class TestSegmentParts:
         return streaming_data_key(att.uid), att.length
 
     async def test_parts_group_blocks_and_offsets_point_at_headers(self) -> None:
-        store, ledgers = RecordingStore(), 12
+        store, ledgers, throttled = RecordingStore(), 12, []
         src = small_ledgers(ledgers, 7, 1000)  # ~7 KiB per ledger: one short block each
         buf = OffloadBuffer(1 << 20)
-        key, length = await self.upload(store, src, ledgers, 6, buf, part_size=20 * KiB)
+        key, length = await self.upload(store, src, ledgers, 6, buf, part_size=20 * KiB,
+                                        throttled=throttled)
         sizes = store.log.sizes[key]
         assert sum(sizes) == length and len(sizes) < ledgers
+        assert sorted(throttled) == sorted(sizes)  # the throttle takes each part's bytes
         assert all(s >= 20 * KiB for s in sizes[:-1])
         data = await store.get_range(key, 0, length)
         ikey = streaming_index_key(uuid.UUID(key))
