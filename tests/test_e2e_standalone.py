@@ -89,8 +89,8 @@ def test_standalone_streams_three_topics_that_verify_and_read_back(tmp_path: Pat
         assert t["segments"]["assigned"] == 0 and t["lag"]["entries"] == 0
     # what the tier costs, from what each segment recorded, equals what the tier holds
     tier = [t["tier"] for t in st["topics"]]
-    files = [f for f in (tmp_path / "data" / "tier").rglob("*")
-             if f.is_file() and ".uploads" not in f.parts]
+    files = [f for f in (tmp_path / "data" / "tier").rglob("*")  # objects, not their .meta
+             if f.is_file() and not {".uploads", ".meta"} & set(f.parts)]
     assert sum(t["objects"] for t in tier) == len(files) == \
         2 * sum(t["segments"]["offloaded"] for t in st["topics"])
     assert sum(t["stored_bytes"] for t in tier) == sum(f.stat().st_size for f in files)

@@ -68,6 +68,8 @@ class SegmentResult:
     frame_bytes: int
     payload_bytes: int
     seconds: float
+    stored_bytes: int = 0  # data and index objects
+    put_requests: int = 0  # PUT-class requests that wrote them (retries not included)
 
 
 def absolute_paths(settings: Settings) -> Settings:
@@ -140,5 +142,6 @@ async def upload_ranges(source: LedgerSource, blobstore: BlobStore, topic: Topic
         # before moving the segment to a fresh one.
         await att.abort()
         raise
+    usage = att.usage
     return SegmentResult(str(uid), att.length, att.entries, att.frame_bytes, att.payload_bytes,
-                         time.monotonic() - t0)
+                         time.monotonic() - t0, usage.stored_bytes, usage.put_requests)
