@@ -138,7 +138,8 @@ class BlobstoreSettings(Section):
         description="multipart part size: a data object's parts are runs of whole blocks, each "
         "part at least this long but the last (blocks are sized by their content, never padded "
         "to it); also the size of a reader's ranged GETs. On aws-s3 at least "
-        "min_part_size_bytes")
+        "min_part_size_bytes. A part is held whole in the offload buffer until it is sent: "
+        "keep [offload] buffer_max_bytes several parts per topic uploading at once")
     read_endpoints: tuple[ReadEndpointSettings, ...] = Field(
         (), description="replicated read endpoints [{url, zone}], tried local zone first")
     local_zone: str | None = None

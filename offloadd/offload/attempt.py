@@ -118,9 +118,9 @@ class SegmentAttempt:
 
     def feed(self, run: Run, ledger_ts: int = 0) -> int:
         """Lay ``run`` into blocks and submit the parts they fill; the run's buffer bytes are
-        released once every block of it landed (at once if building them fails). Blocks left
-        waiting for a part to fill park their run (not counted against the buffer: see
-        :class:`~offloadd.offload.runs.Run`). How many parts were submitted."""
+        released once every block of it landed (at once if building them fails). The runs of
+        blocks left waiting for a part to fill are parked (:meth:`OffloadBuffer.park`), the
+        others unparked. How many parts were submitted."""
         assert self.parts is not None
         try:
             blocks = stamp_parts(self.add(run.entries))
@@ -134,8 +134,12 @@ class SegmentAttempt:
                 self._holds[b.part_number] = hold
         else:
             run.release()
-        for b in self.parts.pending:
-            self._holds[b.part_number].run.park()
+        waiting = {id(self._holds[b.part_number]) for b in self.parts.pending}
+        for h in {id(h): h for h in self._holds.values()}.values():
+            if id(h) in waiting:
+                h.run.park()
+            else:
+                h.run.unpark()
         e = run.entries
         if self.ranges and self.ranges[-1].ledger_id == e.ledger_id:
             last = self.ranges[-1]

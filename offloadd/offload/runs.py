@@ -32,14 +32,13 @@ def _nothing() -> None:
 @dataclass(frozen=True)
 class Run:
     """A run of entries in buffer memory, and what frees that memory (call ``release`` exactly
-    once). ``park`` (optional, before ``release``) stops counting the run against the buffer
-    while its bytes stay alive: for blocks waiting in a multipart part that is not full yet,
-    which would otherwise hold buffer room that only further reads can fill (topics parked
-    together could fill the buffer and wait on each other for ever)."""
+    once). ``park``/``unpark`` (before ``release``) mark the run as backing blocks that wait
+    for a multipart part to fill, and as on its way out again (:meth:`OffloadBuffer.park`)."""
 
     entries: EntryRun
     release: Callable[[], None]
     park: Callable[[], None] = _nothing
+    unpark: Callable[[], None] = _nothing
 
 
 class RunReader:
@@ -69,18 +68,24 @@ class RunReader:
         elif size > budget:  # an oversize entry: account for what we actually hold
             buf.grow(size - budget)
 
-        counted = [True]
+        parked = [False]
 
         def park() -> None:
-            if counted[0]:
-                counted[0] = False
-                buf.release(size)
+            if not parked[0]:
+                parked[0] = True
+                buf.park(size)
+
+        def unpark() -> None:
+            if parked[0]:
+                parked[0] = False
+                buf.unpark(size)
 
         def release() -> None:
-            park()
+            unpark()
+            buf.release(size)
             buf.give_back(lease)
 
-        return Run(run, release, park)
+        return Run(run, release, park, unpark)
 
     async def runs(self, r: LedgerRange, budget: int,
                    before: Callable[[], Awaitable[None]] | None = None) -> AsyncIterator[Run]:

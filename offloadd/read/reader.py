@@ -202,9 +202,9 @@ class TierReader:
             self.probe.read_error()
             bad = next(r for r in group if r.end - first.block.offset > len(data))
             raise FormatError(first.data_key, first.block.offset + len(data),
-                              f"block {bad.block.part_id} is truncated: got {len(data)} of the "
-                              f"{want} bytes of blocks {first.block.part_id}.."
-                              f"{group[-1].block.part_id}")
+                              f"block {bad.block.part_id} is truncated: got {len(data)} of "
+                              f"{want} bytes (one ranged read of blocks "
+                              f"{first.block.part_id}..{group[-1].block.part_id})")
         return data
 
     @staticmethod
