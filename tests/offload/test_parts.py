@@ -22,13 +22,15 @@ from offloadd.format import StreamingIndex, decode_index, parse_block_header
 from offloadd.format.block import HEADER_LEN, MIN_PADDING
 from offloadd.format.layout import BlockPlan, Part
 from offloadd.ledger.memory import MemoryLedgerSource
+from offloadd.metadata.memory import MemoryMetadataStore
 from offloadd.model import TopicName
-from offloadd.model.catalog import LedgerRange
+from offloadd.model.catalog import LedgerRange, Segment, SegmentKind
 from offloadd.model.keys import streaming_data_key, streaming_index_key
 from offloadd.offload.attempt import Uploads, open_streaming
 from offloadd.offload.buffer import OffloadBuffer
 from offloadd.offload.parts import PartAssembler
 from offloadd.offload.runs import Run, RunReader
+from offloadd.read.reader import TierReader
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -203,6 +205,25 @@ class TestSegmentParts:
         assert length == payload + blocks * (HEADER_LEN + MIN_PADDING) + 12 * 7 * ledgers
         assert [b.part_id for s in idx.sections for b in s.blocks] == \
             list(range(1, blocks + 1))  # part ids count blocks (Pulsar's numbering)
+
+    async def test_reads_fetch_one_range_per_part(self) -> None:
+        """The reader's GETs are cut by the writer's rule: one ranged GET per part, each a
+        run of whole blocks; every entry comes back."""
+        store, ledgers = RecordingStore(), 12
+        src = small_ledgers(ledgers, 7, 1000)
+        key, _ = await self.upload(store, src, ledgers, 6, OffloadBuffer(1 << 20),
+                                   part_size=20 * KiB)
+        gets: list[str] = []
+        store.fault = lambda op, k: gets.append(k) if op == "get_range" else None
+        uid = uuid.UUID(key)
+        ranges = tuple(LedgerRange(lid, 0, 6) for lid in range(ledgers))
+        seg = Segment(uid, SegmentKind.STREAMING, ranges, True)
+        reader = TierReader(MemoryMetadataStore(), store, prefetch=2, range_bytes=20 * KiB)
+        got = [(e.position.ledger_id, e.position.entry_id, bytes(e.payload))
+               async for e in reader.read_segment(seg)]
+        assert got == [(lid, e, bytes([lid % 251]) * 1000) for lid in range(ledgers)
+                       for e in range(7)]
+        assert gets.count(key) == len(store.log.sizes[key]) < 12  # a GET per part, not block
 
     async def test_a_buffer_smaller_than_a_part_does_not_stall(self) -> None:
         """Blocks waiting for their part to fill do not hold buffer room: a 16 KiB buffer
