@@ -102,6 +102,7 @@ class PartLog:
 class _Recording(MultipartUpload):
     def __init__(self, inner: MultipartUpload, sizes: list[int]) -> None:
         self.inner, self.sizes = inner, sizes
+        self.key = inner.key
 
     async def put_part(self, part_number: int, offset: int, data: Buffers) -> None:
         self.sizes.append(sum(len(b) for b in data))
@@ -121,7 +122,8 @@ class RecordingStore(MemoryBlobStore):
         super().__init__()
         self.log = PartLog()
 
-    async def start_upload(self, key: str, metadata: Mapping[str, str]) -> MultipartUpload:
+    async def start_upload(  # type: ignore[override]  # a wrapper, not a MemoryUpload
+            self, key: str, metadata: Mapping[str, str]) -> MultipartUpload:
         inner = await super().start_upload(key, metadata)
         return _Recording(inner, self.log.sizes.setdefault(key, []))
 
@@ -179,7 +181,8 @@ class TestSegmentParts:
         return streaming_data_key(att.uid), att.length
 
     async def test_parts_group_blocks_and_offsets_point_at_headers(self) -> None:
-        store, ledgers, throttled = RecordingStore(), 12, []
+        store, ledgers = RecordingStore(), 12
+        throttled: list[int] = []
         src = small_ledgers(ledgers, 7, 1000)  # ~7 KiB per ledger: one short block each
         buf = OffloadBuffer(1 << 20)
         key, length = await self.upload(store, src, ledgers, 6, buf, part_size=20 * KiB,
