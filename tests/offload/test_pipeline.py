@@ -22,7 +22,8 @@ from offloadd.model.keys import streaming_data_key
 from offloadd.offload.buffer import OffloadBuffer
 from offloadd.offload.roller import RollPolicy
 from offloadd.offload.topic import OffloadEnv, TopicOffloader, TopicPolicy
-from offloadd.read.reader import TierReader
+from offloadd.read.check import read_back
+from offloadd.read.reader import NullReadProbe, TierReader
 from offloadd.read.verify import verify
 from offloadd.retry import Backoff
 
@@ -411,5 +412,12 @@ class TestTierUsage:
         assert ops.count("put_part") < 8  # 8 ledgers, 8+ blocks: fewer parts than blocks
         # blocks sized by content: 40 KiB of payload stored in well under 2 % more
         assert stored / total.payload_bytes < 1.05
+        # the daemon's read-back check reports the GET-class requests it made
+        heard: list[tuple[int, int]] = []
+        before = len(ops)
+        await read_back(rig.metadata, blob, TOPIC, NullReadProbe(),
+                        on_requests=lambda n, b: heard.append((n, b)))
+        reads = [op for op in ops[before:] if op in ("head", "get_range")]
+        assert len(heard) == 1 and heard[0][0] == len(reads) == 3  # index HEAD + GET, data
         assert await rig.read_back() == rig.payloads
         await rig.verify_ok()
