@@ -507,6 +507,13 @@ class Metrics:
             _TOPIC_LABELS,
             registry=r,
         )
+        self._blobstore_requests = Counter(
+            "offloadd_blobstore_requests",
+            "Requests the blob-store driver sent, by S3 operation and result (ok, throttled, "
+            "server, client, io, timeout).",
+            ("driver", "op", "result"),
+            registry=r,
+        )
         self._metadata_writes = Counter(
             "offloadd_metadata_writes",
             "Compare-and-set writes to the metadata store.",
@@ -561,6 +568,10 @@ class Metrics:
         known.add(state_name)
         for state in known:
             self._circuit.labels(store, state).set(1 if state == state_name else 0)
+
+    def blobstore_request(self, driver: str, op: str, result: str) -> None:
+        """One request the blob-store driver sent (``offloadd.blobstore.requests``)."""
+        self._blobstore_requests.labels(driver, op, result).inc()
 
     def metadata_writes(self, count: int = 1) -> None:
         """Writes (compare-and-set) to the metadata store."""

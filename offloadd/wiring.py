@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import SecretStr
 
 from offloadd.blobstore.base import BlobStore, StoreView
+from offloadd.blobstore.requests import OnRequest, RequestCounts
 from offloadd.config import Settings
 from offloadd.errors import ConfigError, NotFound
 from offloadd.ledger.base import LedgerSource, SourceView
@@ -107,9 +108,12 @@ async def open_blobstore(settings: Settings,
 
 
 async def open_tier(settings: Settings,
-                    on_circuit: Callable[[str], None] | None = None) -> StoreView:
-    """The configured tier; ``on_circuit`` hears the store-health circuit's state names."""
+                    on_circuit: Callable[[str], None] | None = None,
+                    on_request: OnRequest | None = None) -> StoreView:
+    """The configured tier; ``on_circuit`` hears the store-health circuit's state names,
+    ``on_request`` every request the driver sends ``(driver, op, result)``."""
     bs = settings.blobstore
+    requests = RequestCounts(bs.driver, on_request)
     from offloadd.blobstore.health import HealthPolicy, StoreHealth
 
     # the stall watchdog's patience is the request deadline (docs/s3.md, "Stalls")
@@ -125,7 +129,8 @@ async def open_tier(settings: Settings,
 
         fs = FilesystemBlobStore(
             bs.path, request_timeout_s=bs.request_timeout_s,
-            min_transfer_rate_bytes_per_s=bs.min_transfer_rate_bytes_per_s, health=health)
+            min_transfer_rate_bytes_per_s=bs.min_transfer_rate_bytes_per_s, health=health,
+            requests=requests)
         return filesystem_view(fs)
 
     from offloadd.blobstore.s3 import ReadEndpoint, S3BlobStore, S3Options
@@ -144,17 +149,17 @@ async def open_tier(settings: Settings,
         max_attempts=bs.max_attempts,
         read_endpoints=tuple(ReadEndpoint(e.url, e.zone) for e in bs.read_endpoints),
         local_zone=bs.local_zone, health=policy)
-    return s3_view(await S3BlobStore.open(opts, health=health))
+    return s3_view(await S3BlobStore.open(opts, health=health, requests=requests))
 
 
 def s3_view(s3: S3BlobStore) -> StoreView:
     """The S3 driver with its capabilities: its health circuit, its multipart-upload sweep."""
-    return StoreView(s3, health=s3.health, sweeper=s3)
+    return StoreView(s3, health=s3.health, sweeper=s3, requests=s3.requests)
 
 
 def filesystem_view(fs: FilesystemBlobStore) -> StoreView:
     """The filesystem driver with its capabilities: its health circuit, its upload sweep."""
-    return StoreView(fs, health=fs.health, sweeper=fs)
+    return StoreView(fs, health=fs.health, sweeper=fs, requests=fs.requests)
 
 
 def rollover_policy(settings: Settings) -> RolloverPolicy:

@@ -87,6 +87,16 @@ def test_standalone_streams_three_topics_that_verify_and_read_back(tmp_path: Pat
     st = json.loads(run(["status", "--json"], tmp_path).stdout)
     for t in st["topics"]:
         assert t["segments"]["assigned"] == 0 and t["lag"]["entries"] == 0
+    # what the tier costs, from what each segment recorded, equals what the tier holds
+    tier = [t["tier"] for t in st["topics"]]
+    files = [f for f in (tmp_path / "data" / "tier").rglob("*")  # objects, not their .meta
+             if f.is_file() and not {".uploads", ".meta"} & set(f.parts)]
+    assert sum(t["objects"] for t in tier) == len(files) == \
+        2 * sum(t["segments"]["offloaded"] for t in st["topics"])
+    assert sum(t["stored_bytes"] for t in tier) == sum(f.stat().st_size for f in files)
+    assert all(t["stored_bytes"] <= 1.02 * t["payload_bytes"] for t in tier), tier
+    assert all(t["monthly_cost"] > 0 and t["put_requests_per_gib"] for t in tier), tier
+    assert "tier: " in run(["status"], tmp_path).stdout
 
 
 def _assigned_segments(cwd: Path) -> list[dict[str, object]]:

@@ -407,7 +407,8 @@ async def _settle(ctx: _Ctx, todo: list[Work], fresh: list[tuple[int, str, Any]]
             transition(w.state.state, SegmentState.OFFLOADED)
         try:
             await edits.apply(ctx.metadata, ctx.topic.managed_ledger,
-                              partial(_offloaded_all, uids=[w.uid for w, _ in done], ctx=ctx),
+                              partial(_offloaded_all, uids=[w.uid for w, _ in done], ctx=ctx,
+                                      usage=[_usage(r) for _, r in done]),
                               ctx.fence)
         except Fenced:
             raise
@@ -439,10 +440,18 @@ def _reassign_all(info: pb.ManagedLedgerInfo, *, moves: list[tuple[uuid.UUID, uu
     return True
 
 
-def _offloaded_all(info: pb.ManagedLedgerInfo, *, uids: list[uuid.UUID], ctx: _Ctx) -> bool:
+def _usage(res: SegmentResult) -> catalog.TierUsage | None:
+    """What the segment costs in the tier (None from a task that did not say: an older one)."""
+    if not res.stored_bytes:
+        return None
+    return catalog.TierUsage(2, res.stored_bytes, res.payload_bytes, res.put_requests)
+
+
+def _offloaded_all(info: pb.ManagedLedgerInfo, *, uids: list[uuid.UUID], ctx: _Ctx,
+                   usage: list[catalog.TierUsage | None] | None = None) -> bool:
     now = ctx.wall_ms()
-    for uid in uids:
-        catalog.mark_offloaded(info, uid, now)
+    for i, uid in enumerate(uids):
+        catalog.mark_offloaded(info, uid, now, usage=usage[i] if usage else None)
     return True
 
 

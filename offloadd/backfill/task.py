@@ -37,6 +37,7 @@ from offloadd.model import TopicName
 from offloadd.model.catalog import LedgerRange
 from offloadd.offload.attempt import Uploads, open_streaming
 from offloadd.offload.buffer import OffloadBuffer
+from offloadd.offload.parts import DEFAULT_PART_SIZE
 from offloadd.offload.roller import RollPolicy
 from offloadd.offload.runs import RunReader
 
@@ -67,6 +68,8 @@ class SegmentResult:
     frame_bytes: int
     payload_bytes: int
     seconds: float
+    stored_bytes: int = 0  # data and index objects
+    put_requests: int = 0  # PUT-class requests that wrote them (retries not included)
 
 
 def absolute_paths(settings: Settings) -> Settings:
@@ -105,7 +108,8 @@ async def _upload_from_settings(spec: SegmentSpec) -> SegmentResult:
         return await upload_ranges(
             source, blobstore, TopicName.parse(spec.topic), uuid.UUID(spec.uid),
             spec.ledger_ranges, dict(spec.ledger_ts), max_block_size=spec.max_block_size,
-            min_block_size=spec.min_block_size, in_flight=spec.in_flight)
+            min_block_size=spec.min_block_size, in_flight=spec.in_flight,
+            part_size=settings.blobstore.part_size_bytes)
     finally:
         await blobstore.close()
         await source.close()
@@ -114,7 +118,8 @@ async def _upload_from_settings(spec: SegmentSpec) -> SegmentResult:
 async def upload_ranges(source: LedgerSource, blobstore: BlobStore, topic: TopicName,
                         uid: uuid.UUID, ranges: Sequence[LedgerRange],
                         ledger_ts: Mapping[int, int], *, max_block_size: int,
-                        min_block_size: int, in_flight: int) -> SegmentResult:
+                        min_block_size: int, in_flight: int,
+                        part_size: int = DEFAULT_PART_SIZE) -> SegmentResult:
     """Write ``<uuid>`` and ``<uuid>-index`` for exactly ``ranges`` (in log order)."""
     if not ranges:
         raise ValueError(f"segment {uid} has no entries")
@@ -122,7 +127,8 @@ async def upload_ranges(source: LedgerSource, blobstore: BlobStore, topic: Topic
     budget = RollPolicy(max_bytes=1 << 62, max_age_s=float("inf"),
                         max_block_size=max_block_size, min_block_size=min_block_size).block_budget
     reader = RunReader(source, OffloadBuffer((in_flight + 1) * budget), topic)
-    att = await open_streaming(Uploads(blobstore, topic.managed_ledger, in_flight),
+    att = await open_streaming(Uploads(blobstore, topic.managed_ledger, in_flight,
+                                       part_size=part_size),
                                max_block_size=max_block_size, min_block_size=min_block_size,
                                uid=uid, opened_at=t0)
     try:
@@ -136,5 +142,6 @@ async def upload_ranges(source: LedgerSource, blobstore: BlobStore, topic: Topic
         # before moving the segment to a fresh one.
         await att.abort()
         raise
+    usage = att.usage
     return SegmentResult(str(uid), att.length, att.entries, att.frame_bytes, att.payload_bytes,
-                         time.monotonic() - t0)
+                         time.monotonic() - t0, usage.stored_bytes, usage.put_requests)

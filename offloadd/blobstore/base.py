@@ -22,6 +22,8 @@ capability             used by                                      implemented 
 =====================  ===========================================  ==========================
 ``UploadSweeper``      the gc pass's sweep of stale uploads         filesystem, s3
 ``StoreHealthView``    ``/readyz``, ``/status``, the circuit gauge  ``health.StoreHealth``
+``RequestCounts``      ``offloadd_blobstore_requests_total``,       ``requests.RequestCounts``
+                       benchmarks                                   (filesystem, s3)
 =====================  ===========================================  ==========================
 """
 
@@ -31,6 +33,8 @@ import enum
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
+
+from offloadd.blobstore.requests import RequestCounts
 
 Buffers = Sequence[bytes | bytearray | memoryview]
 
@@ -117,3 +121,4 @@ class StoreView:
     store: BlobStore
     health: StoreHealthView | None = None
     sweeper: UploadSweeper | None = None
+    requests: RequestCounts | None = None  # what the driver sent, by operation and result

@@ -33,7 +33,8 @@ class OffloadPolicy(Section):
         "max_block_size_bytes", "managedLedgerOffloadMaxBlockSizeInBytes",
         "s3ManagedLedgerOffloadMaxBlockSizeInBytes"))
     min_block_size_bytes: int | None = Field(
-        None, ge=0, description="pad blocks to this (default: 5 MiB on aws-s3, none on filesystem)")
+        None, ge=0, description="pad blocks to this (default: none, blocks are sized by their "
+        "content; multipart parts group blocks, [blobstore] part_size_bytes)")
     deletion_lag_ms: int = Field(14_400_000, ge=0, validation_alias=alias(
         "deletion_lag_ms", "managedLedgerOffloadDeletionLagInMillis"))
     threshold_bytes: int = Field(-1, ge=-1, validation_alias=alias(*THRESHOLD_BYTES))

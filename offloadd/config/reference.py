@@ -67,12 +67,11 @@ def reference_markdown() -> str:
         "flags (`--rate`, `--duration`, `--grace`, `--orphan-grace`).",
         "- `min_block_size_bytes` must not exceed `max_block_size_bytes`, at every level; "
         "`retry_base_s` must not exceed `retry_max_s`.",
-        "- With `driver = \"aws-s3\"` every block is one multipart part, and S3 refuses a "
-        "part smaller than 5 MiB but the last (`EntityTooSmall`): at every level "
-        "`max_block_size_bytes` and (in streaming mode, where a block cut short at a "
-        "ledger's end is padded to it) the effective `min_block_size_bytes` must be at "
-        "least `[blobstore] min_part_size_bytes` (5 MiB; lower it only for a store that "
-        "takes smaller parts).",
+        "- With `driver = \"aws-s3\"`, S3 refuses a multipart part smaller than 5 MiB but "
+        "the last (`EntityTooSmall`): `[blobstore] part_size_bytes` must be at least "
+        "`[blobstore] min_part_size_bytes` (5 MiB; lower it only for a store that takes "
+        "smaller parts). Blocks are not parts: a part is a run of whole blocks, so block "
+        "sizes are free.",
         f"- `[retention] orphan_grace_s` must be at least {ORPHAN_GRACE_FACTOR}× the longest "
         "a segment's upload may stay open. A streaming segment's multipart upload starts "
         "with its first block and completes when the segment closes: at the latest "
@@ -122,8 +121,8 @@ _DOCS: dict[str, str] = {
     "offload.max_segment_rollover_time_minutes": "a streaming segment closes this long after "
                                                  "its first entry (fractions allowed)",
     "offload.max_block_size_bytes": "data block size in the tier objects",
-    "offload.min_block_size_bytes": "pad blocks to this (default: 5 MiB on aws-s3, none on "
-                                    "filesystem)",
+    "offload.min_block_size_bytes": "pad blocks to this (default: none, blocks are sized by "
+                                    "their content)",
     "offload.deletion_lag_ms": "keep a ledger's source copy this long after it is offloaded",
     "offload.threshold_bytes": "offload an entry only once this many payload bytes follow it "
                                "(the newest stay only in the source); negative: no threshold",

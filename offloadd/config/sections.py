@@ -13,6 +13,7 @@ from pydantic import Field, SecretStr, field_validator, model_validator
 from offloadd.config.fields import MiB, Section, alias, topic_keys
 
 S3_MIN_PART_SIZE = 5 * MiB  # S3 refuses a smaller part but the last: EntityTooSmall
+DEFAULT_PART_SIZE = 8 * MiB  # a multipart part, and a reader's ranged GET
 
 
 class MetadataSettings(Section):
@@ -129,9 +130,16 @@ class BlobstoreSettings(Section):
     min_part_size_bytes: int = Field(
         S3_MIN_PART_SIZE, ge=0,
         description="aws-s3 driver: the store's smallest multipart part but the last (S3: 5 MiB, "
-        "EntityTooSmall below); every block is one part, so blocks are checked against it. "
+        "EntityTooSmall below); part_size_bytes is checked against it. "
         "Lower only for a store that takes smaller parts (Ceph's rgw_multipart_min_part_size, "
         "a test server)")
+    part_size_bytes: int = Field(
+        DEFAULT_PART_SIZE, ge=1,
+        description="multipart part size: a data object's parts are runs of whole blocks, each "
+        "part at least this long but the last (blocks are sized by their content, never padded "
+        "to it); also the size of a reader's ranged GETs. On aws-s3 at least "
+        "min_part_size_bytes. A part is held whole in the offload buffer until it is sent: "
+        "keep [offload] buffer_max_bytes several parts per topic uploading at once")
     read_endpoints: tuple[ReadEndpointSettings, ...] = Field(
         (), description="replicated read endpoints [{url, zone}], tried local zone first")
     local_zone: str | None = None

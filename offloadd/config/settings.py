@@ -11,6 +11,7 @@ from typing import Any
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from offloadd.config.cost import CostSettings
 from offloadd.config.fields import MiB, key_text, topic_keys
 from offloadd.config.policy import OffloadPolicy, OffloadSettings, PolicyOverride
 from offloadd.config.sections import (
@@ -24,8 +25,6 @@ from offloadd.config.sections import (
 )
 from offloadd.model import TopicName
 
-# The smallest block there is: a 128-byte header, one 0-byte frame header... and 4 bytes of padding
-SMALLEST_BLOCK = 128 + 4
 # gc must not take a live upload for an abandoned one: orphan_grace_s must be at least this many
 # times the longest an upload can legitimately stay open (see Settings._check_orphan_grace)
 ORPHAN_GRACE_FACTOR = 2
@@ -46,6 +45,7 @@ class Settings(BaseSettings):
     daemon: DaemonSettings = Field(default_factory=DaemonSettings)
     retention: RetentionSettings = Field(default_factory=RetentionSettings)
     lakehouse: LakehouseSettings = Field(default_factory=LakehouseSettings)
+    cost: CostSettings = Field(default_factory=CostSettings)
 
     @classmethod
     def settings_customise_sources(
@@ -99,24 +99,18 @@ class Settings(BaseSettings):
         return self
 
     def _check_part_size(self, where: str, p: OffloadPolicy) -> None:
-        """On aws-s3 every block is one multipart part, and S3 refuses a part under its minimum
-        but the last (EntityTooSmall): a block size below it fails every segment, forever."""
+        """S3 refuses a multipart part under its minimum but the last (EntityTooSmall): a part
+        size below it fails every segment, forever. Blocks are not parts (several small blocks
+        travel in one part, offload/parts.py), so block sizes are free."""
         if self.blobstore.driver != "aws-s3":
             return
         floor = self.blobstore.min_part_size_bytes
-        if p.max_block_size_bytes < floor:
+        if self.blobstore.part_size_bytes < floor:
             raise ValueError(
-                f"[{where}] max_block_size_bytes ({p.max_block_size_bytes}) is below the "
+                f"[blobstore] part_size_bytes ({self.blobstore.part_size_bytes}) is below the "
                 f"store's smallest multipart part ({floor} bytes, [blobstore] "
-                "min_part_size_bytes): with driver = \"aws-s3\" every block is one part and S3 "
-                "refuses smaller ones (EntityTooSmall); raise the block size")
-        smallest = max(min(self.min_block_size(p), p.max_block_size_bytes), SMALLEST_BLOCK)
-        if p.mode == "streaming" and smallest < floor:
-            raise ValueError(
-                f"[{where}] min_block_size_bytes ({p.min_block_size_bytes}) is below the "
-                f"store's smallest multipart part ({floor} bytes, [blobstore] "
-                "min_part_size_bytes): a block cut short (at the end of a ledger) would be a "
-                f"part S3 refuses (EntityTooSmall); set it to at least {floor} or leave it unset")
+                "min_part_size_bytes): S3 refuses every part but the last under it "
+                f"(EntityTooSmall); set part_size_bytes to at least {floor}")
 
     def _check_orphan_grace(self, levels: list[tuple[str, OffloadPolicy]]) -> None:
         """gc aborts incomplete uploads and removes unreferenced objects older than
@@ -161,6 +155,7 @@ class Settings(BaseSettings):
                             if o is not None])
 
     def min_block_size(self, policy: OffloadPolicy) -> int:
+        # blocks are sized by their content by default: parts, not blocks, meet S3's minimum
         if policy.min_block_size_bytes is not None:
             return policy.min_block_size_bytes
-        return 5 * MiB if self.blobstore.driver == "aws-s3" else 0
+        return 0

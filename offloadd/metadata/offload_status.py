@@ -6,13 +6,17 @@ One small JSON node per managed ledger, written only by the topic's owner::
                              "updated_ms": ..., "failed_attempts": N, "failing_since_ms": ...,
                              "last_success_ms": ..., "last_success_position": "L:E",
                              "last_segment": "<uuid>", "last_error": "...",
-                             "last_error_ms": ...}
+                             "last_error_ms": ..., "get_requests": N, "get_bytes": N,
+                             "get_since_ms": ...}
 
 ``state``: ``ok`` while the last attempt (or recovery) succeeded, ``failing`` from the first
 failure until the next commit, ``stopped`` when the owner let the topic go (a graceful stop or a
 hand-over); ``failed_attempts`` and the last error are kept when it stops, so a topic that was
 failing when its daemon stopped still says so. Pulsar's ``offload-status`` forgets all of this
-on a restart; ``offloadd status`` reads it with no daemon running.
+on a restart; ``offloadd status`` reads it with no daemon running. ``get_*``: the GET-class
+requests (and bytes) the owners' read-back checks made of the topic since ``get_since_ms``,
+summed across owners (each new owner goes on from the record): the GET side of the topic's
+tier cost (:mod:`offloadd.model.cost`).
 
 Writes carry the owner's fence (``guard_ops``): a daemon that lost the topic cannot overwrite
 its successor's record. They are throttled by the writer (:mod:`offloadd.offload.recorder`):
@@ -50,6 +54,9 @@ class OffloadStatus:
     last_segment: str | None = None
     last_error: str | None = None
     last_error_ms: int | None = None
+    get_requests: int = 0
+    get_bytes: int = 0
+    get_since_ms: int | None = None
 
     def encode(self) -> bytes:
         doc: dict[str, Any] = {"v": 1, **asdict(self)}

@@ -162,8 +162,53 @@ def add_assigned(info: pb.ManagedLedgerInfo, uid: uuid.UUID, ranges: Sequence[Le
     return True
 
 
+# What a committed segment costs in the tier, recorded with it (driver properties of its first
+# record; Pulsar's readers ignore keys they do not know): ``offloadd status`` sums these over
+# the committed segments, so what retention deleted drops out, and no status LISTs the bucket.
+USAGE_OBJECTS = "offloadd.objects"
+USAGE_STORED = "offloadd.storedBytes"
+USAGE_PAYLOAD = "offloadd.payloadBytes"
+USAGE_PUTS = "offloadd.putRequests"
+
+
+@dataclass(frozen=True)
+class TierUsage:
+    """One segment's (or a sum of segments') objects, bytes and PUT-class requests."""
+
+    objects: int = 0
+    stored_bytes: int = 0  # data and index objects, as stored
+    payload_bytes: int = 0  # the entries' payloads
+    put_requests: int = 0  # PUT-class requests that wrote them (retries not included)
+
+    def properties(self) -> dict[str, str]:
+        return {USAGE_OBJECTS: str(self.objects), USAGE_STORED: str(self.stored_bytes),
+                USAGE_PAYLOAD: str(self.payload_bytes), USAGE_PUTS: str(self.put_requests)}
+
+    def __add__(self, other: TierUsage) -> TierUsage:
+        return TierUsage(self.objects + other.objects, self.stored_bytes + other.stored_bytes,
+                         self.payload_bytes + other.payload_bytes,
+                         self.put_requests + other.put_requests)
+
+
+def usage_of(seg: Segment) -> TierUsage | None:
+    """What ``seg`` recorded of its usage; None when it recorded none (written before offloadd
+    recorded it, or by another writer)."""
+    props = dict(seg.driver_properties)
+    try:
+        return TierUsage(int(props[USAGE_OBJECTS]), int(props[USAGE_STORED]),
+                         int(props[USAGE_PAYLOAD]), int(props[USAGE_PUTS]))
+    except (KeyError, ValueError):
+        return None
+
+
+def _record_usage(md: pb.OffloadDriverMetadata, usage: TierUsage) -> None:
+    props = {kv.key: kv.value for kv in md.properties}
+    props.update(usage.properties())
+    md.CopyFrom(driver_metadata(md.name, props))
+
+
 def mark_offloaded(info: pb.ManagedLedgerInfo, uid: uuid.UUID, now_ms: int,
-                   ledger_ids: Iterable[int] = ()) -> bool:
+                   ledger_ids: Iterable[int] = (), usage: TierUsage | None = None) -> bool:
     """ASSIGNED -> OFFLOADED on every record of ``uid``; ``KeyError`` if none exists, or if
     one of ``ledger_ids`` (the ledgers the segment was assigned over) no longer holds its
     record: a ledger dropped since the ASSIGN (a sidecar's mirror follows Pulsar's retention)
@@ -179,6 +224,8 @@ def mark_offloaded(info: pb.ManagedLedgerInfo, uid: uuid.UUID, now_ms: int,
                        "was assigned)")
     found = False
     for seg in _records(info, uid):
+        if usage is not None and not found:  # the first record: the one segments() reads
+            _record_usage(seg.driverMetadata, usage)
         found = True
         seg.complete = True
         seg.offloadedTimestamp = now_ms
@@ -268,11 +315,13 @@ def assign_ledger(info: pb.ManagedLedgerInfo, ledger_id: int, uid: uuid.UUID, no
 
 
 def complete_ledger(info: pb.ManagedLedgerInfo, ledger_id: int, uid: uuid.UUID,
-                    now_ms: int) -> bool:
+                    now_ms: int, usage: TierUsage | None = None) -> bool:
     """ASSIGNED → OFFLOADED for a whole-ledger offload; ``KeyError`` if another attempt owns it."""
     ctx = _ledger(info, ledger_id).offloadContext
     if msb_lsb_to_uuid(ctx.uidMsb, ctx.uidLsb) != uid:
         raise KeyError(f"ledger {ledger_id} is not assigned to {uid}")
+    if usage is not None:
+        _record_usage(ctx.driverMetadata, usage)
     ctx.complete = True
     ctx.timestamp = now_ms
     return True

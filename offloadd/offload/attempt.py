@@ -1,7 +1,8 @@
 """One attempt at one segment's object pair: open, feed runs, seal, or abort.
 
 The commit protocol on the tier (STYLE 7) is this module's: a fresh uuid per attempt, the data
-object uploaded part by part as runs are fed (``blocks_in_flight`` parts at a time, each through
+object uploaded part by part as runs are fed (blocks grouped into parts of at least
+``part_size`` bytes, ``offload/parts.py``; ``blocks_in_flight`` parts at a time, each through
 the throttle), then the index written **last**: an index on the tier is what marks a whole pair.
 The streaming mode, the ledger-based mode and the backfill task all write their objects
 through :class:`SegmentAttempt`::
@@ -27,7 +28,7 @@ from offloadd.format.layout import Part
 from offloadd.format.ledger import LedgerObjectBuilder, build_ledger_metadata
 from offloadd.format.streaming import StreamingObjectBuilder
 from offloadd.model import EntryRun, LedgerDesc, Position
-from offloadd.model.catalog import LedgerRange
+from offloadd.model.catalog import LedgerRange, TierUsage
 from offloadd.model.keys import (
     ledger_data_key,
     ledger_index_key,
@@ -35,6 +36,7 @@ from offloadd.model.keys import (
     streaming_index_key,
 )
 from offloadd.model.objects import index_metadata, object_metadata
+from offloadd.offload.parts import DEFAULT_PART_SIZE, PartAssembler, UploadPart
 from offloadd.offload.runs import Run
 from offloadd.offload.upload import Acquire, SegmentUpload
 
@@ -44,14 +46,15 @@ __all__ = ["SegmentAttempt", "Uploads", "attempt_keys", "delete_attempt", "open_
 
 @dataclass(frozen=True)
 class Uploads:
-    """How one topic's data objects are uploaded: where, how many parts at once, through which
-    throttle, reporting each part to whom."""
+    """How one topic's data objects are uploaded: where, how many parts at once and how large,
+    through which throttle, reporting each part to whom."""
 
     store: BlobStore
     ml_name: str
     in_flight: int
     acquire: Acquire | None = None
     on_part_done: Callable[[int, float], None] | None = None
+    part_size: int = DEFAULT_PART_SIZE
 
     async def start(self, key: str) -> SegmentUpload:
         upload = SegmentUpload(self.store, key, object_metadata(self.ml_name, "data"),
@@ -59,6 +62,14 @@ class Uploads:
                                on_part_done=self.on_part_done)
         await upload.start()
         return upload
+
+
+@dataclass(eq=False)
+class _Hold:
+    """A run whose bytes back blocks not yet landed: released when the last one has."""
+
+    run: Run
+    blocks: int
 
 
 @dataclass(eq=False)
@@ -78,6 +89,13 @@ class SegmentAttempt:
     payload_bytes: int = 0
     ledger_ts: dict[int, int] = field(default_factory=dict)  # ledger -> LedgerInfo timestamp
     close_target: Position | None = None  # where a decided roll closes the segment
+    parts: PartAssembler | None = None  # default: one of ``uploads.part_size``
+    index_length: int = 0  # the index object's length, once sealed
+    _holds: dict[int, _Hold] = field(default_factory=dict)  # block ordinal -> its run's hold
+
+    def __post_init__(self) -> None:
+        if self.parts is None:
+            self.parts = PartAssembler(self.uploads.part_size)
 
     @property
     def end(self) -> Position | None:
@@ -91,7 +109,7 @@ class SegmentAttempt:
 
     @property
     def length(self) -> int:
-        """The data object's length so far (its full length once sealed)."""
+        """Bytes of data object submitted so far (its full length once sealed)."""
         return self.upload.length
 
     async def wait_for_room(self) -> None:
@@ -99,13 +117,29 @@ class SegmentAttempt:
         await self.upload.wait_for_room()
 
     def feed(self, run: Run, ledger_ts: int = 0) -> int:
-        """Lay ``run`` into blocks and submit its parts; their buffer bytes are released once
-        they landed (at once if building them fails). How many parts."""
+        """Lay ``run`` into blocks and submit the parts they fill; the run's buffer bytes are
+        released once every block of it landed (at once if building them fails). The runs of
+        blocks left waiting for a part to fill are parked (:meth:`OffloadBuffer.park`), the
+        others unparked. How many parts were submitted."""
+        assert self.parts is not None
         try:
-            parts = stamp_parts(self.add(run.entries))
+            blocks = stamp_parts(self.add(run.entries))
+            parts = self.parts.add(blocks)
         except BaseException:
             run.release()
             raise
+        if blocks:
+            hold = _Hold(run, len(blocks))
+            for b in blocks:
+                self._holds[b.part_number] = hold
+        else:
+            run.release()
+        waiting = {id(self._holds[b.part_number]) for b in self.parts.pending}
+        for h in {id(h): h for h in self._holds.values()}.values():
+            if id(h) in waiting:
+                h.run.park()
+            else:
+                h.run.unpark()
         e = run.entries
         if self.ranges and self.ranges[-1].ledger_id == e.ledger_id:
             last = self.ranges[-1]
@@ -115,19 +149,51 @@ class SegmentAttempt:
         self.frame_bytes += len(e.data)
         self.payload_bytes += e.payload_bytes
         self.ledger_ts.setdefault(e.ledger_id, ledger_ts)
-        self.upload.submit(parts, run.release)
+        self.upload.submit(parts, self._landed)
         return len(parts)
 
+    def _landed(self, part: UploadPart) -> None:
+        """``part`` is done (landed, failed or cancelled): its blocks hold their runs no more."""
+        self._let_go(part.blocks)
+
+    def _let_go(self, blocks: Iterable[Part]) -> None:
+        for b in blocks:
+            hold = self._holds.pop(b.part_number, None)
+            if hold is None:
+                continue
+            hold.blocks -= 1
+            if hold.blocks == 0:
+                hold.run.release()
+
     async def seal(self) -> None:
-        """Wait for every part, complete the data object, then write the index (last)."""
+        """Submit the last part, wait for every part, complete the data object, then write the
+        index (last)."""
+        assert self.parts is not None
+        last = self.parts.finish()
+        if last is not None:
+            self.upload.submit([last], self._landed)
         await self.upload.complete()
         index = self.finish(self)
         meta = index_metadata(self.uploads.ml_name, data_length=self.upload.length, index=index)
         await self.uploads.store.put(self.index_key, [index], meta)
+        self.index_length = len(index)
+
+    @property
+    def usage(self) -> TierUsage:
+        """What the sealed pair costs in the tier: two objects, their bytes, and the PUT-class
+        requests that wrote them (create, the parts, complete, the index's PUT; retries are
+        counted by the driver, not here)."""
+        return TierUsage(2, self.upload.length + self.index_length, self.payload_bytes,
+                         self.upload.parts + 3)
 
     async def abort(self) -> None:
-        """Cancel the parts in flight and discard the upload (best effort)."""
-        await self.upload.abort()
+        """Cancel the parts in flight and discard the upload (best effort); the runs behind
+        blocks that never left are released."""
+        try:
+            await self.upload.abort()
+        finally:
+            assert self.parts is not None
+            self._let_go(self.parts.pending)
 
 
 async def open_streaming(uploads: Uploads, *, max_block_size: int, min_block_size: int = 0,

@@ -8,6 +8,13 @@ buffer is empty (an oversize entry must still make progress), and a read that re
 than it reserved — only ever the one entry that alone exceeds the reservation — is accounted as
 held (:meth:`grow`): the bound is the cap plus one entry.
 
+Bytes of blocks waiting for a multipart part to fill are *parked* (:meth:`park`): still held
+and counted, but nothing will free them until more is read — a part under S3's minimum cannot
+be sent. When everything the buffer holds is parked, waiting for room could only deadlock
+(quiet topics each holding part of a part), so a read is admitted past the cap then, one at a
+time; the bound becomes the cap plus, per topic with a segment open, one part not yet full and
+the read that started it (docs/design.md, "Blocks and parts").
+
 The buffer also recycles the byte arrays reads land in (:meth:`lease` / :meth:`give_back`): a
 fresh 16 MiB ``bytes`` per block costs thousands of page faults, a reused one none.
 """
@@ -28,11 +35,12 @@ class OffloadBuffer:
         self._waiters: collections.deque[tuple[int, asyncio.Future[None]]] = collections.deque()
         self._on_change = on_change
         self.high_water = 0
+        self.parked = 0  # held bytes waiting for a part to fill (see the module docstring)
         self._free: list[bytearray] = []
         self._free_bytes = 0
 
     def _fits(self, n: int) -> bool:
-        return self.used + n <= self.cap or self.used == 0
+        return self.used + n <= self.cap or self.used == self.parked
 
     async def reserve(self, n: int) -> None:
         """Wait (FIFO) until ``n`` bytes fit, then take them."""
@@ -75,6 +83,17 @@ class OffloadBuffer:
     def grow(self, n: int) -> None:
         """Account for ``n`` more bytes than were reserved (an oversize entry arrived)."""
         self._take(n)
+
+    def park(self, n: int) -> None:
+        """``n`` held bytes now wait for more reads (blocks of a part not yet full)."""
+        self.parked += n
+        self._wake()
+
+    def unpark(self, n: int) -> None:
+        """``n`` parked bytes are on their way out again (their part is full)."""
+        self.parked -= n
+        if self.parked < 0:
+            raise AssertionError("offload buffer unparked more than parked")
 
     def release(self, n: int) -> None:
         self.used -= n

@@ -28,6 +28,7 @@ from offloadd.metadata.base import MetadataStore
 from offloadd.model import LedgerDesc, Position, TopicName, catalog
 from offloadd.offload.attempt import SegmentAttempt, Uploads
 from offloadd.offload.buffer import OffloadBuffer
+from offloadd.offload.parts import DEFAULT_PART_SIZE
 from offloadd.offload.probes import StatusSink, TopicProbe
 from offloadd.offload.roller import RollPolicy
 from offloadd.offload.runs import RunReader
@@ -59,6 +60,7 @@ class OffloadEnv:
     clock: Callable[[], float] = time.monotonic
     wall_ms: Callable[[], int] = lambda: int(time.time() * 1000)
     blocks_in_flight: int = 4
+    part_size: int = DEFAULT_PART_SIZE  # [blobstore] part_size_bytes
     retry: Backoff = DEFAULT_RETRY  # a failing topic's retries (and its recovery's)
     idle_poll_s: float = 1.0
 
@@ -74,7 +76,8 @@ class TopicContext:
         self.status_sink = status
         self.reader = RunReader(env.source, env.buffer, topic)
         self.uploads = Uploads(env.blobstore, topic.managed_ledger, env.blocks_in_flight,
-                               acquire=self._acquire_fn(), on_part_done=self._part_done)
+                               acquire=self._acquire_fn(), on_part_done=self._part_done,
+                               part_size=env.part_size)
         self.position: Position | None = None  # next position to offload
         self.last_committed: Position | None = None
         self.last_commit_ms: int | None = None  # wall time of the last commit, if known

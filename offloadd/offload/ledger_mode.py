@@ -77,7 +77,8 @@ class LedgerMode:
             await att.abort()
             raise
         done_ms = env.wall_ms()
-        await ctx.offloaded(lambda info: catalog.complete_ledger(info, ledger_id, uid, done_ms),
+        await ctx.offloaded(lambda info: catalog.complete_ledger(info, ledger_id, uid, done_ms,
+                                                                 att.usage),
                             segment, uid, Position(ledger_id, desc.last_entry_id), desc.entries,
                             att.length, t0, done_ms)
         log.info("topic %s: ledger %d offloaded whole as %s (%d bytes)", ctx.topic, ledger_id,

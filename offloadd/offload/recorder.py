@@ -84,6 +84,17 @@ class StatusRecorder:
     def stopped(self) -> None:
         self._update(state="stopped")
 
+    def read_requests(self, requests: int, nbytes: int, when_ms: int | None = None) -> None:
+        """GET-class requests (and bytes) made reading the topic back (written with the next
+        periodic write: not a state change)."""
+        if requests <= 0:
+            return
+        s = self.status
+        since = s.get_since_ms if s.get_since_ms is not None else (
+            when_ms if when_ms is not None else self._wall_ms())
+        self._update(get_requests=s.get_requests + requests, get_bytes=s.get_bytes + nbytes,
+                     get_since_ms=since)
+
     def _update(self, **changes: object) -> None:
         old = self.status
         new = dataclasses.replace(old, **changes)  # type: ignore[arg-type]

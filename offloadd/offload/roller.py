@@ -9,7 +9,8 @@ segment); a size or shutdown roll closes at what the segment holds.
 Reads are sized to fill one block (``block_budget`` frame bytes, never past the segment's
 remaining budget). A partial block is read only when it must be: its ledger is closed, or the
 segment is closing. Otherwise the task waits for more entries, so a slow topic does not produce
-many tiny blocks (S3 wants ≥ 5 MiB parts) nor re-read the same bytes again and again.
+many tiny blocks (each costs a header, its padding and an index row) nor re-read the same
+bytes again and again.
 
 :func:`decide` is one turn of the streaming loop as a function of the clock's ``now``, the open
 segment and the topic's ledgers: tested with a fake clock, no sleeping.

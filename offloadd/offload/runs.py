@@ -25,12 +25,20 @@ from offloadd.offload.buffer import OffloadBuffer
 __all__ = ["Run", "RunReader"]
 
 
+def _nothing() -> None:
+    pass
+
+
 @dataclass(frozen=True)
 class Run:
-    """A run of entries in buffer memory, and what frees that memory (call it exactly once)."""
+    """A run of entries in buffer memory, and what frees that memory (call ``release`` exactly
+    once). ``park``/``unpark`` (before ``release``) mark the run as backing blocks that wait
+    for a multipart part to fill, and as on its way out again (:meth:`OffloadBuffer.park`)."""
 
     entries: EntryRun
     release: Callable[[], None]
+    park: Callable[[], None] = _nothing
+    unpark: Callable[[], None] = _nothing
 
 
 class RunReader:
@@ -60,11 +68,24 @@ class RunReader:
         elif size > budget:  # an oversize entry: account for what we actually hold
             buf.grow(size - budget)
 
+        parked = [False]
+
+        def park() -> None:
+            if not parked[0]:
+                parked[0] = True
+                buf.park(size)
+
+        def unpark() -> None:
+            if parked[0]:
+                parked[0] = False
+                buf.unpark(size)
+
         def release() -> None:
+            unpark()
             buf.release(size)
             buf.give_back(lease)
 
-        return Run(run, release)
+        return Run(run, release, park, unpark)
 
     async def runs(self, r: LedgerRange, budget: int,
                    before: Callable[[], Awaitable[None]] | None = None) -> AsyncIterator[Run]:

@@ -128,7 +128,8 @@ class StreamingMode:
         done_ms = ctx.env.wall_ms()
         end = Position(ranges[-1].ledger_id, ranges[-1].last)
         await ctx.offloaded(lambda info: catalog.mark_offloaded(
-                                info, att.uid, done_ms, [r.ledger_id for r in ranges]),
+                                info, att.uid, done_ms, [r.ledger_id for r in ranges],
+                                att.usage),
                             segment, att.uid, end, att.entries, att.length, t0, done_ms)
         ctx.attempt = None
         log.info("topic %s: segment %s offloaded: %s..%s (%d ledgers, %d bytes)", ctx.topic,

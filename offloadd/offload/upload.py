@@ -1,10 +1,12 @@
-"""The uploader: one segment's data object as a multipart upload, several blocks in flight.
+"""The uploader: one segment's data object as a multipart upload, several parts in flight.
 
-Each block is one part. Before its bytes leave, the part takes its size from the broker-wide
-throttle; when it has landed, the offload-buffer bytes behind it are released. The first failed
-part fails the whole attempt (the topic task aborts it and redoes the segment). Each block
-carries its own CRC32C (stamped into its header before it is submitted, ``format/checksum.py``);
-no checksum of the whole object is computed.
+A part is a run of whole blocks (``offload/parts.py``). Before its bytes leave, the part takes
+its size from the broker-wide throttle (its blocks' bytes: no padding beyond each block's own 4+
+bytes); when it has landed (or failed), its ``done`` callback runs, and the caller releases the
+offload-buffer bytes behind its blocks. The first failed part fails the whole attempt (the topic
+task aborts it and redoes the segment). Each block carries its own CRC32C (stamped into its
+header before it is submitted, ``format/checksum.py``); no checksum of the whole object is
+computed.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import contextlib
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 from offloadd.blobstore.base import BlobStore, MultipartUpload, ObjectInfo
-from offloadd.format.layout import Part
+from offloadd.offload.parts import UploadPart
 
 Acquire = Callable[[int], Awaitable[object]]
 
@@ -51,29 +53,26 @@ class SegmentUpload:
         while len(self._tasks) >= self._in_flight and self._error is None:
             await asyncio.wait(list(self._tasks), return_when=asyncio.FIRST_COMPLETED)
 
-    def submit(self, parts: Sequence[Part], release: Callable[[], None]) -> None:
-        """Schedule ``parts``; ``release`` runs once when all of them are done (or failed)."""
+    def submit(self, parts: Sequence[UploadPart], done: Callable[[UploadPart], None]) -> None:
+        """Schedule ``parts``; ``done(part)`` runs once per part when it landed (or failed)."""
         if self._upload is None:
             raise RuntimeError("upload not started")
         for p in parts:
             self.length = max(self.length, p.offset + p.length)
             self.parts += 1
-        remaining = [len(parts)]
 
-        def done(t: asyncio.Task[None]) -> None:
-            self._tasks.discard(t)
-            remaining[0] -= 1
-            if remaining[0] == 0:
-                release()
+        def finished(part: UploadPart) -> Callable[[asyncio.Task[None]], None]:
+            def callback(t: asyncio.Task[None]) -> None:
+                self._tasks.discard(t)
+                done(part)
+            return callback
 
-        if not parts:
-            release()
         for p in parts:
-            t = asyncio.create_task(self._put(p), name=f"part-{self.key}-{p.part_number}")
-            t.add_done_callback(done)
+            t = asyncio.create_task(self._put(p), name=f"part-{self.key}-{p.number}")
+            t.add_done_callback(finished(p))
             self._tasks.add(t)
 
-    async def _put(self, part: Part) -> None:
+    async def _put(self, part: UploadPart) -> None:
         assert self._upload is not None
         async with self._sem:
             if self._error is not None:
@@ -83,7 +82,7 @@ class SegmentUpload:
                     await self._acquire(part.length)
                 loop = asyncio.get_running_loop()
                 t0 = loop.time()
-                await self._upload.put_part(part.part_number, part.offset, part.buffers)
+                await self._upload.put_part(part.number, part.offset, part.buffers)
                 if self._on_part_done is not None:
                     self._on_part_done(part.length, loop.time() - t0)
             except BaseException as exc:

@@ -14,6 +14,8 @@ interval; it changes nothing in the tier or the metadata.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from offloadd.blobstore.base import BlobStore
 from offloadd.metadata import managed_ledger
 from offloadd.metadata.base import MetadataStore
@@ -25,19 +27,25 @@ __all__ = ["read_back"]
 
 
 class _Counting:
-    """A probe that passes every report on and counts the errors it reported."""
+    """A probe that passes every report on and counts the errors it reported, and the
+    GET-class requests and bytes of the reads (an index read is a HEAD and a GET)."""
 
     def __init__(self, probe: ReadProbe) -> None:
         self._probe = probe
         self.errors = 0
+        self.requests = 0
+        self.nbytes = 0
 
     def index_read(self, seconds: float) -> None:
+        self.requests += 2
         self._probe.index_read(seconds)
 
     def data_read(self, seconds: float) -> None:
+        self.requests += 1
         self._probe.data_read(seconds)
 
     def read_offload(self, nbytes: int) -> None:
+        self.nbytes += nbytes
         self._probe.read_offload(nbytes)
 
     def read_error(self) -> None:
@@ -46,10 +54,12 @@ class _Counting:
 
 
 async def read_back(metadata: MetadataStore, blobstore: BlobStore, topic: TopicName,
-                    probe: ReadProbe, *, head_bytes: int = 64 * 1024) -> Segment | None:
+                    probe: ReadProbe, *, head_bytes: int = 64 * 1024,
+                    on_requests: Callable[[int, int], None] | None = None) -> Segment | None:
     """Check the newest committed segment of ``topic`` (None when it has none). A failure to
     read the tier counts once in ``probe.read_error`` and raises; a metadata failure only
-    raises (it is not a tier read)."""
+    raises (it is not a tier read). ``on_requests(requests, nbytes)`` hears the GET-class
+    requests the check made that were answered."""
     info, _ = await managed_ledger.load(metadata, topic.managed_ledger)
     done = [s for s in catalog.segments(info) if s.complete]
     if not done:
@@ -63,4 +73,7 @@ async def read_back(metadata: MetadataStore, blobstore: BlobStore, topic: TopicN
         if counting.errors == 0:  # e.g. a structural error of the index found past decoding
             counting.read_error()
         raise
+    finally:
+        if on_requests is not None:
+            on_requests(counting.requests, counting.nbytes)
     return seg

@@ -3,8 +3,12 @@
 A topic's committed segments come from its ``ManagedLedgerInfo`` (:mod:`offloadd.model.catalog`);
 streaming segments (PIP-76) and ledgers offloaded whole (PIP-17) interleave in one log order, and
 the reader hands out one ordered stream whatever mix holds it. For each object the index is read
-once (LRU-cached), then whole blocks are fetched by ranged GETs, ``prefetch`` of them in flight
-ahead of the consumer. Every block is checked before any of its entries is returned: magic,
+once (LRU-cached), then its blocks are fetched by ranged GETs of whole blocks, ``prefetch`` GETs
+in flight ahead of the consumer. A GET takes consecutive blocks until it holds ``range_bytes``
+(the last of an object: what is left; a block larger than that: alone): the same rule the writer
+cuts multipart parts by (``offload/parts.py``), so with ``range_bytes`` = the part size each GET
+is one part of an object offloadd wrote, and small blocks do not cost a request each.
+Every block is checked before any of its entries is returned: magic,
 lengths, ledger and first entry against the index, the per-block CRC32C, and the consecutive
 entry ids inside — wrong bytes raise ``FormatError`` naming the object and block, never a wrong
 entry. Whether a block must carry a CRC32C comes from the index object's user metadata (every
@@ -55,6 +59,10 @@ class Entry:
     payload: memoryview
 
 
+# A ranged GET's size: [blobstore] part_size_bytes' default
+DEFAULT_RANGE_BYTES = 8 * 1024 * 1024
+
+
 @dataclass(frozen=True)
 class _BlockRef:
     data_key: str
@@ -62,6 +70,24 @@ class _BlockRef:
     block: IndexEntry
     end: int
     checksummed: bool  # the pair's trusted metadata says every block carries a CRC32C
+
+
+def _ranges(refs: list[_BlockRef], range_bytes: int) -> list[list[_BlockRef]]:
+    """``refs`` (in object order) grouped into ranged GETs of consecutive whole blocks, each
+    cut once it holds ``range_bytes``."""
+    out: list[list[_BlockRef]] = []
+    cur: list[_BlockRef] = []
+    for ref in refs:
+        if cur and (ref.data_key != cur[-1].data_key or ref.block.offset != cur[-1].end):
+            out.append(cur)
+            cur = []
+        cur.append(ref)
+        if cur[-1].end - cur[0].block.offset >= range_bytes:
+            out.append(cur)
+            cur = []
+    if cur:
+        out.append(cur)
+    return out
 
 
 class ReadProbe(Protocol):
@@ -85,10 +111,12 @@ class TierReader:
     def __init__(self, metadata: MetadataStore, blobstore: BlobStore, *, prefetch: int = 4,
                  index_cache: int = 256,
                  probe: ReadProbe | None = None,
-                 clock: Callable[[], float] = time.perf_counter) -> None:
+                 clock: Callable[[], float] = time.perf_counter,
+                 range_bytes: int = DEFAULT_RANGE_BYTES) -> None:
         self.metadata = metadata
         self.blobstore = blobstore
         self.prefetch = max(prefetch, 0)
+        self.range_bytes = max(range_bytes, 1)
         self.probe: ReadProbe = probe or NullReadProbe()
         self._clock = clock
         self._cache: collections.OrderedDict[str, tuple[StreamingIndex | LedgerIndex, bool]] = (
@@ -126,25 +154,27 @@ class TierReader:
 
     async def read_segment(self, seg: Segment, start: Position | None = None
                            ) -> AsyncGenerator[Entry, None]:
-        refs = await self._block_refs(seg, start)
+        groups = _ranges(await self._block_refs(seg, start), self.range_bytes)
         pending: collections.deque[asyncio.Task[bytes]] = collections.deque()
         i = 0
         try:
-            while i < len(refs) or pending:
-                while i < len(refs) and len(pending) <= self.prefetch:
-                    pending.append(asyncio.create_task(self._fetch(refs[i])))
+            while i < len(groups) or pending:
+                while i < len(groups) and len(pending) <= self.prefetch:
+                    pending.append(asyncio.create_task(self._fetch(groups[i])))
                     i += 1
-                ref_idx = i - len(pending)
-                buf = await pending.popleft()
-                ref = refs[ref_idx]
-                rng = next(r for r in seg.ranges if r.ledger_id == ref.ledger_id)
-                for entry_id, payload in self._entries(ref, buf):
-                    pos = Position(ref.ledger_id, entry_id)
-                    if entry_id < rng.first or entry_id > rng.last:
-                        continue
-                    if start is not None and pos < start:
-                        continue
-                    yield Entry(pos, payload)
+                group = groups[i - len(pending)]
+                buf = memoryview(await pending.popleft())
+                base = group[0].block.offset
+                for ref in group:
+                    rng = next(r for r in seg.ranges if r.ledger_id == ref.ledger_id)
+                    block = buf[ref.block.offset - base:ref.end - base]
+                    for entry_id, payload in self._entries(ref, block):
+                        pos = Position(ref.ledger_id, entry_id)
+                        if entry_id < rng.first or entry_id > rng.last:
+                            continue
+                        if start is not None and pos < start:
+                            continue
+                        yield Entry(pos, payload)
         finally:
             for t in pending:
                 t.cancel()
@@ -163,13 +193,18 @@ class TierReader:
         self.probe.read_offload(len(data))
         return data
 
-    async def _fetch(self, ref: _BlockRef) -> bytes:
-        data = await self._get(ref, ref.end)
-        if len(data) != ref.end - ref.block.offset:
+    async def _fetch(self, group: list[_BlockRef]) -> bytes:
+        """One ranged GET of the consecutive blocks of ``group``."""
+        first, end = group[0], group[-1].end
+        want = end - first.block.offset
+        data = await self._get(first, end)
+        if len(data) != want:
             self.probe.read_error()
-            raise FormatError(ref.data_key, ref.block.offset + len(data),
-                              f"block {ref.block.part_id} is truncated: got {len(data)} of "
-                              f"{ref.end - ref.block.offset} bytes")
+            bad = next(r for r in group if r.end - first.block.offset > len(data))
+            raise FormatError(first.data_key, first.block.offset + len(data),
+                              f"block {bad.block.part_id} is truncated: got {len(data)} of "
+                              f"{want} bytes (one ranged read of blocks "
+                              f"{first.block.part_id}..{group[-1].block.part_id})")
         return data
 
     @staticmethod
@@ -177,7 +212,7 @@ class TierReader:
         return f"{ref.data_key} (block {ref.block.part_id} at byte {ref.block.offset})"
 
     @staticmethod
-    def _header(buf: bytes, ref: _BlockRef, where: str) -> BlockHeader:
+    def _header(buf: bytes | memoryview, ref: _BlockRef, where: str) -> BlockHeader:
         """The block's header, checked against what the index says of the block."""
         hdr = parse_block_header(buf, 0, where)
         if hdr.block_len != ref.end - ref.block.offset:
@@ -191,7 +226,8 @@ class TierReader:
                               f"{ref.ledger_id}")
         return hdr
 
-    def _entries(self, ref: _BlockRef, buf: bytes) -> list[tuple[int, memoryview]]:
+    def _entries(self, ref: _BlockRef, buf: bytes | memoryview
+                 ) -> list[tuple[int, memoryview]]:
         where = self._where(ref)
         try:
             hdr = self._header(buf, ref, where)

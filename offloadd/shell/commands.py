@@ -182,7 +182,8 @@ def cmd_read(args: argparse.Namespace) -> int:
 
     async def go() -> int:
         async with _looking(settings) as (md, bs):
-            reader = TierReader(md, bs, prefetch=settings.offload.prefetch_blocks())
+            reader = TierReader(md, bs, prefetch=settings.offload.prefetch_blocks(),
+                                range_bytes=settings.blobstore.part_size_bytes)
             out = sys.stdout.buffer
             async for e in reader.read(args.topic, args.start, args.count):
                 if args.raw:

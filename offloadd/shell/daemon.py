@@ -115,6 +115,7 @@ class Daemon:
         env = OffloadEnv(
             source=piped, metadata=metadata, blobstore=self.blobstore, buffer=self.buffer,
             acquire=self._acquire, blocks_in_flight=off.blocks_in_flight,
+            part_size=settings.blobstore.part_size_bytes,
             retry=Backoff(off.retry_base_s, off.retry_max_s))
         self.scheduler = Scheduler(
             env, ownership=ownership or Ownership(), wanted=self.wanted, policy=self._policy_fn,
@@ -385,8 +386,10 @@ class Daemon:
                 if done is None or checked.get(topic) == done:
                     continue
                 try:
+                    sink = r.offloader.status_sink
                     seg = await read_back(self.metadata, self.blobstore, topic,
-                                          r.offloader.probe)
+                                          r.offloader.probe, on_requests=(
+                                              sink.read_requests if sink is not None else None))
                 except Exception as exc:  # the check must outlive any failure; retried
                     log.warning("topic %s: reading the newest committed segment back from the "
                                 "tier failed (readers will fail the same way): %s", topic, exc)

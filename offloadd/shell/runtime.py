@@ -75,7 +75,7 @@ class Runtime:
         try:
             tier = await wiring.open_tier(
                 settings, on_circuit=lambda state: metrics.store_circuit(
-                    _CIRCUIT.get(state, state)))
+                    _CIRCUIT.get(state, state)), on_request=metrics.blobstore_request)
         except BaseException:
             await metadata.close()
             raise

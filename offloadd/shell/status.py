@@ -8,7 +8,10 @@ Read from the metadata store and the source, so it works with no daemon running:
   and since when, the last error and its time, the last success;
 * lag from the last committed position to the source's LAC (:func:`offloadd.offload.lag.measure`;
   without the daemon's LAC history the age is its ledger's, an upper bound);
-* data lost to retention (sidecar mode), owner and fencing epoch, the cluster's members.
+* data lost to retention (sidecar mode), owner and fencing epoch, the cluster's members;
+* the tier's cost (:mod:`offloadd.model.cost`): objects, stored and payload bytes, PUT-class and
+  GET-class requests per GiB, and a monthly estimate at ``[cost]`` prices — from the usage each
+  committed segment recorded and the status record's read requests: no request to the bucket.
 
 When the daemon answers on its metrics endpoint, its live view of the topics it owns wins
 (``/status``): its lag is the figure its ``/metrics`` exports at the same moment, and its failing
@@ -39,6 +42,7 @@ from offloadd.ledger.base import SourceView
 from offloadd.metadata import managed_ledger, offload_status
 from offloadd.metadata.base import MetadataStore
 from offloadd.model import Position, TopicName, catalog
+from offloadd.model.cost import Prices, topic_cost
 from offloadd.model.losses import lost_ledgers
 from offloadd.offload.lag import committed_payload_bytes, measure
 
@@ -61,7 +65,8 @@ async def ownership_status(md: MetadataStore, topic: TopicName) -> dict[str, Any
 
 
 async def topic_status(md: MetadataStore, source: SourceView, topic: TopicName,
-                       now_ms: int | None = None) -> dict[str, Any]:
+                       now_ms: int | None = None, prices: Prices | None = None
+                       ) -> dict[str, Any]:
     now_ms = now_ms if now_ms is not None else int(time.time() * 1000)
     out: dict[str, Any] = {"topic": str(topic), **await ownership_status(md, topic)}
     try:
@@ -83,6 +88,11 @@ async def topic_status(md: MetadataStore, source: SourceView, topic: TopicName,
     out["last_offloaded"] = str(last) if last else None
     out["last_commit_ms"] = done[-1].offloaded_ms or None if done else None
     out["entries_offloaded"] = sum(s.entries for s in done)
+    reads: dict[str, Any] = out.get("status") or {}
+    out["tier"] = topic_cost(
+        done, prices or Prices(), now_ms, get_requests=int(reads.get("get_requests") or 0),
+        get_bytes=int(reads.get("get_bytes") or 0), get_since_ms=reads.get("get_since_ms"),
+    ).as_dict()
     lost = lost_ledgers(info)
     if lost:  # sidecar mode: entries Pulsar's retention deleted before offloadd took them
         out["data_lost"] = [{"ledger": x.ledger_id, "first": x.first, "last": x.last,
@@ -139,7 +149,9 @@ async def collect(settings: Settings, topics: Sequence[TopicName] | None = None
                                     f"{', '.join(missing)}")
             names = [n for n in names if n in wanted]
         now_ms = int(time.time() * 1000)
-        out_topics = [await topic_status(md, src, n, now_ms) for n in names]
+        c = settings.cost
+        prices = Prices(c.storage_per_gb_month, c.put_per_1000, c.get_per_1000)
+        out_topics = [await topic_status(md, src, n, now_ms, prices) for n in names]
         members = [asdict(m) for m in await cluster.read_members(md)]
         source = wiring.source_status(settings, src.source)
     finally:
@@ -147,7 +159,7 @@ async def collect(settings: Settings, topics: Sequence[TopicName] | None = None
         await md.close()
     out: dict[str, Any] = {"metadata": wiring.deployment(settings),
                            "driver": settings.blobstore.driver, "members": members,
-                           "topics": out_topics}
+                           "currency": settings.cost.currency, "topics": out_topics}
     if source is not None:
         out["source"] = source
     if settings.metrics.enabled:
@@ -236,11 +248,25 @@ def render_text(st: dict[str, Any]) -> str:
         if t.get("data_lost"):
             lines.append(f"{t['topic']}: DATA LOST TO RETENTION: " + ", ".join(
                 f"{x['ledger']}:{x['first']}..{x['last']}" for x in t["data_lost"]))
-        lines.extend(_topic_lines(t, owner))
+        lines.extend(_topic_lines(t, owner, st.get("currency", "USD")))
     return "\n".join(lines)
 
 
-def _topic_lines(t: dict[str, Any], owner: str) -> list[str]:
+def _per_gib(x: object) -> str:
+    return f"{x:g}" if isinstance(x, int | float) else "-"
+
+
+def _tier_text(tier: dict[str, Any], currency: str) -> str:
+    unsized = tier.get("unsized_segments") or 0
+    note = f" ({unsized} older segment(s) recorded no usage)" if unsized else ""
+    return (f"tier: {tier['objects']} objects, {_size(tier['stored_bytes'])} stored for "
+            f"{_size(tier['payload_bytes'])} payload; PUT-class "
+            f"{_per_gib(tier['put_requests_per_gib'])}/GiB, GET-class "
+            f"{_per_gib(tier['get_requests_per_gib'])}/GiB read; est. "
+            f"{tier['monthly_cost']:.2f} {currency}/month{note}")
+
+
+def _topic_lines(t: dict[str, Any], owner: str, currency: str = "USD") -> list[str]:
     seg = t["segments"]
     live, rec = t.get("live"), t.get("status") or {}
     attempts = (live or rec).get("failed_attempts") or 0
@@ -258,6 +284,8 @@ def _topic_lines(t: dict[str, Any], owner: str) -> list[str]:
     at = f" at {_when(t.get('last_commit_ms'))}" if t.get("last_commit_ms") else ""
     out = [f"{t['topic']}: {state}; offloaded {seg['offloaded']} assigned {seg['assigned']} "
            f"last {last}{at}; {_lag_text(t.get('lag', {}))}{owner}"]
+    if t.get("tier"):
+        out.append("  " + _tier_text(t["tier"], currency))
     if failing(t):
         error = (live or {}).get("last_error") or rec.get("last_error")
         if error:

@@ -176,6 +176,13 @@ class TestBackfillOnSpark:
         rep = await _verify(rig)
         assert rep.ok, rep.to_json()
         assert rep.topics[0].entries == n
+        # each segment recorded what it costs in the tier: its objects as stored
+        tier = [f for f in settings.blobstore.path.rglob("*")  # objects, not their .meta
+                if f.is_file() and not {".uploads", ".meta"} & set(f.parts)]
+        usage = [catalog.usage_of(s) for s in segs]
+        assert all(u is not None for u in usage)
+        assert sum(u.objects for u in usage if u) == len(tier)
+        assert sum(u.stored_bytes for u in usage if u) == sum(f.stat().st_size for f in tier)
 
     @pytest.mark.timeout(180)
     async def test_a_rerun_skips_what_is_offloaded_and_starts_no_spark(

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from offloadd.offload.buffer import OffloadBuffer
 
 
@@ -41,3 +43,35 @@ class TestBuffer:
         await asyncio.gather(t, return_exceptions=True)
         buf.release(100)
         assert buf.used == 0 and buf.try_reserve(100)
+
+
+class TestParked:
+    """Bytes waiting for a part to fill stay counted; when nothing but them is held, a read is
+    admitted past the cap (waiting could only deadlock), one at a time."""
+
+    async def test_everything_parked_admits_one_read_past_the_cap(self) -> None:
+        buf = OffloadBuffer(100)
+        await buf.reserve(60)
+        await buf.reserve(40)  # full: 60 parked below, 40 in flight
+        buf.park(60)
+        first = asyncio.create_task(buf.reserve(50))
+        second = asyncio.create_task(buf.reserve(50))
+        await asyncio.sleep(0.01)
+        assert not first.done()  # 40 bytes in flight will free room: wait for them
+        buf.park(40)  # now everything held is parked
+        await asyncio.wait_for(first, 1)
+        assert buf.used == 150 and buf.high_water == 150
+        await asyncio.sleep(0.01)
+        assert not second.done()  # the admitted read is not parked: one at a time
+        buf.unpark(40)
+        buf.release(40)
+        buf.release(50)
+        await asyncio.wait_for(second, 1)  # 60 parked + 50 fits the cap again
+        assert buf.used == 110 and buf.parked == 60
+        second.result()
+
+    def test_unpark_more_than_parked_is_a_bug(self) -> None:
+        buf = OffloadBuffer(100)
+        buf.park(10)
+        with pytest.raises(AssertionError):
+            buf.unpark(11)

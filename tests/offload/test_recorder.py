@@ -137,6 +137,23 @@ class TestRecorder:
         finally:
             await rec.close()
 
+    async def test_read_back_requests_add_up_across_owners(self) -> None:
+        """GET-class requests of the read-back checks: summed, written with the next periodic
+        write (or on close), and a new owner goes on from the record."""
+        store, fence = await fenced_store()
+        rec = StatusRecorder(store, ML, fence, "d1", interval_s=60)
+        rec.start()
+        await eventually(lambda: rec.writes == 1)
+        rec.read_requests(3, 65_000, when_ms=500)
+        rec.read_requests(0, 0, when_ms=600)  # a check that read nothing changes nothing
+        rec.read_requests(3, 70_000, when_ms=700)
+        await rec.close()
+        st = await recorded(store)
+        assert (st.get_requests, st.get_bytes, st.get_since_ms) == (6, 135_000, 500)
+        nxt = StatusRecorder(store, ML, fence, "d2", initial=st, interval_s=60)
+        nxt.read_requests(3, 1000, when_ms=900)
+        assert (nxt.status.get_requests, nxt.status.get_since_ms) == (9, 500)
+
     async def test_stopping_keeps_a_failing_streak_and_a_new_owner_continues_it(self) -> None:
         store, fence = await fenced_store()
         rec = StatusRecorder(store, ML, fence, "d1", interval_s=60)

@@ -229,17 +229,10 @@ BAD: list[tuple[str, str | None, dict[str, str], str]] = [
      "[topics.\"persistent://t/ns/slow\"]\nmax_segment_rollover_time_minutes = 60\n", {},
      "orphan_grace_s (3600) must be at least 7200: a segment's upload may stay open 3600 s "
      "([topics.\"persistent://t/ns/slow\"] max_segment_rollover_time_minutes = 60)"),
-    ("block below S3's part minimum",
-     "[blobstore]\ndriver = \"aws-s3\"\n[offload]\nmax_block_size_bytes = 1024\n", {},
-     "[offload] max_block_size_bytes (1024) is below the store's smallest multipart part "
+    ("part below S3's part minimum",
+     "[blobstore]\ndriver = \"aws-s3\"\npart_size_bytes = 1048576\n", {},
+     "[blobstore] part_size_bytes (1048576) is below the store's smallest multipart part "
      "(5242880 bytes, [blobstore] min_part_size_bytes)"),
-    ("namespace block below S3's part minimum",
-     "[blobstore]\ndriver = \"aws-s3\"\n[namespaces.\"t/ns\"]\nmode = \"ledger\"\n"
-     "max_block_size_bytes = 1048576\n", {},
-     "[namespaces.\"t/ns\"] max_block_size_bytes (1048576) is below the store's smallest"),
-    ("unpadded blocks on S3",
-     "[blobstore]\ndriver = \"aws-s3\"\n[offload]\nmin_block_size_bytes = 0\n", {},
-     "[offload] min_block_size_bytes (0) is below the store's smallest multipart part"),
     ("topic key '..'", "[topics.\"persistent://public/default/..\"]\nmode = \"ledger\"\n", {},
      "'..' cannot be a tenant, namespace or topic name"),
     ("namespace key with '.'", "[namespaces.\"./default\"]\nmode = \"ledger\"\n", {},
@@ -267,6 +260,19 @@ def test_a_bad_configuration_gives_one_line_naming_the_key_and_exit_code_2(
 
 def test_the_table_has_at_least_twenty_cases() -> None:
     assert len(BAD) >= 20
+
+
+def test_small_blocks_are_fine_on_s3_since_parts_group_them(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Blocks are not parts: unpadded 1 MiB blocks on aws-s3 load, and the part size is what
+    meets S3's minimum (8 MiB by default)."""
+    p = write(tmp_path, "[blobstore]\ndriver = \"aws-s3\"\n[offload]\n"
+              "max_block_size_bytes = 1048576\nmin_block_size_bytes = 0\n")
+    rc, _ = check(p, capsys)
+    assert rc == 0
+    s = config.load(p)
+    assert s.blobstore.part_size_bytes == 8 * 1024 * 1024
+    assert s.min_block_size(s.offload) == 0
 
 
 def test_several_problems_are_counted_on_the_same_line(

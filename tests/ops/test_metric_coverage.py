@@ -141,6 +141,7 @@ secret_access_key = "testing"
 max_attempts = 1
 read_timeout_s = 5
 min_part_size_bytes = 4
+part_size_bytes = 32768
 [offload]
 max_size_per_segment_mbytes = 0.1
 max_segment_rollover_time_minutes = 0.01

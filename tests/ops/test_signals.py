@@ -149,8 +149,10 @@ def test_sighup_with_a_lower_throttle_slows_the_measured_offload_rate(tmp_path: 
 def test_sigterm_during_an_upload_exits_0_in_time_and_a_restart_leaves_verify_clean(
         tmp_path: Path) -> None:
     deadline = 2.0
+    # parts of one 64 KiB block (the default 8 MiB part would still be filling at the signal)
     cfg = make_config(tmp_path, deadline=deadline,
-                      offload="max_block_size_bytes = 65536\nflow_permits_per_second = 100000\n")
+                      offload="max_block_size_bytes = 65536\nflow_permits_per_second = 100000\n"
+                      "[blobstore]\npart_size_bytes = 65536\n")
     topic = "persistent://public/default/term"
     n = produce(tmp_path, cfg, topic, 2_000_000)
     d = DaemonProcess(tmp_path, cfg)

@@ -28,7 +28,8 @@ pytestmark = pytest.mark.integration
 
 FAULTS = FaultPlan(error_500=0.04, slowdown_503=0.04, reset=0.05, stall=0.02, truncate=0.03,
                    stall_s=2.0)
-# Small blocks: many parts, so many requests to fail. A stall outlasts the read timeout.
+PART = 8192
+# Small blocks and parts: many parts, so many requests to fail. A stall outlasts the read timeout.
 POLICY = """
 [offload]
 max_size_per_segment_mbytes = 1
@@ -52,8 +53,11 @@ def proxy(s3_server: str) -> Iterator[FaultProxy]:
 @pytest.mark.timeout(240)
 def test_every_segment_completes_and_reads_back_through_a_proxy_failing_requests(
         tmp_path: Path, s3_bucket: MotoBucket, proxy: FaultProxy) -> None:
+    # parts of 8 KiB: a full 16 KiB block alone, a ledger's short last block with the next
+    # one; many parts, so many requests
     cfg = s3_config(tmp_path, proxy.url, s3_bucket.name, POLICY,
-                    blobstore="read_timeout_s = 1.0\nconnect_timeout_s = 2.0")
+                    blobstore="read_timeout_s = 1.0\nconnect_timeout_s = 2.0\n"
+                    f"part_size_bytes = {PART}")
     proxy.plan = FAULTS
     out = run(["standalone", "--config", str(cfg), "--duration", "6", "--rate", "600000",
                "--topics", "2"], tmp_path, timeout=180)
@@ -80,5 +84,5 @@ def test_every_segment_completes_and_reads_back_through_a_proxy_failing_requests
     assert sum(proxy.injected.values()) > injected  # the read met faults as well
 
     proxy.plan = FaultPlan()
-    check_objects(s3_bucket, tmp_path)
+    check_objects(s3_bucket, tmp_path, part_size=PART)
     assert incomplete_uploads(s3_bucket) == []

@@ -29,6 +29,9 @@ CONFIG = """\
 rollover_bytes = 1500000
 rollover_minutes = 0.1
 
+[blobstore]
+part_size_bytes = 262144
+
 [offload]
 flow_permits_per_second = 4000000
 max_block_size_bytes = 262144

@@ -82,6 +82,7 @@ path = "{root}/data/ledgers"
 
 [blobstore]
 path = "{root}/data/tier"
+part_size_bytes = {block}
 
 [offload]
 flow_permits_per_second = {limit}

@@ -21,11 +21,22 @@ from offloadd.blobstore.filesystem.upload import FilesystemUpload
 from offloadd.blobstore.filesystem.workers import Workers
 from offloadd.blobstore.health import HealthPolicy, StoreHealth
 from offloadd.blobstore.parts import check_range
+from offloadd.blobstore.requests import RequestCounts
 from offloadd.errors import ConfigError, Fatal, NotFound, Retriable
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+# the filesystem's operations under S3's names (one price list for both drivers)
+S3_NAMES = {"start_upload": "CreateMultipartUpload", "put_part": "UploadPart",
+            "complete": "CompleteMultipartUpload", "abort": "AbortMultipartUpload",
+            "get_range": "GetObject", "head": "HeadObject", "delete": "DeleteObject",
+            "list": "ListObjectsV2", "sweep": "ListMultipartUploads"}
+
+
+class _Unanswered(Retriable):
+    """An operation that missed its deadline (counted as a ``timeout``)."""
 
 
 class FilesystemBlobStore(BlobStore, UploadSweeper):
@@ -33,7 +44,8 @@ class FilesystemBlobStore(BlobStore, UploadSweeper):
 
     def __init__(self, root: str | Path, *, request_timeout_s: float = 30.0,
                  min_transfer_rate_bytes_per_s: float = 1024 * 1024,
-                 health: StoreHealth | None = None, workers: int = 16) -> None:
+                 health: StoreHealth | None = None, workers: int = 16,
+                 requests: RequestCounts | None = None) -> None:
         if not (request_timeout_s > 0 and min_transfer_rate_bytes_per_s > 0 and workers >= 1):
             raise ConfigError("filesystem store: request_timeout_s and "
                               "min_transfer_rate_bytes_per_s must be > 0, workers >= 1")
@@ -46,6 +58,8 @@ class FilesystemBlobStore(BlobStore, UploadSweeper):
         if self._health.name is None:
             self._health.name = f"file://{self.root}"
         self._workers = Workers(workers, "fs-blobstore")
+        # each operation counted under S3's name for it, so one price list fits both drivers
+        self.requests = requests or RequestCounts(self.name)
         self._prober: asyncio.Task[None] | None = None
 
     @property
@@ -53,9 +67,27 @@ class FilesystemBlobStore(BlobStore, UploadSweeper):
         return self._health
 
     async def call(self, op: str, what: str, fn: Callable[..., T], *args: object,
-                   nbytes: int = 0) -> T:
+                   nbytes: int = 0, count: bool = True) -> T:
         """``fn(*args)`` in a worker thread within the operation's deadline; errors translated
-        and recorded in the store's health (see the package docstring)."""
+        and recorded in the store's health (see the package docstring), and the operation
+        counted (``count``) in :attr:`requests`."""
+        result_of = "io"
+        try:
+            result = await self._call(op, what, fn, *args, nbytes=nbytes)
+            result_of = "ok"
+            return result
+        except _Unanswered:
+            result_of = "timeout"
+            raise
+        except (Fatal, NotFound):
+            result_of = "client"
+            raise
+        finally:
+            if count:
+                self.requests.count(S3_NAMES.get(op, op), result_of)
+
+    async def _call(self, op: str, what: str, fn: Callable[..., T], *args: object,
+                    nbytes: int = 0) -> T:
         loop = asyncio.get_running_loop()
         if self._prober is None:
             self._prober = loop.create_task(self._health.run_prober(self._probe),
@@ -73,7 +105,7 @@ class FilesystemBlobStore(BlobStore, UploadSweeper):
                 said = (f"{what}: no answer from the filesystem within {budget:.1f}s (deadline: "
                         "[blobstore] request_timeout_s); the disk or mount may be hung")
                 log.warning("%s", said)
-                raise Retriable(said) from None
+                raise _Unanswered(said) from None
             except OSError as e:
                 err = translate(e, what)
                 if isinstance(err, Fatal):
@@ -105,21 +137,33 @@ class FilesystemBlobStore(BlobStore, UploadSweeper):
     def driver_properties(self) -> Mapping[str, str]:
         return {"managedLedgerOffloadDriver": self.name, "fileSystemURI": self.root.as_uri()}
 
-    async def start_upload(self, key: str, metadata: Mapping[str, str]) -> FilesystemUpload:
+    async def start_upload(self, key: str, metadata: Mapping[str, str], *,
+                           count: bool = True) -> FilesystemUpload:
         check_key(key)
         upload = FilesystemUpload(self, key, dict(metadata))
+        upload.counted = count
         await self.call("start_upload", f"starting upload of {key} under {self.root}",
-                        upload.open_sync)
+                        upload.open_sync, count=count)
         self.uploads.add(upload)
         return upload
 
     async def put(self, key: str, data: Buffers, metadata: Mapping[str, str]) -> ObjectInfo:
-        upload = await self.start_upload(key, metadata)
+        # one PutObject, as on S3, though it is made of an upload's three steps here
+        result_of = "io"
         try:
-            await upload.put_part(1, 0, data)
-            return await upload.complete()
+            upload = await self.start_upload(key, metadata, count=False)
+            try:
+                await upload.put_part(1, 0, data)
+                info = await upload.complete()
+            finally:
+                await upload.abort()
+            result_of = "ok"
+            return info
+        except (Fatal, NotFound):
+            result_of = "client"
+            raise
         finally:
-            await upload.abort()
+            self.requests.count("PutObject", result_of)
 
     async def get_range(self, key: str, start: int, end: int) -> bytes:
         check_range(key, start, end)

@@ -32,7 +32,7 @@ class UploadOwner(Protocol):
     uploads: set[FilesystemUpload]
 
     async def call(self, op: str, what: str, fn: Callable[..., T], *args: object,
-                   nbytes: int = 0) -> T: ...
+                   nbytes: int = 0, count: bool = True) -> T: ...
 
 
 class FilesystemUpload(MultipartUpload):
@@ -53,6 +53,7 @@ class FilesystemUpload(MultipartUpload):
         self._fd_lock = threading.Lock()
         self._fd_users = 0
         self._discard = False  # aborted while a thread held the fd: the last user cleans up
+        self.counted = True  # False: the store's put() counts this upload as one PutObject
 
     def open_sync(self) -> None:
         self.temp_path.parent.mkdir(parents=True, exist_ok=True)
@@ -98,7 +99,8 @@ class FilesystemUpload(MultipartUpload):
         self._in_flight += 1
         try:
             await self._store.call("put_part", f"writing part {part_number} of {self.key}",
-                                   self._write_sync, views, offset, nbytes=nbytes)
+                                   self._write_sync, views, offset, nbytes=nbytes,
+                                   count=self.counted)
         finally:
             self._in_flight -= 1
         self._parts[part_number] = (offset, nbytes)
@@ -113,7 +115,7 @@ class FilesystemUpload(MultipartUpload):
         try:
             info = await self._store.call("complete", f"completing upload of {self.key} "
                                           f"under {self._store.tree.root}", self._complete_sync,
-                                          size, nbytes=size)
+                                          size, nbytes=size, count=self.counted)
         except BaseException:
             self._state = "failed"  # abort() still cleans up
             raise
@@ -163,7 +165,8 @@ class FilesystemUpload(MultipartUpload):
             return
         self._state = "aborted"
         self._store.uploads.discard(self)
-        await self._store.call("abort", f"aborting upload of {self.key}", self._abort_sync)
+        await self._store.call("abort", f"aborting upload of {self.key}", self._abort_sync,
+                               count=self.counted)
 
     def _abort_sync(self) -> None:
         with self._fd_lock:

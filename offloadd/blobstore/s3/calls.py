@@ -45,9 +45,10 @@ from typing import Any, TypeVar
 from botocore.exceptions import ClientError
 
 from offloadd.blobstore.health import HealthState, StoreHealth
+from offloadd.blobstore.requests import RequestCounts
 from offloadd.blobstore.s3.errors import BACKEND_ERRORS, is_refusal, translate
 from offloadd.blobstore.s3.options import S3Options
-from offloadd.blobstore.s3.session import Endpoint
+from offloadd.blobstore.s3.session import ANSWERED, Endpoint
 from offloadd.errors import Fatal, NotFound, OffloaddError, Retriable
 from offloadd.retry import Backoff
 
@@ -67,8 +68,11 @@ class Requests:
     """Makes the operations of one store; the store's keys are ``options.prefix + key``."""
 
     def __init__(self, options: S3Options, primary: Endpoint, replicas: tuple[Endpoint, ...],
-                 health: StoreHealth) -> None:
+                 health: StoreHealth, counts: RequestCounts | None = None) -> None:
         self.options = options
+        # the clients count what they send (session.count_requests); this counts the requests
+        # our deadline cut short, which no client event reports
+        self.counts = counts or RequestCounts("aws-s3")
         self.primary = primary
         self.health = health
         self.state = State.OPEN
@@ -168,10 +172,14 @@ class Requests:
             until = deadline if ep.primary else loop.time() + (deadline - loop.time()) / 2
             timer = asyncio.timeout_at(until)
             answered = False
+            seen = [0]
+            reset = ANSWERED.set(seen)
             try:
                 async with timer:
                     result = await fn(ep.client)
             except TimeoutError as exc:
+                if timer.expired() and not seen[0]:
+                    self.counts.count(op, "timeout")  # cut short: no client event said so
                 if not timer.expired():  # a socket timeout of botocore's, not our deadline
                     err = translate(exc, op, self.where(key))
                     err.__cause__ = exc
@@ -195,6 +203,7 @@ class Requests:
                     self.health.record_success(op)
                 return result
             finally:
+                ANSWERED.reset(reset)
                 ep.pending -= 1
                 if ticket:
                     self.health.request_finished(ticket)
@@ -254,10 +263,14 @@ class Requests:
                             "continuation markers; the store's answers are broken")
 
     async def probe(self) -> None:
+        seen = [0]
+        reset = ANSWERED.set(seen)
         try:
             async with asyncio.timeout(self.options.request_timeout_s):
                 await self.primary.client.head_bucket(Bucket=self.options.bucket)
         except TimeoutError as exc:
+            if not seen[0]:
+                self.counts.count("HeadBucket", "timeout")
             raise Retriable(f"S3 HeadBucket {self.where(None)}: no answer within "
                             f"{self.options.request_timeout_s:.1f}s") from exc
         except BACKEND_ERRORS as exc:
@@ -265,3 +278,5 @@ class Requests:
             if isinstance(err, Retriable):
                 raise err from None
             # 403 (no s3:ListBucket) or 404 still prove the store is answering.
+        finally:
+            ANSWERED.reset(reset)

@@ -53,6 +53,7 @@ _THROTTLING = frozenset(
         "ProvisionedThroughputExceededException",
     }
 )
+THROTTLING_CODES = _THROTTLING  # S3's (and S3-compatible stores') ways to say "slow down"
 _TRANSIENT_CODES = _THROTTLING | frozenset(
     {
         "InternalError",
@@ -109,7 +110,7 @@ HINTS = {
     "PermanentRedirect": "the bucket lives in another region or behind another endpoint",
     "RequestTimeTooSkewed": "this host's clock is off: fix its time sync",
     "EntityTooSmall": "every part except the last must be at least 5 MiB (S3's minimum): "
-    "raise the block size",
+    "raise [blobstore] part_size_bytes (and min_part_size_bytes, if lowered)",
     "InvalidPart": "a part's ETag or checksum does not match what the store holds",
     "InvalidPartOrder": "parts must be listed in ascending order",
     "NoSuchUpload": "the multipart upload no longer exists "

@@ -2,7 +2,7 @@
 
 Parts may be uploaded concurrently and in any order; ``complete()`` checks that numbers run
 1..N and offsets are contiguous before asking S3. S3 wants every part but the last to be at
-least 5 MiB: callers size blocks; S3's ``EntityTooSmall`` comes back as a ``Fatal`` that says
+least 5 MiB: callers size parts; S3's ``EntityTooSmall`` comes back as a ``Fatal`` that says
 so. Lost responses are handled where a blind retry would go wrong: a retried
 ``CreateMultipartUpload`` aborts the stray upload a lost answer may have left for the same key
 (keys are fresh per attempt, so any other upload of that key is ours), a retried

@@ -14,6 +14,7 @@ from botocore.exceptions import ClientError
 from offloadd.blobstore.base import BlobStore, Buffers, ObjectInfo, UploadSweeper
 from offloadd.blobstore.health import StoreHealth
 from offloadd.blobstore.parts import check_range
+from offloadd.blobstore.requests import RequestCounts
 from offloadd.blobstore.s3.calls import Requests, State
 from offloadd.blobstore.s3.checksums import crc32c_b64
 from offloadd.blobstore.s3.errors import error_code
@@ -35,15 +36,19 @@ class S3BlobStore(BlobStore, UploadSweeper):
         self._prober: asyncio.Task[None] | None = None
 
     @classmethod
-    async def open(cls, options: S3Options, *, health: StoreHealth | None = None) -> S3BlobStore:
+    async def open(cls, options: S3Options, *, health: StoreHealth | None = None,
+                   requests: RequestCounts | None = None) -> S3BlobStore:
+        """``requests``: where every request of the store's clients is counted (default: a
+        counter of its own, :attr:`requests`)."""
+        requests = requests or RequestCounts(cls.name)
         stack = AsyncExitStack()
-        primary, replicas = await connect(options, stack)
+        primary, replicas = await connect(options, stack, requests)
         # the stall watchdog's patience is the request deadline (see health.py, "Stalls")
         health = health or StoreHealth(dataclasses.replace(
             options.health, stall_after_s=options.request_timeout_s))
         if health.name is None:
             health.name = f"s3://{options.bucket}/{options.prefix}".rstrip("/")
-        store = cls(Requests(options, primary, replicas, health), stack)
+        store = cls(Requests(options, primary, replicas, health, requests), stack)
         store._prober = asyncio.get_running_loop().create_task(
             health.run_prober(store._calls.probe), name=f"s3-prober-{options.bucket}"
         )
@@ -56,6 +61,10 @@ class S3BlobStore(BlobStore, UploadSweeper):
     @property
     def health(self) -> StoreHealth:
         return self._calls.health
+
+    @property
+    def requests(self) -> RequestCounts:
+        return self._calls.counts
 
     async def close(self) -> None:
         if self._calls.state is State.CLOSED:
