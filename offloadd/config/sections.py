@@ -256,3 +256,15 @@ class DaemonSettings(Section):
     status_interval_s: float = Field(30.0, gt=0, description="a topic's offload status record "
                                      "in the metadata store is written on every state change "
                                      "and otherwise at most this often")
+
+
+class CompactSettings(Section):
+    """Merging small segments in the tier (`offloadd compact`; docs/retention.md)."""
+
+    enabled: bool = Field(False, description="run the merger in the daemon too, at most "
+                          "max_merges_per_pass merges per topic every interval_s, under the "
+                          "upload throttle (off by default: `offloadd compact` merges on demand)")
+    target_mbytes: float = Field(64.0, gt=0, description="a merged segment's data object stays "
+                                 "within this; segments this size or larger are never merged")
+    interval_s: float = Field(600.0, gt=0, description="period of the daemon's merge pass")
+    max_merges_per_pass: int = Field(4, ge=1, description="merges per topic per daemon pass")
