@@ -4,10 +4,11 @@
 History: the rig's topic (embedded store, filesystem tier) offloaded into many small segments by
 a size roll, which gives the segments a time roll would (the issue's "1 hour of a 10 KB/s topic
 rolled every 10 s" is 360 segments of 100 KB: ``OFFLOADD_SLOW_TESTS=1``; the default suite runs
-a smaller one). The merge is slowed by the upload throttle so that a kill lands inside it: the
-kills of a round are spread uniformly over [start-up, one undisturbed run's duration]. Every
-round starts from a copy of the same history; after its kills a last ``compact`` finishes the
-work, then every entry is read back and compared with what was written.
+a smaller one). The merge is slowed by the upload throttle so that a kill lands inside it: once
+the process has written its first bytes, the kill comes at a uniform random point of what is
+left of the merge (measured by one undisturbed run). A round kills until nothing is left to
+merge; then a last ``compact`` finishes, every entry is read back and compared with what was
+written, gc runs and verify passes; the next round starts again from a copy of the history.
 """
 
 from __future__ import annotations
