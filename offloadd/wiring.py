@@ -6,6 +6,7 @@ the protocols. Heavy client libraries (kazoo, aiobotocore) are imported only whe
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -24,6 +25,8 @@ from offloadd.retention.policy import RetentionLimits
 if TYPE_CHECKING:
     from offloadd.blobstore.filesystem import FilesystemBlobStore
     from offloadd.blobstore.s3 import S3BlobStore
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -94,8 +97,30 @@ async def open_blobstore(settings: Settings,
 
 
 async def open_tier(settings: Settings,
-                    on_circuit: Callable[[str], None] | None = None) -> StoreView:
-    """The configured tier; ``on_circuit`` hears the store-health circuit's state names."""
+                    on_circuit: Callable[[str], None] | None = None, *,
+                    probe_writes: bool = False) -> StoreView:
+    """The configured tier; ``on_circuit`` hears the store-health circuit's state names.
+    ``probe_writes`` (a process that writes objects): find out once whether the store refuses
+    overwrites and make its writes create-only if so (``[blobstore] conditional_writes``)."""
+    view = await _open_tier(settings, on_circuit)
+    mode = settings.blobstore.conditional_writes
+    if probe_writes and mode != "off" and view.fence is not None:
+        try:
+            found = await view.fence.probe_conditional_writes()
+        except BaseException:
+            await view.store.close()
+            raise
+        log.info("blob store: conditional writes %s", found.how)
+        if mode == "on" and not (found.put and found.complete):
+            await view.store.close()
+            raise ConfigError(f'[blobstore] conditional_writes = "on", but the store does not '
+                              f"refuse overwrites on every write: {found.how}; use \"auto\" "
+                              "to write create-only where it can (docs/s3.md)")
+    return view
+
+
+async def _open_tier(settings: Settings,
+                     on_circuit: Callable[[str], None] | None = None) -> StoreView:
     bs = settings.blobstore
     from offloadd.blobstore.health import HealthPolicy, StoreHealth
 
@@ -136,12 +161,12 @@ async def open_tier(settings: Settings,
 
 def s3_view(s3: S3BlobStore) -> StoreView:
     """The S3 driver with its capabilities: its health circuit, its multipart-upload sweep."""
-    return StoreView(s3, health=s3.health, sweeper=s3)
+    return StoreView(s3, health=s3.health, sweeper=s3, fence=s3)
 
 
 def filesystem_view(fs: FilesystemBlobStore) -> StoreView:
     """The filesystem driver with its capabilities: its health circuit, its upload sweep."""
-    return StoreView(fs, health=fs.health, sweeper=fs)
+    return StoreView(fs, health=fs.health, sweeper=fs, fence=fs)
 
 
 def rollover_policy(settings: Settings) -> RolloverPolicy:

@@ -140,6 +140,11 @@ class BlobstoreSettings(Section):
     health_low: float = Field(0.1, ge=0, lt=1, description="resume below this error rate")
     health_pause_timeout_s: float = Field(60.0, gt=0, description="an operation waits at most "
                                           "this long for a paused store")
+    conditional_writes: Literal["auto", "on", "off"] = Field(
+        "auto", description="the store as a second fence: index and data objects written "
+        "create-only (S3 If-None-Match: *, the filesystem's link(2)) where a probe at start-up "
+        "finds the store refuses an overwrite; \"on\": refuse to start without it; \"off\": "
+        "no probe, writes overwrite (docs/s3.md)")
 
     @field_validator("driver", mode="before")
     @classmethod

@@ -232,6 +232,10 @@ async def _merge(topic: TopicName, metadata: MetadataStore, reader: TierReader,
             raise FormatError(str(att.uid), 0, f"merge of {len(group)} segments read "
                               f"{tuple(att.ranges)}, the catalog says {want}")
         await att.seal()
+    except Fenced:
+        # the store refused to overwrite a key of this attempt: not ours to delete
+        await att.abort()
+        raise
     except BaseException:
         await att.abort()
         with contextlib.suppress(OffloaddError):  # never recorded: nobody references them

@@ -73,7 +73,7 @@ async def run_compact(settings: Settings, topics: Sequence[TopicName] | None, *,
     ok = True
     md = await wiring.open_metadata(settings, must_exist=True)
     try:
-        tier = await wiring.open_tier(settings)
+        tier = await wiring.open_tier(settings, probe_writes=True)
         try:
             if topics is None:
                 topics = []

@@ -494,6 +494,8 @@ class Daemon:
             "store_circuit": health.state.value if health is not None else "healthy",
             "store_ready": ready,
             "store_reason": reason,
+            "conditional_writes": (self.tier.fence.conditional.to_json()
+                                   if self.tier.fence is not None else None),
             "throttle": {"bytes_per_s": self.throttle.rate, "waiting": self.throttle.waiting},
             "buffer": {"used": self.buffer.used, "cap": self.buffer.cap},
             "topics": {str(t): dict(r.offloader.status()) for t, r in self.topics.items()},
