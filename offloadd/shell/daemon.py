@@ -324,6 +324,8 @@ class Daemon:
             self.state = self.state.to(Lifecycle.RUNNING)
         duties = [asyncio.create_task(self._gc_loop(), name="gc"),
                   asyncio.create_task(self._read_check_loop(), name="read check")]
+        if self.settings.compact.enabled:
+            duties.append(asyncio.create_task(self._compact_loop(), name="compact"))
         lag_task = asyncio.create_task(self._lag_loop(), name="lag")
         try:
             first = True
@@ -368,6 +370,32 @@ class Daemon:
                     log.warning("gc pass left work pending: %s", report.to_json())
             except OffloaddError as exc:
                 log.error("gc pass failed (retried next interval): %s", exc)
+
+    async def _compact_loop(self) -> None:
+        """Merge small segments of the topics this daemon runs, every ``[compact] interval_s``
+        (docs/retention.md, "Merging small segments"): under each topic task's own fence and
+        the broker-wide throttle, a few merges per topic per pass."""
+        from offloadd.shell.compact import compact_once
+
+        while True:
+            await asyncio.sleep(self.settings.compact.interval_s)
+            for topic, running in list(self.topics.items()):
+                name = str(topic)
+
+                async def acquire(nbytes: int, name: str = name) -> float:
+                    return await self._acquire(nbytes, name)
+
+                try:
+                    rep = await compact_once(
+                        self.settings, topic, self.metadata, self.tier, running.offloader.fence,
+                        acquire=acquire, max_groups=self.settings.compact.max_merges_per_pass)
+                except OffloaddError as exc:  # Fenced included: the topic moved on
+                    log.warning("topic %s: merge pass failed (tried again next interval): %s",
+                                topic, exc)
+                    continue
+                if rep.merged:
+                    log.info("topic %s: merged %d group(s) of small segments (%d -> %d)", topic,
+                             len(rep.merged), rep.segments_before, rep.segments_after)
 
     async def _read_check_loop(self) -> None:
         """Read back what each topic committed since the last look (offloadd/read/check.py)."""
