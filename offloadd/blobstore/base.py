@@ -119,6 +119,11 @@ class StoreHealthView(Protocol):
         ...
 
 
+# The probe's key (plus a random suffix): no object of the formats, and gc's orphan sweep
+# removes one a process killed during its probe left behind.
+PROBE_KEY_PREFIX = "offloadd-probe-"
+
+
 @dataclass(frozen=True)
 class ConditionalWrites:
     """What a store's writes refuse to overwrite, as its probe found (all False: not probed,

@@ -65,7 +65,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from offloadd._proto import mldataformats_pb2 as pb
-from offloadd.blobstore.base import ObjectInfo
+from offloadd.blobstore.base import PROBE_KEY_PREFIX, ObjectInfo
 from offloadd.errors import FormatError
 from offloadd.model import catalog
 from offloadd.model.catalog import Segment, SegmentKind
@@ -382,11 +382,13 @@ class DeletionRecord:
 def orphans(objects: Iterable[ObjectInfo], referenced: Collection[uuid.UUID], grace_s: float,
             now_s: float) -> list[str]:
     """Keys of ours (``parse_key``) whose uuid nothing references, last modified more than
-    ``grace_s`` ago. Keys that are not ours are never candidates."""
+    ``grace_s`` ago; and a conditional-write probe's key a killed process left behind. Keys
+    that are not ours are never candidates."""
     out: list[str] = []
     for obj in objects:
         parsed = parse_key(obj.key)
-        if parsed is None or parsed.uid in referenced:
+        probe = parsed is None and obj.key.startswith(PROBE_KEY_PREFIX)
+        if not probe and (parsed is None or parsed.uid in referenced):
             continue
         if now_s - obj.mtime >= grace_s:
             out.append(obj.key)

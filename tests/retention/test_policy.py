@@ -264,6 +264,12 @@ class TestRecords:
         with pytest.raises(FormatError):
             SegmentRecord.decode(junk, "/offloadd/segments/a/x")
 
+    def test_a_left_behind_write_probe_is_an_orphan_after_the_grace(self) -> None:
+        probe = ObjectInfo("offloadd-probe-0123abcd", 5, {}, 100.0)
+        other = ObjectInfo("offloadd-probes.txt", 5, {}, 100.0)  # not the probe's prefix+hex
+        assert orphans([probe, other], (), 60, 200.0) == ["offloadd-probe-0123abcd"]
+        assert orphans([probe], (), 600, 200.0) == []
+
     def test_object_keys_cover_both_formats_index_first(self) -> None:
         uid = uuid.uuid4()
         assert object_keys(uid, SegmentKind.STREAMING, (1, 2)) == [f"{uid}-index", f"{uid}"]

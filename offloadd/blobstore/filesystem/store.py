@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from offloadd.blobstore.base import (
+    PROBE_KEY_PREFIX,
     BlobStore,
     Buffers,
     ConditionalWrites,
@@ -137,7 +138,7 @@ class FilesystemBlobStore(BlobStore, UploadSweeper, WriteFence):
         (the metadata sidecar first, then the data); a filesystem without hard links (some
         network and FUSE mounts) fails the probe, and writes keep ``rename(2)``, which
         overwrites."""
-        key = f"offloadd-probe-{uuid.uuid4().hex}"
+        key = f"{PROBE_KEY_PREFIX}{uuid.uuid4().hex}"
         self.create_only = True
         refused, why = False, ""
         try:

@@ -13,6 +13,7 @@ from typing import Any
 from botocore.exceptions import ClientError
 
 from offloadd.blobstore.base import (
+    PROBE_KEY_PREFIX,
     BlobStore,
     Buffers,
     ConditionalWrites,
@@ -131,7 +132,7 @@ class S3BlobStore(BlobStore, UploadSweeper, WriteFence):
         refuses the second (412) supports the condition on that call. Then the key goes. From
         then on ``put`` and ``complete`` carry the condition where it is supported (an S3 that
         ignores it would overwrite, so sending it there would be a promise not kept)."""
-        key = f"offloadd-probe-{uuid.uuid4().hex}"
+        key = f"{PROBE_KEY_PREFIX}{uuid.uuid4().hex}"
         notes: list[str] = []
         put = complete = False
         try:
