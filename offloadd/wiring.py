@@ -6,6 +6,7 @@ the protocols. Heavy client libraries (kazoo, aiobotocore) are imported only whe
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -106,11 +107,17 @@ async def open_tier(settings: Settings,
     mode = settings.blobstore.conditional_writes
     if probe_writes and mode != "off" and view.fence is not None:
         try:
-            found = await view.fence.probe_conditional_writes()
+            # a store that does not answer must not hold the start-up: the daemon asks again
+            # later (Daemon._fence_probe_loop); writes overwrite until it has answered
+            async with asyncio.timeout(2 * settings.blobstore.request_timeout_s):
+                found = await view.fence.probe_conditional_writes()
+        except TimeoutError:
+            found = view.fence.conditional
         except BaseException:
             await view.store.close()
             raise
-        log.info("blob store: conditional writes %s", found.how)
+        log.info("blob store: conditional writes %s", found.how if found.answered else
+                 "unknown: the store did not answer the probe (asked again later)")
         if mode == "on" and not (found.put and found.complete):
             await view.store.close()
             raise ConfigError(f'[blobstore] conditional_writes = "on", but the store does not '

@@ -132,13 +132,16 @@ class ConditionalWrites:
     put: bool = False  # put(): the index object, the commit marker
     complete: bool = False  # MultipartUpload.complete(): the data object
     how: str = "not probed"  # what the store does, for status and logs
+    # the store answered the probe (False: not probed yet, or it was unreachable: ask again)
+    answered: bool = False
 
     @property
     def on(self) -> bool:
         return self.put or self.complete
 
     def to_json(self) -> dict[str, object]:
-        return {"on": self.on, "put": self.put, "complete": self.complete, "how": self.how}
+        return {"on": self.on, "put": self.put, "complete": self.complete, "how": self.how,
+                "answered": self.answered}
 
 
 class WriteFence(Protocol):

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import fnmatch
+import json
 import logging
 import os
 import signal
@@ -24,16 +25,17 @@ from pathlib import Path
 from typing import Any
 
 from offloadd import wiring
-from offloadd.blobstore.base import StoreView
+from offloadd.blobstore.base import ConditionalWrites, StoreView, WriteFence
 from offloadd.commit.ownership import Ownership
 from offloadd.config import Settings
 from offloadd.errors import OffloaddError
 from offloadd.ledger.base import SourceView
 from offloadd.ledger.metered import MeteredSource, SourceReadProbe
-from offloadd.metadata import managed_ledger
+from offloadd.metadata import cas, managed_ledger
 from offloadd.metadata.base import MetadataStore
 from offloadd.metrics import Metrics
 from offloadd.model import LedgerDesc, Position, TopicName, catalog
+from offloadd.model.keys import CONDITIONAL_WRITES
 from offloadd.model.lifecycle import Lifecycle
 from offloadd.offload.buffer import OffloadBuffer
 from offloadd.offload.lag import LagMonitor
@@ -326,6 +328,10 @@ class Daemon:
                   asyncio.create_task(self._read_check_loop(), name="read check")]
         if self.settings.compact.enabled:
             duties.append(asyncio.create_task(self._compact_loop(), name="compact"))
+        fence = self.tier.fence
+        if fence is not None and not fence.conditional.answered and \
+                self.settings.blobstore.conditional_writes != "off":
+            duties.append(asyncio.create_task(self._fence_probe_loop(fence), name="fence probe"))
         lag_task = asyncio.create_task(self._lag_loop(), name="lag")
         try:
             first = True
@@ -370,6 +376,20 @@ class Daemon:
                     log.warning("gc pass left work pending: %s", report.to_json())
             except OffloaddError as exc:
                 log.error("gc pass failed (retried next interval): %s", exc)
+
+    async def _fence_probe_loop(self, fence: WriteFence) -> None:
+        """The store did not answer the start-up probe of its create-only writes (an outage):
+        ask again every 30 s until it does (docs/s3.md, "Conditional writes")."""
+        while not fence.conditional.answered:
+            await asyncio.sleep(30.0)
+            try:
+                async with asyncio.timeout(2 * self.settings.blobstore.request_timeout_s):
+                    found = await fence.probe_conditional_writes()
+            except TimeoutError:
+                continue
+            if found.answered:
+                log.info("blob store: conditional writes %s", found.how)
+                await record_conditional_writes(self.metadata, found, "daemon")
 
     async def _compact_loop(self) -> None:
         """Merge small segments of the topics this daemon runs, every ``[compact] interval_s``
@@ -545,4 +565,12 @@ def _dig(settings: Settings, key: str) -> object:
     section, _, name = key.partition(".")
     return getattr(getattr(settings, section), name)
 
-
+async def record_conditional_writes(metadata: MetadataStore, found: ConditionalWrites,
+                                    owner: str) -> None:
+    """Keep the start-up probe's answer where ``offloadd status`` reads it (best effort)."""
+    doc = {**found.to_json(), "owner": owner, "probed_ms": int(time.time() * 1000)}
+    try:
+        await cas.update(metadata, CONDITIONAL_WRITES,
+                         lambda node: json.dumps(doc, sort_keys=True).encode(), create=True)
+    except OffloaddError as exc:
+        log.warning("could not record the conditional-write probe: %s", exc)

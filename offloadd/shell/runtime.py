@@ -4,28 +4,24 @@ closed together (used by ``run``, ``standalone`` and the tests)."""
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from offloadd import wiring
-from offloadd.blobstore.base import BlobStore, ConditionalWrites, StoreView
+from offloadd.blobstore.base import BlobStore, StoreView
 from offloadd.commit.cluster import ClusterOwnership, check_owner_id
 from offloadd.commit.ownership import Ownership
 from offloadd.config import Settings
-from offloadd.errors import ConfigError, OffloaddError
+from offloadd.errors import ConfigError
 from offloadd.ledger.base import LedgerSource, SourceView
 from offloadd.ledger.local import LocalLedgerStore
-from offloadd.metadata import cas
 from offloadd.metadata.base import MetadataStore, Sessions
 from offloadd.metrics import Metrics
 from offloadd.model import TopicName
-from offloadd.model.keys import CONDITIONAL_WRITES
 from offloadd.offload.scheduler import default_owner_id
-from offloadd.shell.daemon import Daemon
+from offloadd.shell.daemon import Daemon, record_conditional_writes
 from offloadd.shell.httpserver import MetricsServer
 
 log = logging.getLogger(__name__)
@@ -180,13 +176,3 @@ class Runtime:
         with contextlib.suppress(Exception):
             await self.metadata.close()
 
-
-async def record_conditional_writes(metadata: MetadataStore, found: ConditionalWrites,
-                                    owner: str) -> None:
-    """Keep the start-up probe's answer where ``offloadd status`` reads it (best effort)."""
-    doc = {**found.to_json(), "owner": owner, "probed_ms": int(time.time() * 1000)}
-    try:
-        await cas.update(metadata, CONDITIONAL_WRITES,
-                         lambda node: json.dumps(doc, sort_keys=True).encode(), create=True)
-    except OffloaddError as exc:
-        log.warning("could not record the conditional-write probe: %s", exc)

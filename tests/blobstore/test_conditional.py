@@ -1,8 +1,10 @@
 """The filesystem driver as a second fence: create-only writes publish with ``link(2)``, which
-refuses an existing name (``blobstore/base.py``, ``docs/s3.md`` "Conditional writes")."""
+refuses an existing name (``blobstore/base.py``, ``docs/s3.md`` "Conditional writes"); and a
+store that does not answer the start-up probe (S3 behind a fault proxy)."""
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import os
 from collections.abc import AsyncIterator
@@ -10,10 +12,13 @@ from pathlib import Path
 
 import pytest
 
+from offloadd import config, wiring
 from offloadd.blobstore.filesystem import FilesystemBlobStore
 from offloadd.errors import Conflict
+from tests.fixtures.faultproxy import FaultProxy
+from tests.fixtures.s3 import MotoBucket
 
-pytestmark = pytest.mark.timeout(30)
+pytestmark = pytest.mark.timeout(60)
 
 
 @pytest.fixture
@@ -91,3 +96,30 @@ class TestFilesystemFence:
         await fs.put("k", [b"one"], {})
         await fs.put("k", [b"two"], {})
         assert await fs.get_range("k", 0, 10) == b"two" and not fs.conditional.on
+
+
+@pytest.mark.integration
+async def test_a_store_unreachable_at_start_up_is_asked_again(
+        s3_bucket: MotoBucket, moto_server: str) -> None:
+    """An outage during the probe neither holds the start-up nor turns the fence off for good:
+    the answer stays unknown (writes overwrite meanwhile) until a later probe gets one."""
+    with FaultProxy(moto_server, seed=16) as proxy:
+        settings = config.load(
+            None, blobstore__driver="aws-s3", blobstore__endpoint=proxy.url,
+            blobstore__bucket=s3_bucket.name, blobstore__access_key_id="testing",
+            blobstore__secret_access_key="testing", blobstore__request_timeout_s=1.0,
+            blobstore__max_attempts=2)
+        proxy.set_outage(True)
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        tier = await wiring.open_tier(settings, probe_writes=True)
+        try:
+            assert loop.time() - t0 < 4 * settings.blobstore.request_timeout_s + 5
+            assert tier.fence is not None
+            found = tier.fence.conditional
+            assert not found.answered and not found.on
+            proxy.set_outage(False)
+            found = await tier.fence.probe_conditional_writes()
+            assert found.answered and found.put and found.complete
+        finally:
+            await tier.store.close()

@@ -140,7 +140,7 @@ class FilesystemBlobStore(BlobStore, UploadSweeper, WriteFence):
         overwrites."""
         key = f"{PROBE_KEY_PREFIX}{uuid.uuid4().hex}"
         self.create_only = True
-        refused, why = False, ""
+        refused, why, answered = False, "", True
         try:
             await self.put(key, [b"first"], {})
             try:
@@ -151,6 +151,7 @@ class FilesystemBlobStore(BlobStore, UploadSweeper, WriteFence):
                 why = "a second create-only write of the probe key was not refused"
         except OffloaddError as exc:
             why = f"the probe failed: {exc}"
+            answered = not isinstance(exc, Retriable)  # a hung or failing disk: ask again
         finally:
             self.create_only = False
             with contextlib.suppress(OffloaddError):
@@ -159,7 +160,8 @@ class FilesystemBlobStore(BlobStore, UploadSweeper, WriteFence):
         self.conditional = ConditionalWrites(
             put=refused, complete=refused,
             how="objects are published with link(2), which refuses an existing key" if refused
-            else f"off: {why}; objects are published with rename(2), which overwrites")
+            else f"off: {why}; objects are published with rename(2), which overwrites",
+            answered=answered)
         return self.conditional
 
     async def get_range(self, key: str, start: int, end: int) -> bytes:

@@ -135,6 +135,7 @@ class S3BlobStore(BlobStore, UploadSweeper, WriteFence):
         key = f"{PROBE_KEY_PREFIX}{uuid.uuid4().hex}"
         notes: list[str] = []
         put = complete = False
+        answered = True
         try:
             await self._put(key, b"offloadd conditional-write probe", {}, True)
             try:
@@ -157,15 +158,18 @@ class S3BlobStore(BlobStore, UploadSweeper, WriteFence):
                     await up.abort()
         except OffloaddError as exc:
             notes.append(f"the probe failed: {exc}")
+            answered = not isinstance(exc, Retriable)  # unreachable: the answer is unknown
         finally:
-            with suppress(OffloaddError):
-                await self.delete(key)
+            if answered:  # an unreachable store is not kept waiting for a delete too
+                with suppress(OffloaddError):
+                    await self.delete(key)
         self._uploads.create_only = complete
         on = [name for name, ok in (("PutObject", put), ("CompleteMultipartUpload", complete))
               if ok]
         how = (f"If-None-Match: * on {' and '.join(on)}" if on else "off") + \
             (f" ({'; '.join(notes)})" if notes else "")
-        self.conditional = ConditionalWrites(put=put, complete=complete, how=how)
+        self.conditional = ConditionalWrites(put=put, complete=complete, how=how,
+                                             answered=answered)
         return self.conditional
 
     async def get_range(self, key: str, start: int, end: int) -> bytes:
