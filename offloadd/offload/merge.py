@@ -42,6 +42,7 @@ from offloadd.commit import edits
 from offloadd.commit.fence import Fence
 from offloadd.commit.state import SegmentState, Tracked, transition
 from offloadd.errors import Conflict, Fenced, FormatError, NotFound, OffloaddError
+from offloadd.format.streaming import StreamingIndex
 from offloadd.metadata import managed_ledger
 from offloadd.metadata.base import CreateOp, MetadataStore, Op
 from offloadd.model import EntryRun, TopicName, catalog
@@ -135,9 +136,12 @@ class MergeReport:
 async def compact_topic(topic: TopicName, metadata: MetadataStore, reader: TierReader,
                         uploads: Uploads, fence: Fence, settings: MergeSettings, *,
                         wall_ms: Callable[[], int],
-                        max_groups: int | None = None) -> MergeReport:
+                        max_groups: int | None = None,
+                        sizes: dict[uuid.UUID, int] | None = None) -> MergeReport:
     """Merge ``topic``'s small adjacent segments (see the module doc); ``max_groups`` bounds
     how many merges this call makes (the daemon's background merger takes a few at a time).
+    ``sizes``: data-object lengths known from earlier calls (uid -> bytes), kept up to date
+    here, so that a periodic caller reads each segment's index once, not once per pass.
 
     Raises ``Fenced`` when the topic is no longer ours; a group whose segments changed while it
     was rewritten is skipped (reported), not retried here."""
@@ -147,7 +151,16 @@ async def compact_topic(topic: TopicName, metadata: MetadataStore, reader: TierR
     await fence.verify()
     segs = catalog.segments(info)
     report.segments_before = report.segments_after = len(segs)
-    sized = [Sized(s, await _size(reader, s)) for s in segs]
+    known = sizes if sizes is not None else {}
+    for gone in set(known) - {s.uid for s in segs}:
+        del known[gone]
+    sized = []
+    for seg in segs:
+        if seg.uid not in known:
+            size = await _size(reader, seg)
+            if seg.complete:  # an ASSIGNED record may still be redone under another uuid
+                known[seg.uid] = size
+        sized.append(Sized(seg, known.get(seg.uid, 0)))
     report.bytes_before = sum(s.size for s in sized)
     groups = plan(sized, settings.target_bytes)
     if max_groups is not None:
@@ -161,6 +174,7 @@ async def compact_topic(topic: TopicName, metadata: MetadataStore, reader: TierR
             continue
         report.merged.append({"into": str(done), "segments": [str(s.uid) for s in group],
                               "entries": sum(s.entries for s in group)})
+        known[done] = sum(known.pop(s.uid, 0) for s in group)  # about: blocks are re-cut
         report.segments_after -= len(group) - 1
     return report
 
@@ -169,7 +183,7 @@ async def _size(reader: TierReader, seg: Segment) -> int:
     if not seg.complete or seg.kind is not SegmentKind.STREAMING:
         return 0
     idx = await reader.index(streaming_index_key(seg.uid))
-    return int(getattr(idx, "data_object_length", 0))
+    return idx.data_object_length if isinstance(idx, StreamingIndex) else 0
 
 
 class _Frames:

@@ -14,6 +14,7 @@ import logging
 import os
 import socket
 import time
+import uuid
 from collections.abc import Sequence
 from typing import Any
 
@@ -51,15 +52,17 @@ def merge_settings(settings: Settings, topic: TopicName,
 
 async def compact_once(settings: Settings, topic: TopicName, metadata: MetadataStore,
                        tier: StoreView, fence: Fence, *, acquire: Acquire | None = None,
-                       target_bytes: int | None = None,
-                       max_groups: int | None = None) -> MergeReport:
-    """One merge pass over ``topic`` under ``fence`` (its owner's)."""
+                       target_bytes: int | None = None, max_groups: int | None = None,
+                       sizes: dict[uuid.UUID, int] | None = None) -> MergeReport:
+    """One merge pass over ``topic`` under ``fence`` (its owner's); ``sizes`` as
+    :func:`~offloadd.offload.merge.compact_topic` takes it."""
     uploads = Uploads(tier.store, topic.managed_ledger, settings.offload.blocks_in_flight,
                       acquire)
     reader = TierReader(metadata, tier.store)
     return await compact_topic(topic, metadata, reader, uploads, fence,
                                merge_settings(settings, topic, target_bytes),
-                               wall_ms=lambda: int(time.time() * 1000), max_groups=max_groups)
+                               wall_ms=lambda: int(time.time() * 1000), max_groups=max_groups,
+                               sizes=sizes)
 
 
 async def run_compact(settings: Settings, topics: Sequence[TopicName] | None, *,

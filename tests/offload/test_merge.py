@@ -16,6 +16,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -210,6 +211,30 @@ class TestCompact:
         assert (await rig.info()).SerializeToString() == before.SerializeToString()
         gc = await rig.gc()
         assert gc.ok and not gc.orphans_removed  # it deleted what it wrote
+        assert await rig.read_back() == rig.payloads
+
+    async def test_a_periodic_merger_reads_each_index_once(self, rig: Rig) -> None:
+        class Counting(TierReader):
+            reads = 0
+
+            async def index(self, key: str) -> Any:
+                Counting.reads += 1
+                return await super().index(key)
+
+        sizes: dict[uuid.UUID, int] = {}
+
+        async def once() -> MergeReport:
+            return await compact_topic(TOPIC, rig.metadata, Counting(rig.metadata, rig.blob),
+                                       Uploads(rig.blob, ML, 4), NoFence(),
+                                       merge_settings(64 * KiB), wall_ms=lambda: 0,
+                                       sizes=sizes)
+
+        first = await once()
+        assert first.merged and Counting.reads == first.segments_before
+        assert set(sizes) == {s.uid for s in await rig.segments()}  # old ones forgotten
+        Counting.reads = 0
+        second = await once()
+        assert not second.merged and Counting.reads == 0
         assert await rig.read_back() == rig.payloads
 
     async def test_retention_still_deletes_merged_segments(self, rig: Rig) -> None:
