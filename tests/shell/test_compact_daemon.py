@@ -39,6 +39,8 @@ def test_the_daemon_merges_small_segments_while_the_topic_is_written(tmp_path: P
     assert summary["drained"] is not False, summary
     st = json.loads(run(["status", "--config", "c.toml", "--json"], tmp_path).stdout)
     assert st["conditional_writes"]["on"] and "link(2)" in st["conditional_writes"]["how"]
+    text = run(["status", "--config", "c.toml"], tmp_path).stdout
+    assert "conditional writes on: objects are published with link(2)" in text, text
     topic = st["topics"][0]["topic"]
     rep = json.loads(run(["verify", "--config", "c.toml", "--json"], tmp_path).stdout)
     assert rep["ok"], rep
