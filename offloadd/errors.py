@@ -7,7 +7,7 @@
      ├── FormatError            bytes that do not parse (names the object and byte offset)
      ├── OversizeEntryError     an entry that cannot be placed in a block
      ├── NotFound               object, znode, topic or ledger does not exist
-     ├── Conflict               compare-and-set lost (BadVersion) or node already exists
+     ├── Conflict               compare-and-set lost (BadVersion), node or object already exists
      ├── Fenced                 a newer owner/epoch holds the topic; this writer must stop
      ├── Retriable              transient backend failure: retry with backoff
      └── Fatal                  permanent backend failure: retrying will not help
@@ -43,7 +43,8 @@ class NotFound(OffloaddError):
 
 
 class Conflict(OffloaddError):
-    """A compare-and-set lost its race (bad version) or a node to create already exists."""
+    """A compare-and-set lost its race (bad version), or a node or object to create (a
+    create-only write: the store as a second fence) already exists."""
 
 
 class Fenced(OffloaddError):

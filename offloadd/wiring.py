@@ -6,6 +6,8 @@ the protocols. Heavy client libraries (kazoo, aiobotocore) are imported only whe
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +28,8 @@ from offloadd.retention.policy import RetentionLimits
 if TYPE_CHECKING:
     from offloadd.blobstore.filesystem import FilesystemBlobStore
     from offloadd.blobstore.s3 import S3BlobStore
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -109,9 +113,38 @@ async def open_blobstore(settings: Settings,
 
 async def open_tier(settings: Settings,
                     on_circuit: Callable[[str], None] | None = None,
-                    on_request: OnRequest | None = None) -> StoreView:
+                    on_request: OnRequest | None = None, *,
+                    probe_writes: bool = False) -> StoreView:
     """The configured tier; ``on_circuit`` hears the store-health circuit's state names,
-    ``on_request`` every request the driver sends ``(driver, op, result)``."""
+    ``on_request`` every request the driver sends ``(driver, op, result)``.
+    ``probe_writes`` (a process that writes objects): find out once whether the store refuses
+    overwrites and make its writes create-only if so (``[blobstore] conditional_writes``)."""
+    view = await _open_tier(settings, on_circuit, on_request)
+    mode = settings.blobstore.conditional_writes
+    if probe_writes and mode != "off" and view.fence is not None:
+        try:
+            # a store that does not answer must not hold the start-up: the daemon asks again
+            # later (Daemon._fence_probe_loop); writes overwrite until it has answered
+            async with asyncio.timeout(2 * settings.blobstore.request_timeout_s):
+                found = await view.fence.probe_conditional_writes()
+        except TimeoutError:
+            found = view.fence.conditional
+        except BaseException:
+            await view.store.close()
+            raise
+        log.info("blob store: conditional writes %s", found.how if found.answered else
+                 "unknown: the store did not answer the probe (asked again later)")
+        if mode == "on" and not (found.put and found.complete):
+            await view.store.close()
+            raise ConfigError(f'[blobstore] conditional_writes = "on", but the store does not '
+                              f"refuse overwrites on every write: {found.how}; use \"auto\" "
+                              "to write create-only where it can (docs/s3.md)")
+    return view
+
+
+async def _open_tier(settings: Settings,
+                     on_circuit: Callable[[str], None] | None = None,
+                     on_request: OnRequest | None = None) -> StoreView:
     bs = settings.blobstore
     requests = RequestCounts(bs.driver, on_request)
     from offloadd.blobstore.health import HealthPolicy, StoreHealth
@@ -154,12 +187,12 @@ async def open_tier(settings: Settings,
 
 def s3_view(s3: S3BlobStore) -> StoreView:
     """The S3 driver with its capabilities: its health circuit, its multipart-upload sweep."""
-    return StoreView(s3, health=s3.health, sweeper=s3, requests=s3.requests)
+    return StoreView(s3, health=s3.health, sweeper=s3, requests=s3.requests, fence=s3)
 
 
 def filesystem_view(fs: FilesystemBlobStore) -> StoreView:
     """The filesystem driver with its capabilities: its health circuit, its upload sweep."""
-    return StoreView(fs, health=fs.health, sweeper=fs, requests=fs.requests)
+    return StoreView(fs, health=fs.health, sweeper=fs, requests=fs.requests, fence=fs)
 
 
 def rollover_policy(settings: Settings) -> RolloverPolicy:

@@ -9,7 +9,8 @@ each given as a sequence of buffers so callers never join) may be uploaded concu
 order; ``complete()`` publishes the object; ``abort()`` discards it. ``put`` is the one-shot form
 used for index objects.
 
-Errors: ``NotFound``, ``Retriable`` (transient; caller may retry), ``Fatal``; nothing else.
+Errors: ``NotFound``, ``Retriable`` (transient; caller may retry), ``Fatal``, and ``Conflict``
+from a create-only write whose key exists (below); nothing else.
 
 Implementations: ``filesystem/``, ``s3/`` (aiobotocore), ``memory.py`` (unit tests).
 
@@ -24,7 +25,16 @@ capability             used by                                      implemented 
 ``StoreHealthView``    ``/readyz``, ``/status``, the circuit gauge  ``health.StoreHealth``
 ``RequestCounts``      ``offloadd_blobstore_requests_total``,       ``requests.RequestCounts``
                        benchmarks                                   (filesystem, s3)
+``WriteFence``         the store as a second fence (create-only     filesystem, s3
+                       writes of index and data objects)
 =====================  ===========================================  ==========================
+
+The store as a second fence: once :meth:`WriteFence.probe_conditional_writes` found that the
+store refuses to overwrite an existing key (S3's ``If-None-Match: *``, the filesystem's
+``link(2)``), every ``put`` and every ``complete()`` of that store is create-only and an
+existing key is refused with ``Conflict``: a zombie writer cannot replace a committed object even
+if the catalog's fence were missed. Every object offloadd writes has a fresh key (a new uuid per
+attempt), so nothing it does legitimately overwrites. Until probed, writes overwrite as before.
 """
 
 from __future__ import annotations
@@ -113,6 +123,42 @@ class StoreHealthView(Protocol):
         ...
 
 
+# The probe's key (plus a random suffix): no object of the formats, and gc's orphan sweep
+# removes one a process killed during its probe left behind.
+PROBE_KEY_PREFIX = "offloadd-probe-"
+
+
+@dataclass(frozen=True)
+class ConditionalWrites:
+    """What a store's writes refuse to overwrite, as its probe found (all False: not probed,
+    or the store overwrites)."""
+
+    put: bool = False  # put(): the index object, the commit marker
+    complete: bool = False  # MultipartUpload.complete(): the data object
+    how: str = "not probed"  # what the store does, for status and logs
+    # the store answered the probe (False: not probed yet, or it was unreachable: ask again)
+    answered: bool = False
+
+    @property
+    def on(self) -> bool:
+        return self.put or self.complete
+
+    def to_json(self) -> dict[str, object]:
+        return {"on": self.on, "put": self.put, "complete": self.complete, "how": self.how,
+                "answered": self.answered}
+
+
+class WriteFence(Protocol):
+    """A store whose writes can be made create-only (see the module docstring)."""
+
+    conditional: ConditionalWrites
+
+    async def probe_conditional_writes(self) -> ConditionalWrites:
+        """Find out (with a key of ours, written twice, then deleted) whether the store
+        refuses to overwrite; from then on its writes are create-only where it does."""
+        ...
+
+
 @dataclass(frozen=True)
 class StoreView:
     """A blob store and its optional capabilities, each None when it has not got it (built by
@@ -122,3 +168,4 @@ class StoreView:
     health: StoreHealthView | None = None
     sweeper: UploadSweeper | None = None
     requests: RequestCounts | None = None  # what the driver sent, by operation and result
+    fence: WriteFence | None = None

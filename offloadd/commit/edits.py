@@ -11,13 +11,13 @@ commit.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from offloadd._proto import mldataformats_pb2 as pb
 from offloadd.commit.fence import Fence
 from offloadd.errors import NotFound
 from offloadd.metadata import managed_ledger
-from offloadd.metadata.base import MetadataStore
+from offloadd.metadata.base import MetadataStore, Op
 from offloadd.model.keys import managed_ledger_path
 
 __all__ = ["apply"]
@@ -25,12 +25,14 @@ __all__ = ["apply"]
 
 async def apply(store: MetadataStore, ml_name: str,
                 edit: Callable[[pb.ManagedLedgerInfo], bool], fence: Fence, *,
-                on_write: Callable[[], None] | None = None) -> pb.ManagedLedgerInfo:
+                on_write: Callable[[], None] | None = None,
+                also: Sequence[Op] = ()) -> pb.ManagedLedgerInfo:
     """Apply ``edit`` to ``ml_name``'s ``ManagedLedgerInfo`` under ``fence``; the stored value.
 
     An edit that no longer applies (``ValueError``/``KeyError``: a ledger deleted, a record
     replaced meanwhile) raises ``NotFound``: the caller redoes its work from a fresh read.
-    ``on_write`` runs once the write landed (not when the edit changed nothing).
+    ``on_write`` runs once the write landed (not when the edit changed nothing). ``also``: ops
+    made in the same transaction (a merge's pending-deletion records).
     """
     wrote = False
 
@@ -42,7 +44,8 @@ async def apply(store: MetadataStore, ml_name: str,
             raise NotFound(f"{managed_ledger_path(ml_name)}: {exc}") from exc
         return wrote
 
-    info = await managed_ledger.update(store, ml_name, guarded, guard=list(fence.guard_ops()),
+    info = await managed_ledger.update(store, ml_name, guarded,
+                                       guard=[*fence.guard_ops(), *also],
                                        on_conflict=fence.verify)
     if wrote and on_write is not None:
         on_write()

@@ -8,6 +8,9 @@
      │                ▼  │                                                      │
      └────fail─────▶ FAILED ───── recovery drops it (its ledgers are gone) ─────┘
 
+    (a merge)  OFFLOADED ──replaced by a merged segment──▶ MERGED ──gc, after the lag──▶ DELETED
+               the merged one: NEW ──▶ ASSIGNED ──▶ OFFLOADED, both in the merge's one swap
+
 NEW: an attempt whose range is not recorded yet (a streaming segment being filled). ASSIGNED and
 OFFLOADED are what the catalog stores: a segment's ``OffloadSegment`` records with
 ``complete = false`` are ASSIGNED, with ``complete = true`` OFFLOADED (:func:`stored`), and only
@@ -17,6 +20,13 @@ record of a dead process is a failed attempt too); a recorded one is redone over
 positions before any newer segment is created. DELETED is reached when gc has deleted every
 object of a segment (``retention/gc.py``), or recovery drops an ASSIGNED segment whose ledgers
 retention deleted first; it is terminal, and its records go with it.
+
+MERGED (``offloadd compact``, :mod:`offloadd.offload.merge`): adjacent small OFFLOADED segments
+leave the catalog in the one compare-and-set that records the segment merged from them. That
+one's objects are complete before it is recorded, so it passes ASSIGNED and reaches OFFLOADED in
+that same write (it is never stored ASSIGNED). A MERGED segment is no longer referenced; its
+pending-deletion record keeps its objects for readers that still hold the old catalog until the
+deletion lag has passed, and gc then deletes them (DELETED).
 
 Self transitions are allowed, so idempotent retries (a commit replayed after a lost reply) are
 legal. :func:`transition` raises :class:`IllegalTransition` on anything else.
@@ -36,6 +46,7 @@ class SegmentState(enum.Enum):
     OFFLOADED = "offloaded"
     FAILED = "failed"
     DELETED = "deleted"
+    MERGED = "merged"
 
 
 _TRANSITIONS: dict[SegmentState, frozenset[SegmentState]] = {
@@ -44,7 +55,9 @@ _TRANSITIONS: dict[SegmentState, frozenset[SegmentState]] = {
                                       SegmentState.FAILED}),
     SegmentState.FAILED: frozenset({SegmentState.FAILED, SegmentState.ASSIGNED,
                                     SegmentState.DELETED}),
-    SegmentState.OFFLOADED: frozenset({SegmentState.OFFLOADED, SegmentState.DELETED}),
+    SegmentState.OFFLOADED: frozenset({SegmentState.OFFLOADED, SegmentState.DELETED,
+                                       SegmentState.MERGED}),
+    SegmentState.MERGED: frozenset({SegmentState.MERGED, SegmentState.DELETED}),
     SegmentState.DELETED: frozenset({SegmentState.DELETED}),
 }
 

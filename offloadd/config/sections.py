@@ -148,6 +148,11 @@ class BlobstoreSettings(Section):
     health_low: float = Field(0.1, ge=0, lt=1, description="resume below this error rate")
     health_pause_timeout_s: float = Field(60.0, gt=0, description="an operation waits at most "
                                           "this long for a paused store")
+    conditional_writes: Literal["auto", "on", "off"] = Field(
+        "auto", description="the store as a second fence: index and data objects written "
+        "create-only (S3 If-None-Match: *, the filesystem's link(2)) where a probe at start-up "
+        "finds the store refuses an overwrite; \"on\": refuse to start without it; \"off\": "
+        "no probe, writes overwrite (docs/s3.md)")
 
     @field_validator("driver", mode="before")
     @classmethod
@@ -264,3 +269,15 @@ class DaemonSettings(Section):
     status_interval_s: float = Field(30.0, gt=0, description="a topic's offload status record "
                                      "in the metadata store is written on every state change "
                                      "and otherwise at most this often")
+
+
+class CompactSettings(Section):
+    """Merging small segments in the tier (`offloadd compact`; docs/retention.md)."""
+
+    enabled: bool = Field(False, description="run the merger in the daemon too, at most "
+                          "max_merges_per_pass merges per topic every interval_s, under the "
+                          "upload throttle (off by default: `offloadd compact` merges on demand)")
+    target_mbytes: float = Field(64.0, gt=0, description="a merged segment's data object stays "
+                                 "within this; segments this size or larger are never merged")
+    interval_s: float = Field(600.0, gt=0, description="period of the daemon's merge pass")
+    max_merges_per_pass: int = Field(4, ge=1, description="merges per topic per daemon pass")

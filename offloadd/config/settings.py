@@ -16,6 +16,7 @@ from offloadd.config.fields import MiB, key_text, topic_keys
 from offloadd.config.policy import OffloadPolicy, OffloadSettings, PolicyOverride
 from offloadd.config.sections import (
     BlobstoreSettings,
+    CompactSettings,
     DaemonSettings,
     LakehouseSettings,
     MetadataSettings,
@@ -46,6 +47,7 @@ class Settings(BaseSettings):
     retention: RetentionSettings = Field(default_factory=RetentionSettings)
     lakehouse: LakehouseSettings = Field(default_factory=LakehouseSettings)
     cost: CostSettings = Field(default_factory=CostSettings)
+    compact: CompactSettings = Field(default_factory=CompactSettings)
 
     @classmethod
     def settings_customise_sources(

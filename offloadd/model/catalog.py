@@ -273,6 +273,65 @@ def reassign(info: pb.ManagedLedgerInfo, old: uuid.UUID, new: uuid.UUID, now_ms:
     return True
 
 
+def merge_segments(info: pb.ManagedLedgerInfo, old: Sequence[Segment], new: uuid.UUID,
+                   now_ms: int) -> bool:
+    """Replace the committed streaming segments ``old`` (adjacent, in log order, as the caller
+    read them) by the one segment ``new`` holding exactly their positions, in place: in every
+    ledger the run of their records becomes one record of ``new`` (``complete``, ending where
+    the last of them ended), so the records around it keep their begins.
+
+    ``ValueError`` when the catalog no longer holds ``old`` as given (a segment replaced,
+    deleted, not committed, not adjacent, a range changed): the merge was planned on a catalog
+    that has moved, and must not be applied to this one.
+    """
+    if len(old) < 2:
+        raise ValueError("a merge needs at least two segments")
+    current = segments(info)
+    where = {s.uid: i for i, s in enumerate(current)}
+    first = where.get(old[0].uid)
+    if first is None:
+        raise ValueError(f"segment {old[0].uid} is no longer recorded")
+    for k, seg in enumerate(old):
+        i = first + k
+        if i >= len(current) or current[i].uid != seg.uid:
+            raise ValueError(f"segment {seg.uid} is no longer where the merge found it")
+        cur = current[i]
+        if cur.kind is not SegmentKind.STREAMING or not cur.complete or cur.ranges != seg.ranges:
+            raise ValueError(f"segment {seg.uid} changed since the merge read it")
+    gone = {uuid_to_msb_lsb(s.uid) for s in old}
+    n_msb, n_lsb = uuid_to_msb_lsb(new)
+    offloaded = max(s.offloaded_ms for s in old)
+    for li in info.ledgerInfo:
+        if not li.HasField("offloadContext"):
+            continue
+        segs = li.offloadContext.offloadSegment
+        idx = [i for i, s in enumerate(segs) if (s.uidMsb, s.uidLsb) in gone]
+        if not idx:
+            continue
+        if idx != list(range(idx[0], idx[-1] + 1)):
+            raise ValueError(f"the merged segments are not adjacent in ledger {li.ledgerId}")
+        keep = pb.OffloadSegment()
+        keep.CopyFrom(segs[idx[0]])
+        keep.uidMsb, keep.uidLsb = n_msb, n_lsb
+        keep.complete = True
+        keep.assignedTimestamp = now_ms
+        # when the data first reached the tier: the deletion lag of the source's copies
+        # counts from there, not from the rewrite
+        keep.offloadedTimestamp = offloaded
+        keep.endEntryId = segs[idx[-1]].endEntryId
+        copies = []
+        for i, s in enumerate(segs):
+            if i == idx[0]:
+                copies.append(keep)
+            elif i not in idx:
+                c = pb.OffloadSegment()
+                c.CopyFrom(s)
+                copies.append(c)
+        del segs[:]
+        segs.extend(copies)
+    return True
+
+
 def _records(info: pb.ManagedLedgerInfo, uid: uuid.UUID) -> Iterable[pb.OffloadSegment]:
     msb, lsb = uuid_to_msb_lsb(uid)
     for li in info.ledgerInfo:

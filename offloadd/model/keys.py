@@ -23,6 +23,7 @@ Metadata paths (relative to the store's root/chroot):
 ``/offloadd/segments/<ml name>/<uuid>``    retention's record of a committed segment
 ``/offloadd/deletions/<uuid>``             pending deletion records
 ``/offloadd/ledger-id``                    global ledger-id counter of the embedded store
+``/offloadd/tier/conditional-writes``      the last start-up probe of the store's create-only writes
 =========================================  ==========================================
 """
 
@@ -59,6 +60,7 @@ def deletion_path(uid: uuid.UUID) -> str:
 
 DELETIONS = f"{OFFLOADD_ROOT}/deletions"  # parent of every deletion_path()
 SEGMENT_RECORDS = f"{OFFLOADD_ROOT}/segments"
+CONDITIONAL_WRITES = f"{OFFLOADD_ROOT}/tier/conditional-writes"  # JSON, written at start-up
 
 
 def segment_records_path(ml_name: str) -> str:

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from offloadd.blobstore.base import BlobStore
-from offloadd.errors import OffloaddError
+from offloadd.errors import Conflict, Fenced, OffloaddError
 from offloadd.format.checksum import stamp_parts
 from offloadd.format.layout import Part
 from offloadd.format.ledger import LedgerObjectBuilder, build_ledger_metadata
@@ -167,15 +167,24 @@ class SegmentAttempt:
 
     async def seal(self) -> None:
         """Submit the last part, wait for every part, complete the data object, then write the
-        index (last)."""
+        index (last).
+
+        ``Fenced`` when the store refuses to overwrite an existing data or index object (its
+        create-only writes, the second fence: blobstore/base.py): another writer got there
+        first, so this attempt has lost and must stop, not retry; nothing is deleted here."""
         assert self.parts is not None
         last = self.parts.finish()
         if last is not None:
             self.upload.submit([last], self._landed)
-        await self.upload.complete()
-        index = self.finish(self)
-        meta = index_metadata(self.uploads.ml_name, data_length=self.upload.length, index=index)
-        await self.uploads.store.put(self.index_key, [index], meta)
+        try:
+            await self.upload.complete()
+            index = self.finish(self)
+            meta = index_metadata(self.uploads.ml_name, data_length=self.upload.length,
+                                  index=index)
+            await self.uploads.store.put(self.index_key, [index], meta)
+        except Conflict as exc:
+            raise Fenced(f"segment {self.uid}: {exc}; another writer holds these keys, this "
+                         "attempt stops") from exc
         self.index_length = len(index)
 
     @property

@@ -13,7 +13,9 @@ A pass, in order (the records and rules are in :mod:`offloadd.retention.policy`)
                 every ledger marked becomes a DeletionRecord (created in the transaction that
                 removes the SegmentRecord)
     5 delete    every DeletionRecord, new or left by an earlier pass: delete the objects, then
-                the record; on failure the record stays, with the error, for the next pass
+                the record; on failure the record stays, with the error, for the next pass.
+                A merge's records (segments a merged one replaced) wait until their
+                ``not_before_ms`` (the deletion lag) has passed; their SegmentRecords go at once
     6 sweep     orphans (objects of ours whose uuid nothing references, older than the grace
                 period) and the blob store's stale incomplete uploads
 
@@ -333,6 +335,13 @@ class _Pass:
     async def _mark(self, ml: str, records: _Records, present: set[int],
                     live: set[uuid.UUID], gone: set[int]) -> None:
         for uid, (rec, version) in sorted(records.items()):
+            if uid not in live and not self.dry_run and \
+                    await self.metadata.exists(deletion_path(uid)):
+                # replaced by a merged segment (its DeletionRecord came with the swap): the
+                # merged one is tracked instead (a merge deletes these itself; a crash may not)
+                with contextlib.suppress(Conflict, NotFound):
+                    await self.metadata.delete(segment_record_path(ml, uid), version)
+                continue
             new = rec.marked(present)
             self.report.marked += [Mark(_label(ml), lid, str(uid))
                                    for lid in new.deleted if lid not in rec.deleted]
@@ -382,6 +391,9 @@ class _Pass:
             except OffloaddError as exc:
                 self.report.errors.append(f"{path}: {exc}")
                 continue
+            if not rec.due(self.now_ms):
+                self.report.lagging += 1  # a merge's: readers may still hold the old catalog
+                continue
             await self._delete_segment(rec, node.version)
         for rec, gone in self.planned:
             await self._delete_segment(rec, None, gone)
@@ -408,9 +420,10 @@ class _Pass:
         if self.dry_run:
             self.report.deleted_segments.append(done)
             return
-        # a tracked segment is OFFLOADED; once its objects are gone it is DELETED (terminal:
-        # its deletion record goes, and with it the last trace of the segment)
-        deleted = transition(SegmentState.OFFLOADED, SegmentState.DELETED)
+        # a tracked segment is OFFLOADED (a merged-away one MERGED); once its objects are gone
+        # it is DELETED (terminal: its deletion record goes, and with it the last trace of it)
+        was = SegmentState.MERGED if rec.merged_into is not None else SegmentState.OFFLOADED
+        deleted = transition(was, SegmentState.DELETED)
         problems: list[str] = []
         for key in keys:
             try:

@@ -18,7 +18,14 @@ JSON records under ``/offloadd`` keep that knowledge (paths in :mod:`offloadd.mo
     /offloadd/deletions/<uuid>            DeletionRecord, one per segment being deleted
       {"v": 1, "uid", "ml", "kind", "ledgers", "created_ms",
        "attempts": <failed attempts so far>, "last_attempt_ms": <ms> | null,
-       "last_error": "<why the last attempt failed>" | null}
+       "last_error": "<why the last attempt failed>" | null,
+       "not_before_ms": <wall ms before which its objects stay> (absent: 0),
+       "merged_into": "<uuid of the segment that replaced it>" (absent: retention's)}
+
+A merge (``offloadd compact``) creates the DeletionRecord of each segment it replaced in the
+same transaction that swaps them out of the catalog, with ``not_before_ms`` = the swap plus the
+topic's deletion lag: a reader that listed the old catalog keeps finding their objects until
+then.
 
 Life of a segment, KIP-405 style (each arrow is one compare-and-set or transaction; the states
 are :mod:`offloadd.commit.state`'s)::
@@ -58,7 +65,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from offloadd._proto import mldataformats_pb2 as pb
-from offloadd.blobstore.base import ObjectInfo
+from offloadd.blobstore.base import PROBE_KEY_PREFIX, ObjectInfo
 from offloadd.errors import FormatError
 from offloadd.model import catalog
 from offloadd.model.catalog import Segment, SegmentKind
@@ -311,10 +318,23 @@ class DeletionRecord:
     attempts: int = 0
     last_attempt_ms: int | None = None
     last_error: str | None = None
+    not_before_ms: int = 0  # objects stay until then (a merge's deletion lag)
+    merged_into: uuid.UUID | None = None  # the merged segment that replaced this one
 
     @classmethod
     def of(cls, rec: SegmentRecord, now_ms: int) -> DeletionRecord:
         return cls(rec.uid, rec.ml, rec.kind, rec.ledgers, now_ms)
+
+    @classmethod
+    def merged(cls, seg: Segment, ml: str, into: uuid.UUID, now_ms: int,
+               lag_ms: int) -> DeletionRecord:
+        """The record of ``seg``, replaced by the merged segment ``into`` at ``now_ms``."""
+        return cls(seg.uid, ml, seg.kind, seg.ledger_ids(), now_ms,
+                   not_before_ms=now_ms + max(lag_ms, 0), merged_into=into)
+
+    def due(self, now_ms: int) -> bool:
+        """Its objects may be deleted now (the deletion lag has passed)."""
+        return now_ms >= self.not_before_ms
 
     def keys(self) -> list[str]:
         return object_keys(self.uid, self.kind, self.ledgers)
@@ -328,7 +348,12 @@ class DeletionRecord:
                            "kind": self.kind.value, "ledgers": list(self.ledgers),
                            "created_ms": self.created_ms, "attempts": self.attempts,
                            "last_attempt_ms": self.last_attempt_ms,
-                           "last_error": self.last_error}, sort_keys=True).encode()
+                           "last_error": self.last_error,
+                           **({"not_before_ms": self.not_before_ms}
+                              if self.not_before_ms else {}),
+                           **({"merged_into": str(self.merged_into)}
+                              if self.merged_into is not None else {})},
+                          sort_keys=True).encode()
 
     @classmethod
     def decode(cls, data: bytes, where: str) -> DeletionRecord:
@@ -340,8 +365,15 @@ class DeletionRecord:
                 and (last_ms is None or isinstance(last_ms, int))
                 and (last_error is None or isinstance(last_error, str))):
             raise FormatError(where, 0, "bad field types in deletion record")
+        not_before, into = doc.get("not_before_ms", 0), doc.get("merged_into")
+        if not isinstance(not_before, int) or not (into is None or isinstance(into, str)):
+            raise FormatError(where, 0, "bad field types in deletion record")
+        try:
+            merged_into = uuid.UUID(into) if into is not None else None
+        except ValueError as exc:
+            raise FormatError(where, 0, f"'merged_into' is not a uuid ({exc})") from exc
         return cls(uid, ml, kind, _ints(doc, "ledgers", where), created, attempts, last_ms,
-                   last_error)
+                   last_error, not_before, merged_into)
 
 
 # -- orphans ------------------------------------------------------------------------------------
@@ -350,11 +382,13 @@ class DeletionRecord:
 def orphans(objects: Iterable[ObjectInfo], referenced: Collection[uuid.UUID], grace_s: float,
             now_s: float) -> list[str]:
     """Keys of ours (``parse_key``) whose uuid nothing references, last modified more than
-    ``grace_s`` ago. Keys that are not ours are never candidates."""
+    ``grace_s`` ago; and a conditional-write probe's key a killed process left behind. Keys
+    that are not ours are never candidates."""
     out: list[str] = []
     for obj in objects:
         parsed = parse_key(obj.key)
-        if parsed is None or parsed.uid in referenced:
+        probe = parsed is None and obj.key.startswith(PROBE_KEY_PREFIX)
+        if not probe and (parsed is None or parsed.uid in referenced):
             continue
         if now_s - obj.mtime >= grace_s:
             out.append(obj.key)

@@ -48,6 +48,7 @@ class GcReport:
     orphans_removed: list[str] = field(default_factory=list)
     orphans_failed: list[str] = field(default_factory=list)
     uploads_swept: int = 0
+    lagging: int = 0  # merged-away segments whose deletion lag has not passed yet
     refused: list[str] = field(default_factory=list)  # the invariant stopped a deletion
     notes: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
@@ -80,6 +81,9 @@ def render_text(rep: GcReport) -> str:
     lines += [f"{would}delete orphan {k}" for k in rep.orphans_removed]
     lines += [f"FAILED orphan {k}" for k in rep.orphans_failed]
     lines += [f"REFUSED {r}" for r in rep.refused]
+    if rep.lagging:
+        lines.append(f"{rep.lagging} merged-away segment(s) kept until their deletion lag has "
+                     "passed")
     lines += [f"note: {n}" for n in rep.notes]
     lines += [f"ERROR {e}" for e in rep.errors]
     lines.append(

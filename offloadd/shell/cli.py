@@ -230,6 +230,20 @@ def build_parser() -> argparse.ArgumentParser:
                     help="one JSON report on stdout instead of text (for scripts)")
     sp.add_argument("--dry-run", action="store_true", help="report, change nothing")
 
+    sp = cmd("compact", "merge each topic's small adjacent segments in the tier",
+             "  offloadd compact --config offloadd.toml\n"
+             "  offloadd compact --config offloadd.toml --topic "
+             "persistent://public/default/orders --target-bytes 67108864\n",
+             description="Merge runs of adjacent committed segments below the target size "
+             "into one segment each (same object format), swap them in the catalog in one "
+             "compare-and-set, and leave the old objects to gc after the deletion lag "
+             "(docs/retention.md, \"Merging small segments\"). Takes each topic's ownership; "
+             "a topic a running daemon owns is refused.")
+    sp.add_argument("--topic", type=_topic, help=TOPIC_HELP + " (default: every topic)")
+    sp.add_argument("--target-bytes", type=_positive_int, metavar="N",
+                    help="a merged segment's data object stays within N bytes (default "
+                    "[compact] target_mbytes)")
+
     sp = cmd("backfill", "upload a topic's closed history on Spark, then let streaming resume",
              "  offloadd backfill --config offloadd.toml --topic "
              "persistent://public/default/orders\n"
@@ -290,6 +304,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         "verify": commands.cmd_verify,
         "offload-now": commands.cmd_offload_now,
         "gc": commands.cmd_gc,
+        "compact": commands.cmd_compact,
         "backfill": commands.cmd_backfill,
         "config": commands.cmd_config,
         "query": commands.cmd_query,

@@ -280,6 +280,21 @@ def cmd_gc(args: argparse.Namespace) -> int:
     return _run(go())
 
 
+def cmd_compact(args: argparse.Namespace) -> int:
+    from offloadd.shell.compact import run_compact
+
+    settings = _settings(args)
+    setup_logs(settings, args)
+
+    async def go() -> int:
+        reports, ok = await run_compact(settings, [args.topic] if args.topic else None,
+                                        target_bytes=args.target_bytes)
+        print(json.dumps({"topics": reports, "ok": ok}, indent=2))
+        return 0 if ok else 1
+
+    return _run(go())
+
+
 # Optional features (pyproject's [project.optional-dependencies]): extra -> modules it brings.
 EXTRAS: dict[str, tuple[str, ...]] = {"spark": ("pyspark", "pyarrow")}
 

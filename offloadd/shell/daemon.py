@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import asyncio
 import fnmatch
+import json
 import logging
 import os
 import signal
 import time
+import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,16 +27,17 @@ from typing import Any
 
 from offloadd import wiring
 from offloadd.aio import first_of
-from offloadd.blobstore.base import StoreView
+from offloadd.blobstore.base import ConditionalWrites, StoreView, WriteFence
 from offloadd.commit.ownership import Ownership
 from offloadd.config import Settings
 from offloadd.errors import OffloaddError
 from offloadd.ledger.base import SourceView
 from offloadd.ledger.metered import MeteredSource, SourceReadProbe
-from offloadd.metadata import managed_ledger
+from offloadd.metadata import cas, managed_ledger
 from offloadd.metadata.base import MetadataStore
 from offloadd.metrics import Metrics
 from offloadd.model import LedgerDesc, Position, TopicName, catalog
+from offloadd.model.keys import CONDITIONAL_WRITES
 from offloadd.model.lifecycle import Lifecycle
 from offloadd.offload.buffer import OffloadBuffer
 from offloadd.offload.lag import LagMonitor
@@ -326,6 +329,12 @@ class Daemon:
             self.state = self.state.to(Lifecycle.RUNNING)
         duties = [asyncio.create_task(self._gc_loop(), name="gc"),
                   asyncio.create_task(self._read_check_loop(), name="read check")]
+        if self.settings.compact.enabled:
+            duties.append(asyncio.create_task(self._compact_loop(), name="compact"))
+        fence = self.tier.fence
+        if fence is not None and not fence.conditional.answered and \
+                self.settings.blobstore.conditional_writes != "off":
+            duties.append(asyncio.create_task(self._fence_probe_loop(fence), name="fence probe"))
         lag_task = asyncio.create_task(self._lag_loop(), name="lag")
         try:
             first = True
@@ -370,6 +379,51 @@ class Daemon:
                     log.warning("gc pass left work pending: %s", report.to_json())
             except OffloaddError as exc:
                 log.error("gc pass failed (retried next interval): %s", exc)
+
+    async def _fence_probe_loop(self, fence: WriteFence) -> None:
+        """The store did not answer the start-up probe of its create-only writes (an outage):
+        ask again every 30 s until it does (docs/s3.md, "Conditional writes")."""
+        while not fence.conditional.answered:
+            await asyncio.sleep(30.0)
+            try:
+                async with asyncio.timeout(2 * self.settings.blobstore.request_timeout_s):
+                    found = await fence.probe_conditional_writes()
+            except TimeoutError:
+                continue
+            if found.answered:
+                log.info("blob store: conditional writes %s", found.how)
+                await record_conditional_writes(self.metadata, found, "daemon")
+
+    async def _compact_loop(self) -> None:
+        """Merge small segments of the topics this daemon runs, every ``[compact] interval_s``
+        (docs/retention.md, "Merging small segments"): under each topic task's own fence and
+        the broker-wide throttle, a few merges per topic per pass."""
+        from offloadd.shell.compact import compact_once
+
+        # each segment's index is read once, not every pass (8,640 segments a day per topic)
+        sizes: dict[TopicName, dict[uuid.UUID, int]] = {}
+        while True:
+            await asyncio.sleep(self.settings.compact.interval_s)
+            for gone in set(sizes) - set(self.topics):
+                del sizes[gone]
+            for topic, running in list(self.topics.items()):
+                name = str(topic)
+
+                async def acquire(nbytes: int, name: str = name) -> float:
+                    return await self._acquire(nbytes, name)
+
+                try:
+                    rep = await compact_once(
+                        self.settings, topic, self.metadata, self.tier, running.offloader.fence,
+                        acquire=acquire, max_groups=self.settings.compact.max_merges_per_pass,
+                        sizes=sizes.setdefault(topic, {}))
+                except OffloaddError as exc:  # Fenced included: the topic moved on
+                    log.warning("topic %s: merge pass failed (tried again next interval): %s",
+                                topic, exc)
+                    continue
+                if rep.merged:
+                    log.info("topic %s: merged %d group(s) of small segments (%d -> %d)", topic,
+                             len(rep.merged), rep.segments_before, rep.segments_after)
 
     async def _read_check_loop(self) -> None:
         """Read back what each topic committed since the last look (offloadd/read/check.py)."""
@@ -492,6 +546,8 @@ class Daemon:
             "store_circuit": health.state.value if health is not None else "healthy",
             "store_ready": ready,
             "store_reason": reason,
+            "conditional_writes": (self.tier.fence.conditional.to_json()
+                                   if self.tier.fence is not None else None),
             "throttle": {"bytes_per_s": self.throttle.rate, "waiting": self.throttle.waiting},
             "buffer": {"used": self.buffer.used, "cap": self.buffer.cap},
             "topics": {str(t): dict(r.offloader.status()) for t, r in self.topics.items()},
@@ -513,4 +569,12 @@ def _dig(settings: Settings, key: str) -> object:
     section, _, name = key.partition(".")
     return getattr(getattr(settings, section), name)
 
-
+async def record_conditional_writes(metadata: MetadataStore, found: ConditionalWrites,
+                                    owner: str) -> None:
+    """Keep the start-up probe's answer where ``offloadd status`` reads it (best effort)."""
+    doc = {**found.to_json(), "owner": owner, "probed_ms": int(time.time() * 1000)}
+    try:
+        await cas.update(metadata, CONDITIONAL_WRITES,
+                         lambda node: json.dumps(doc, sort_keys=True).encode(), create=True)
+    except OffloaddError as exc:
+        log.warning("could not record the conditional-write probe: %s", exc)

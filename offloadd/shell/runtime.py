@@ -21,7 +21,7 @@ from offloadd.metadata.base import MetadataStore, Sessions
 from offloadd.metrics import Metrics
 from offloadd.model import TopicName
 from offloadd.offload.scheduler import default_owner_id
-from offloadd.shell.daemon import Daemon
+from offloadd.shell.daemon import Daemon, record_conditional_writes
 from offloadd.shell.httpserver import MetricsServer
 
 log = logging.getLogger(__name__)
@@ -75,10 +75,14 @@ class Runtime:
         try:
             tier = await wiring.open_tier(
                 settings, on_circuit=lambda state: metrics.store_circuit(
-                    _CIRCUIT.get(state, state)), on_request=metrics.blobstore_request)
+                    _CIRCUIT.get(state, state)), on_request=metrics.blobstore_request,
+                    probe_writes=True)
         except BaseException:
             await metadata.close()
             raise
+        if tier.fence is not None:
+            await record_conditional_writes(metadata, tier.fence.conditional,
+                                            owner_id or "standalone")
         _watch_circuits(metrics, conn.sessions, tier)
         local: LocalLedgerStore | None = None
         if with_writer:
@@ -172,3 +176,4 @@ class Runtime:
             await self.blobstore.close()
         with contextlib.suppress(Exception):
             await self.metadata.close()
+

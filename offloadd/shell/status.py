@@ -37,12 +37,13 @@ from typing import Any
 from offloadd import wiring
 from offloadd.commit import cluster, epochs
 from offloadd.config import Settings
-from offloadd.errors import OffloaddError
+from offloadd.errors import NotFound, OffloaddError
 from offloadd.ledger.base import SourceView
 from offloadd.metadata import managed_ledger, offload_status
 from offloadd.metadata.base import MetadataStore
 from offloadd.model import Position, TopicName, catalog
 from offloadd.model.cost import Prices, topic_cost
+from offloadd.model.keys import CONDITIONAL_WRITES
 from offloadd.model.losses import lost_ledgers
 from offloadd.offload.lag import committed_payload_bytes, measure
 
@@ -153,6 +154,7 @@ async def collect(settings: Settings, topics: Sequence[TopicName] | None = None
         prices = Prices(c.storage_per_gb_month, c.put_per_1000, c.get_per_1000)
         out_topics = [await topic_status(md, src, n, now_ms, prices) for n in names]
         members = [asdict(m) for m in await cluster.read_members(md)]
+        fence = await _conditional_writes(md)
         source = wiring.source_status(settings, src.source)
     finally:
         await src.source.close()
@@ -160,6 +162,8 @@ async def collect(settings: Settings, topics: Sequence[TopicName] | None = None
     out: dict[str, Any] = {"metadata": wiring.deployment(settings),
                            "driver": settings.blobstore.driver, "members": members,
                            "currency": settings.cost.currency, "topics": out_topics}
+    if fence is not None:
+        out["conditional_writes"] = fence
     if source is not None:
         out["source"] = source
     if settings.metrics.enabled:
@@ -215,6 +219,15 @@ def _lag_text(lag: dict[str, Any]) -> str:
             f"{lag.get('seconds', 0):.0f} s")
 
 
+async def _conditional_writes(md: MetadataStore) -> dict[str, Any] | None:
+    """The last daemon start-up's probe of the store's create-only writes (docs/s3.md)."""
+    try:
+        doc = json.loads((await md.get(CONDITIONAL_WRITES)).data)
+    except (NotFound, ValueError):
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
 def render_text(st: dict[str, Any]) -> str:
     lines = [f"metadata {st['metadata']}  driver {st['driver']}"]
     d = st.get("daemon")
@@ -232,6 +245,9 @@ def render_text(st: dict[str, Any]) -> str:
                      "below is what the metadata store holds)")
     elif "daemon" in st:
         lines.append("daemon: not answering (status below is what the metadata store holds)")
+    cw = (d or {}).get("conditional_writes") or st.get("conditional_writes")
+    if cw:
+        lines.append(f"conditional writes {'on' if cw.get('on') else 'off'}: {cw.get('how')}")
     if st.get("members"):
         lines.append("members " + ", ".join(m["owner"] for m in st["members"]))
     bookies = ((d or {}).get("source") or st.get("source") or {}).get("bookies")

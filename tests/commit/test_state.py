@@ -46,6 +46,15 @@ class TestStateMachine:
         assert [s for s in SegmentState if is_valid(SegmentState.DELETED, s)] == [
             SegmentState.DELETED]
 
+    def test_a_merge_replaces_offloaded_segments_which_gc_deletes_later(self) -> None:
+        assert transition(SegmentState.OFFLOADED, SegmentState.MERGED) is SegmentState.MERGED
+        assert transition(SegmentState.MERGED, SegmentState.DELETED) is SegmentState.DELETED
+        for src in (SegmentState.NEW, SegmentState.ASSIGNED, SegmentState.FAILED,
+                    SegmentState.DELETED):
+            assert not is_valid(src, SegmentState.MERGED)  # only committed data is merged
+        assert [s for s in SegmentState if is_valid(SegmentState.MERGED, s)] == [
+            SegmentState.DELETED, SegmentState.MERGED]
+
     def test_what_the_catalog_stores_is_assigned_or_offloaded(self) -> None:
         assert stored(False) is SegmentState.ASSIGNED
         assert stored(True) is SegmentState.OFFLOADED

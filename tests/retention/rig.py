@@ -76,13 +76,13 @@ class Rig:
             pos = await self.store.writer.append(TOPIC, [p])
             self.payloads[pos] = p
 
-    async def offload_all(self) -> None:
+    async def offload_all(self, timeout: float = 30) -> None:
         """Run the topic task until every written entry is in committed segments."""
         off = TopicOffloader(TOPIC, self.env, lambda: TopicPolicy(self.roll), NoFence())
         task = asyncio.create_task(off.run())
         last_l, last_e = max(self.payloads)
         try:
-            async with asyncio.timeout(30):
+            async with asyncio.timeout(timeout):
                 # segments roll by size; the trigger only closes the tail, once all is read
                 while off.position is None or off.position <= Position(last_l, last_e):
                     await asyncio.sleep(0.02)

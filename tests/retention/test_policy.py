@@ -14,7 +14,7 @@ from offloadd._proto import mldataformats_pb2 as pb
 from offloadd.blobstore.base import ObjectInfo
 from offloadd.errors import FormatError
 from offloadd.model import catalog
-from offloadd.model.catalog import LedgerRange, SegmentKind
+from offloadd.model.catalog import LedgerRange, Segment, SegmentKind
 from offloadd.model.keys import ledger_data_key, ledger_index_key, streaming_data_key
 from offloadd.retention.policy import (
     DeletionRecord,
@@ -232,6 +232,23 @@ class TestRecords:
                              None if error is None else 5, error)
         assert DeletionRecord.decode(rec.encode(), "/p") == rec
 
+    @given(st.uuids(), st.uuids(), st.integers(0, 2**40), st.integers(0, 2**40))
+    def test_a_merges_deletion_records_round_trip_and_wait_for_the_lag(
+            self, uid: uuid.UUID, into: uuid.UUID, now: int, lag: int) -> None:
+        seg = Segment(uid, SegmentKind.STREAMING, (LedgerRange(3, 0, 9),), True)
+        rec = DeletionRecord.merged(seg, "t/ns/persistent/x", into, now, lag)
+        assert DeletionRecord.decode(rec.encode(), "/p") == rec
+        assert rec.merged_into == into and rec.not_before_ms == now + lag
+        assert rec.due(now + lag) and (lag == 0 or not rec.due(now + lag - 1))
+
+    def test_records_without_the_merge_fields_are_due_at_once(self) -> None:
+        old = (b'{"v": 1, "uid": "00000000-0000-0000-0000-000000000001", "ml": "a", '
+               b'"kind": "streaming", "ledgers": [1], "created_ms": 5}')
+        rec = DeletionRecord.decode(old, "/p")
+        assert rec.not_before_ms == 0 and rec.merged_into is None and rec.due(0)
+        with pytest.raises(FormatError):
+            DeletionRecord.decode(old[:-1] + b', "merged_into": "nope"}', "/p")
+
     def test_a_failure_counts_an_attempt_and_keeps_the_error(self) -> None:
         rec = DeletionRecord(uuid.uuid4(), "t/ns/persistent/x", SegmentKind.STREAMING, (1,), 10)
         twice = rec.failed(20, "boom").failed(30, "bang")
@@ -246,6 +263,12 @@ class TestRecords:
     def test_junk_records_are_format_errors(self, junk: bytes) -> None:
         with pytest.raises(FormatError):
             SegmentRecord.decode(junk, "/offloadd/segments/a/x")
+
+    def test_a_left_behind_write_probe_is_an_orphan_after_the_grace(self) -> None:
+        probe = ObjectInfo("offloadd-probe-0123abcd", 5, {}, 100.0)
+        other = ObjectInfo("offloadd-probes.txt", 5, {}, 100.0)  # not the probe's prefix+hex
+        assert orphans([probe, other], (), 60, 200.0) == ["offloadd-probe-0123abcd"]
+        assert orphans([probe], (), 600, 200.0) == []
 
     def test_object_keys_cover_both_formats_index_first(self) -> None:
         uid = uuid.uuid4()

@@ -11,18 +11,27 @@ import asyncio
 import contextlib
 import logging
 import os
+import uuid
 from collections.abc import AsyncIterator, Callable, Mapping
 from pathlib import Path
 from typing import TypeVar
 
-from offloadd.blobstore.base import BlobStore, Buffers, ObjectInfo, UploadSweeper
+from offloadd.blobstore.base import (
+    PROBE_KEY_PREFIX,
+    BlobStore,
+    Buffers,
+    ConditionalWrites,
+    ObjectInfo,
+    UploadSweeper,
+    WriteFence,
+)
 from offloadd.blobstore.filesystem.tree import Tree, check_key, translate
 from offloadd.blobstore.filesystem.upload import FilesystemUpload
 from offloadd.blobstore.filesystem.workers import Workers
 from offloadd.blobstore.health import HealthPolicy, StoreHealth
 from offloadd.blobstore.parts import check_range
 from offloadd.blobstore.requests import RequestCounts
-from offloadd.errors import ConfigError, Fatal, NotFound, Retriable
+from offloadd.errors import ConfigError, Conflict, Fatal, NotFound, OffloaddError, Retriable
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +48,7 @@ class _Unanswered(Retriable):
     """An operation that missed its deadline (counted as a ``timeout``)."""
 
 
-class FilesystemBlobStore(BlobStore, UploadSweeper):
+class FilesystemBlobStore(BlobStore, UploadSweeper, WriteFence):
     name = "filesystem"
 
     def __init__(self, root: str | Path, *, request_timeout_s: float = 30.0,
@@ -61,6 +70,9 @@ class FilesystemBlobStore(BlobStore, UploadSweeper):
         # each operation counted under S3's name for it, so one price list fits both drivers
         self.requests = requests or RequestCounts(self.name)
         self._prober: asyncio.Task[None] | None = None
+        # the store as a second fence (base.py): create-only once the probe found link(2) works
+        self.create_only = False
+        self.conditional = ConditionalWrites()
 
     @property
     def health(self) -> StoreHealth:
@@ -164,6 +176,37 @@ class FilesystemBlobStore(BlobStore, UploadSweeper):
             raise
         finally:
             self.requests.count("PutObject", result_of)
+
+    async def probe_conditional_writes(self) -> ConditionalWrites:
+        """Create-only writes publish with ``link(2)``, which never replaces an existing name
+        (the metadata sidecar first, then the data); a filesystem without hard links (some
+        network and FUSE mounts) fails the probe, and writes keep ``rename(2)``, which
+        overwrites."""
+        key = f"{PROBE_KEY_PREFIX}{uuid.uuid4().hex}"
+        self.create_only = True
+        refused, why, answered = False, "", True
+        try:
+            await self.put(key, [b"first"], {})
+            try:
+                await self.put(key, [b"second"], {})
+            except Conflict:
+                refused = True
+            else:
+                why = "a second create-only write of the probe key was not refused"
+        except OffloaddError as exc:
+            why = f"the probe failed: {exc}"
+            answered = not isinstance(exc, Retriable)  # a hung or failing disk: ask again
+        finally:
+            self.create_only = False
+            with contextlib.suppress(OffloaddError):
+                await self.delete(key)
+        self.create_only = refused
+        self.conditional = ConditionalWrites(
+            put=refused, complete=refused,
+            how="objects are published with link(2), which refuses an existing key" if refused
+            else f"off: {why}; objects are published with rename(2), which overwrites",
+            answered=answered)
+        return self.conditional
 
     async def get_range(self, key: str, start: int, end: int) -> bytes:
         check_range(key, start, end)

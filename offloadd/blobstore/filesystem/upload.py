@@ -19,7 +19,7 @@ from typing import Protocol, TypeVar
 from offloadd.blobstore.base import Buffers, MultipartUpload, ObjectInfo
 from offloadd.blobstore.filesystem.tree import Tree, as_bytes_views, fsync_dir, pwritev_all
 from offloadd.blobstore.parts import check_part, check_parts
-from offloadd.errors import Fatal
+from offloadd.errors import Conflict, Fatal
 
 T = TypeVar("T")
 
@@ -30,6 +30,7 @@ class UploadOwner(Protocol):
 
     tree: Tree
     uploads: set[FilesystemUpload]
+    create_only: bool  # complete() refuses an existing key (the store as a second fence)
 
     async def call(self, op: str, what: str, fn: Callable[..., T], *args: object,
                    nbytes: int = 0, count: bool = True) -> T: ...
@@ -143,9 +144,18 @@ class FilesystemUpload(MultipartUpload):
             f.write(json.dumps({"metadata": self._metadata}, sort_keys=True).encode())
             f.flush()
             os.fsync(f.fileno())
+        create_only = self._store.create_only
         try:
             meta.parent.mkdir(parents=True, exist_ok=True)
-            os.replace(meta_temp, meta)
+            if create_only:
+                # link(2) never replaces an existing name: the sidecar is claimed first, so an
+                # existing object's metadata is never touched
+                try:
+                    os.link(meta_temp, meta)
+                except FileExistsError:
+                    raise self._taken() from None
+            else:
+                os.replace(meta_temp, meta)
         finally:
             meta_temp.unlink(missing_ok=True)
         try:
@@ -154,11 +164,23 @@ class FilesystemUpload(MultipartUpload):
             raise Fatal(f"object {self.key}: a parent directory is an existing object under "
                         f"{self._store.tree.root}; a key cannot be both an object and a prefix "
                         "directory in a filesystem store") from e
-        os.replace(self.temp_path, target)
+        if create_only:
+            try:
+                os.link(self.temp_path, target)
+            except FileExistsError:
+                meta.unlink(missing_ok=True)  # ours, linked just now: the data was there
+                raise self._taken() from None
+            self.temp_path.unlink(missing_ok=True)
+        else:
+            os.replace(self.temp_path, target)
         # Make the rename itself durable before reporting the object as written.
         fsync_dir(target.parent)
         st = target.stat()
         return ObjectInfo(self.key, st.st_size, dict(self._metadata), st.st_mtime)
+
+    def _taken(self) -> Conflict:
+        return Conflict(f"object {self.key} already exists under {self._store.tree.root}: "
+                        "refused to overwrite it (create-only writes: the store's second fence)")
 
     async def abort(self) -> None:
         if self._state not in ("open", "failed"):

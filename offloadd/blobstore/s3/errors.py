@@ -37,7 +37,7 @@ from botocore.exceptions import (
 from botocore.exceptions import ConnectionError as BotoConnectionError
 from botocore.parsers import ResponseParserError
 
-from offloadd.errors import Fatal, NotFound, OffloaddError, Retriable
+from offloadd.errors import Conflict, Fatal, NotFound, OffloaddError, Retriable
 
 _THROTTLING = frozenset(
     {
@@ -142,6 +142,10 @@ def translate(exc: BaseException, op: str, where: str) -> OffloaddError:
         said = f"S3 {op} {where}: {code} (HTTP {status})"
         if code in _NOT_FOUND_CODES or (status == 404 and code not in HINTS):
             return NotFound(f"{where} not found")
+        if code == "PreconditionFailed" or status == 412:
+            # only create-only writes (If-None-Match: *) carry a precondition: the key exists
+            return Conflict(f"{said}: {where} already exists; refused to overwrite it "
+                            "(create-only writes: the store's second fence)")
         if code in _TRANSIENT_CODES or status >= 500 or status == 429:
             return Retriable(said)
         hint = HINTS.get(code) or (

@@ -48,6 +48,8 @@ class Uploads:
 
     def __init__(self, calls: Requests) -> None:
         self.calls = calls
+        # CompleteMultipartUpload with If-None-Match: * (the store's probe said it refuses)
+        self.create_only = False
 
     async def start(self, key: str, metadata: Mapping[str, str]) -> S3MultipartUpload:
         calls = self.calls
@@ -208,6 +210,7 @@ class S3MultipartUpload(MultipartUpload):
             return dataclasses.replace(info, mtime=resp["LastModified"].timestamp())
 
         tries = 0
+        condition = {"IfNoneMatch": "*"} if self._uploads.create_only else {}
 
         async def complete(client: Any) -> ObjectInfo:
             nonlocal tries
@@ -223,9 +226,11 @@ class S3MultipartUpload(MultipartUpload):
                             for p in parts
                         ]
                     },
+                    **condition,
                 )
             except ClientError as exc:
-                if tries > 1 and error_code(exc) == "NoSuchUpload":
+                # a retry refused because an earlier try, whose answer was lost, completed it
+                if tries > 1 and error_code(exc) in ("NoSuchUpload", "PreconditionFailed"):
                     done = await published()
                     if done is not None:
                         return done

@@ -5,13 +5,22 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
+import uuid
 from collections.abc import AsyncIterator, Mapping
 from contextlib import AsyncExitStack, suppress
 from typing import Any
 
 from botocore.exceptions import ClientError
 
-from offloadd.blobstore.base import BlobStore, Buffers, ObjectInfo, UploadSweeper
+from offloadd.blobstore.base import (
+    PROBE_KEY_PREFIX,
+    BlobStore,
+    Buffers,
+    ConditionalWrites,
+    ObjectInfo,
+    UploadSweeper,
+    WriteFence,
+)
 from offloadd.blobstore.health import StoreHealth
 from offloadd.blobstore.parts import check_range
 from offloadd.blobstore.requests import RequestCounts
@@ -21,10 +30,10 @@ from offloadd.blobstore.s3.errors import error_code
 from offloadd.blobstore.s3.multipart import IncompleteUpload, S3MultipartUpload, Uploads
 from offloadd.blobstore.s3.options import S3Options
 from offloadd.blobstore.s3.session import connect
-from offloadd.errors import NotFound, Retriable
+from offloadd.errors import Conflict, NotFound, OffloaddError, Retriable
 
 
-class S3BlobStore(BlobStore, UploadSweeper):
+class S3BlobStore(BlobStore, UploadSweeper, WriteFence):
     """:class:`~offloadd.blobstore.base.BlobStore` on S3; create with :meth:`open`."""
 
     name = "aws-s3"
@@ -34,6 +43,7 @@ class S3BlobStore(BlobStore, UploadSweeper):
         self._stack = stack
         self._uploads = Uploads(calls)
         self._prober: asyncio.Task[None] | None = None
+        self.conditional = ConditionalWrites()  # until probed: writes overwrite
 
     @classmethod
     async def open(cls, options: S3Options, *, health: StoreHealth | None = None,
@@ -89,9 +99,14 @@ class S3BlobStore(BlobStore, UploadSweeper):
         return await self._uploads.start(key, metadata)
 
     async def put(self, key: str, data: Buffers, metadata: Mapping[str, str]) -> ObjectInfo:
+        return await self._put(key, b"".join(data), metadata, self.conditional.put)
+
+    async def _put(self, key: str, body: bytes, metadata: Mapping[str, str],
+                   create_only: bool) -> ObjectInfo:
         calls = self._calls
-        body = b"".join(data)
         checksum = crc32c_b64(body)
+        condition = {"IfNoneMatch": "*"} if create_only else {}
+        info = ObjectInfo(key, len(body), dict(metadata), 0.0)
 
         async def put(client: Any) -> None:
             await client.put_object(
@@ -102,10 +117,69 @@ class S3BlobStore(BlobStore, UploadSweeper):
                 ChecksumAlgorithm="CRC32C",
                 ChecksumCRC32C=checksum,
                 **calls.sse(),
+                **condition,
             )
 
-        await calls.run("PutObject", key, put, write=True, nbytes=len(body))
-        return ObjectInfo(key, len(body), dict(metadata), time.time())
+        async def landed() -> ObjectInfo | None:
+            """Is the object there already ours (an earlier try whose answer was lost)? Then
+            a create-only retry's refusal is no conflict."""
+            try:
+                head = await self.head(key)
+            except OffloaddError:
+                return None
+            if head.size == len(body) and dict(head.metadata) == dict(metadata):
+                return dataclasses.replace(info, mtime=head.mtime)
+            return None
+
+        await calls.run("PutObject", key, put, write=True, nbytes=len(body),
+                        already_done=landed if create_only else None)
+        return dataclasses.replace(info, mtime=time.time())
+
+    async def probe_conditional_writes(self) -> ConditionalWrites:
+        """Write a key of ours (``offloadd-probe-<hex>`` under the prefix) with
+        ``If-None-Match: *`` twice, by PutObject and by CompleteMultipartUpload: a store that
+        refuses the second (412) supports the condition on that call. Then the key goes. From
+        then on ``put`` and ``complete`` carry the condition where it is supported (an S3 that
+        ignores it would overwrite, so sending it there would be a promise not kept)."""
+        key = f"{PROBE_KEY_PREFIX}{uuid.uuid4().hex}"
+        notes: list[str] = []
+        put = complete = False
+        answered = True
+        try:
+            await self._put(key, b"offloadd conditional-write probe", {}, True)
+            try:
+                await self._put(key, b"offloadd conditional-write probe, again", {}, True)
+                notes.append("PutObject ignores If-None-Match")
+            except Conflict:
+                put = True
+            up = await self._uploads.start(key, {})
+            try:
+                await up.put_part(1, 0, [b"offloadd conditional-write probe, multipart"])
+                self._uploads.create_only = True
+                try:
+                    await up.complete()
+                    notes.append("CompleteMultipartUpload ignores If-None-Match")
+                except Conflict:
+                    complete = True
+            finally:
+                self._uploads.create_only = False
+                with suppress(OffloaddError):
+                    await up.abort()
+        except OffloaddError as exc:
+            notes.append(f"the probe failed: {exc}")
+            answered = not isinstance(exc, Retriable)  # unreachable: the answer is unknown
+        finally:
+            if answered:  # an unreachable store is not kept waiting for a delete too
+                with suppress(OffloaddError):
+                    await self.delete(key)
+        self._uploads.create_only = complete
+        on = [name for name, ok in (("PutObject", put), ("CompleteMultipartUpload", complete))
+              if ok]
+        how = (f"If-None-Match: * on {' and '.join(on)}" if on else "off") + \
+            (f" ({'; '.join(notes)})" if notes else "")
+        self.conditional = ConditionalWrites(put=put, complete=complete, how=how,
+                                             answered=answered)
+        return self.conditional
 
     async def get_range(self, key: str, start: int, end: int) -> bytes:
         calls = self._calls
