@@ -207,6 +207,12 @@ def _record_usage(md: pb.OffloadDriverMetadata, usage: TierUsage) -> None:
     md.CopyFrom(driver_metadata(md.name, props))
 
 
+def _forget_usage(md: pb.OffloadDriverMetadata) -> None:
+    props = {kv.key: kv.value for kv in md.properties
+             if kv.key not in TierUsage().properties()}
+    md.CopyFrom(driver_metadata(md.name, props))
+
+
 def mark_offloaded(info: pb.ManagedLedgerInfo, uid: uuid.UUID, now_ms: int,
                    ledger_ids: Iterable[int] = (), usage: TierUsage | None = None) -> bool:
     """ASSIGNED -> OFFLOADED on every record of ``uid``; ``KeyError`` if none exists, or if
@@ -274,11 +280,13 @@ def reassign(info: pb.ManagedLedgerInfo, old: uuid.UUID, new: uuid.UUID, now_ms:
 
 
 def merge_segments(info: pb.ManagedLedgerInfo, old: Sequence[Segment], new: uuid.UUID,
-                   now_ms: int) -> bool:
+                   now_ms: int, usage: TierUsage | None = None) -> bool:
     """Replace the committed streaming segments ``old`` (adjacent, in log order, as the caller
     read them) by the one segment ``new`` holding exactly their positions, in place: in every
     ledger the run of their records becomes one record of ``new`` (``complete``, ending where
-    the last of them ended), so the records around it keep their begins.
+    the last of them ended), so the records around it keep their begins. The new segment's
+    first record carries ``usage`` (what the merged pair costs in the tier), never the usage
+    the first old segment recorded; without ``usage`` it records none (counted as unsized).
 
     ``ValueError`` when the catalog no longer holds ``old`` as given (a segment replaced,
     deleted, not committed, not adjacent, a range changed): the merge was planned on a catalog
@@ -301,6 +309,7 @@ def merge_segments(info: pb.ManagedLedgerInfo, old: Sequence[Segment], new: uuid
     gone = {uuid_to_msb_lsb(s.uid) for s in old}
     n_msb, n_lsb = uuid_to_msb_lsb(new)
     offloaded = max(s.offloaded_ms for s in old)
+    first_record = True
     for li in info.ledgerInfo:
         if not li.HasField("offloadContext"):
             continue
@@ -319,6 +328,10 @@ def merge_segments(info: pb.ManagedLedgerInfo, old: Sequence[Segment], new: uuid
         # counts from there, not from the rewrite
         keep.offloadedTimestamp = offloaded
         keep.endEntryId = segs[idx[-1]].endEntryId
+        _forget_usage(keep.driverMetadata)
+        if usage is not None and first_record:
+            _record_usage(keep.driverMetadata, usage)
+        first_record = False
         copies = []
         for i, s in enumerate(segs):
             if i == idx[0]:

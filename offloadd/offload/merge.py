@@ -263,7 +263,7 @@ async def _merge(topic: TopicName, metadata: MetadataStore, reader: TierReader,
         await metadata.create(DELETIONS, b"", make_parents=True)
 
     def swap(info: pb.ManagedLedgerInfo) -> bool:
-        return catalog.merge_segments(info, group, att.uid, now)
+        return catalog.merge_segments(info, group, att.uid, now, att.usage)
 
     # the transitions the swap makes, checked before it is written (like every commit): the
     # old segments OFFLOADED -> MERGED, the new one NEW -> ASSIGNED -> OFFLOADED at once

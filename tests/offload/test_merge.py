@@ -97,6 +97,23 @@ class TestMergeSegments:
         assert segs[0].complete and segs[0].offloaded_ms == 103  # when the data first landed
         assert segs[1].ranges == (LedgerRange(2, 50, 59),) and not segs[1].complete
 
+    def test_the_merged_segment_records_its_own_usage(self) -> None:
+        info = info_with((1, [(1, 39, True), (2, 99, True), (3, 120, True)]))
+        for uid in (1, 2, 3):  # every old segment recorded what it cost
+            catalog.mark_offloaded(info, uuid.UUID(int=uid), 5,
+                                   usage=catalog.TierUsage(2, 1000 * uid, 900, 4))
+        old = catalog.segments(info)[:2]
+        assert catalog.merge_segments(info, old, uuid.uuid4(), now_ms=7,
+                                      usage=catalog.TierUsage(2, 2500, 1800, 5))
+        segs = catalog.segments(info)
+        assert catalog.usage_of(segs[0]) == catalog.TierUsage(2, 2500, 1800, 5)
+        assert catalog.usage_of(segs[1]) == catalog.TierUsage(2, 3000, 900, 4)
+        unsized = info_with((1, [(1, 39, True), (2, 99, True)]))
+        catalog.mark_offloaded(unsized, uuid.UUID(int=1), 5,
+                               usage=catalog.TierUsage(2, 1000, 900, 4))
+        catalog.merge_segments(unsized, catalog.segments(unsized), uuid.uuid4(), now_ms=7)
+        assert catalog.usage_of(catalog.segments(unsized)[0]) is None  # not S1's figures
+
     def test_a_moved_catalog_is_refused(self) -> None:
         info = info_with((1, [(1, 39, True), (2, 99, True), (3, 120, True)]))
         old = catalog.segments(info)[:2]
