@@ -130,6 +130,10 @@ class FilesystemUpload(MultipartUpload):
             # A re-sent part may have been shorter than the first attempt: cut any tail.
             os.ftruncate(fd, size)
             os.fsync(fd)
+            # On disk now, and read rarely: drop its pages from the page cache, or growing the
+            # cache makes every written byte cost a second kernel copy's worth of system time
+            # and evicts what the brokers and the source read (docs/benchmarks.md, sidecar path)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
         finally:
             self._release_fd()
         with self._fd_lock:
