@@ -56,7 +56,7 @@ from offloadd.backfill.progress import MetricsSink, Progress, Sink, TerminalBar
 from offloadd.backfill.task import SegmentResult, SegmentSpec, absolute_paths, upload_segment
 from offloadd.blobstore.base import BlobStore
 from offloadd.commit import edits, epochs
-from offloadd.commit.fence import EpochFence, give_back, take
+from offloadd.commit.fence import EpochFence, give_back_quietly, take
 from offloadd.commit.state import SegmentState, transition
 from offloadd.config import Settings
 from offloadd.errors import ConfigError, Conflict, Fatal, Fenced, NotFound, OffloaddError
@@ -209,11 +209,7 @@ async def run_backfill(settings: Settings, topic: TopicName, *, spark: Callable[
                                 min(settings.min_block_size(policy), policy.max_block_size_bytes),
                                 max_attempts, report, sinks, metrics_bind)
             finally:
-                try:
-                    await give_back(fence)
-                except OffloaddError as exc:
-                    log.warning("%s: could not release ownership: %s (it lapses with the "
-                                "session)", topic, exc)
+                await give_back_quietly(fence, topic)
         finally:
             await blobstore.close()
     finally:

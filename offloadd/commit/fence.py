@@ -16,14 +16,18 @@ one of them assigns at a time.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 from offloadd.commit import epochs
+from offloadd.errors import OffloaddError
 from offloadd.metadata.base import MetadataStore, Op
 
-__all__ = ["EpochFence", "Fence", "NoFence", "give_back", "take"]
+log = logging.getLogger(__name__)
+
+__all__ = ["EpochFence", "Fence", "NoFence", "give_back", "give_back_quietly", "take"]
 
 
 class Fence(Protocol):
@@ -71,3 +75,13 @@ async def take(store: MetadataStore, ml_name: str, owner_id: str) -> EpochFence 
 async def give_back(fence: EpochFence) -> bool:
     """Release the owner node (the epoch stays, so the fence dies with the next owner)."""
     return await epochs.release(fence.store, fence.ml_name, fence.owner_id)
+
+
+async def give_back_quietly(fence: EpochFence, what: object) -> None:
+    """:func:`give_back` at the end of a one-off command (backfill, compact): a failure only
+    warns, because the owner node is ephemeral and lapses with the session anyway."""
+    try:
+        await give_back(fence)
+    except OffloaddError as exc:
+        log.warning("%s: could not release ownership: %s (it lapses with the session)", what,
+                    exc)

@@ -21,7 +21,7 @@ from typing import Any
 from offloadd import wiring
 from offloadd.blobstore.base import StoreView
 from offloadd.commit import epochs
-from offloadd.commit.fence import Fence, give_back, take
+from offloadd.commit.fence import Fence, give_back_quietly, take
 from offloadd.config import Settings
 from offloadd.config.fields import MiB
 from offloadd.errors import ConfigError, OffloaddError
@@ -107,11 +107,7 @@ async def run_compact(settings: Settings, topics: Sequence[TopicName] | None, *,
                     out.append({"topic": str(topic), "error": str(exc)})
                     ok = False
                 finally:
-                    try:
-                        await give_back(fence)
-                    except OffloaddError as exc:
-                        log.warning("%s: could not release ownership: %s (it lapses with the "
-                                    "session)", topic, exc)
+                    await give_back_quietly(fence, topic)
         finally:
             await tier.store.close()
     finally:
