@@ -59,6 +59,24 @@ class Msg:
     sequence_id: int | None = None
 
 
+def single_metadata(m: Msg) -> pb.SingleMessageMetadata:
+    """A batched message's own metadata, as Pulsar's producer writes it."""
+    smm = pb.SingleMessageMetadata(payload_size=len(m.payload or b""))
+    for k, v in m.properties:
+        smm.properties.add(key=k, value=v)
+    if m.key is not None:
+        smm.partition_key = m.key
+    if m.ordering_key is not None:
+        smm.ordering_key = m.ordering_key
+    if m.event_time:
+        smm.event_time = m.event_time
+    if m.sequence_id is not None:
+        smm.sequence_id = m.sequence_id
+    if m.payload is None:
+        smm.null_value = True
+    return smm
+
+
 def build(msgs: list[Msg], *, codec: int = 0, batched: bool = True, checksum: bool = True,
           broker: tuple[int, int] | None = None, encrypted: bool = False,
           chunk: tuple[str, int, int] | None = None, publish_time: int = 1_700_000_000_123,
@@ -69,19 +87,7 @@ def build(msgs: list[Msg], *, codec: int = 0, batched: bool = True, checksum: bo
     if batched:
         parts = []
         for m in msgs:
-            smm = pb.SingleMessageMetadata(payload_size=len(m.payload or b""))
-            for k, v in m.properties:
-                smm.properties.add(key=k, value=v)
-            if m.key is not None:
-                smm.partition_key = m.key
-            if m.ordering_key is not None:
-                smm.ordering_key = m.ordering_key
-            if m.event_time:
-                smm.event_time = m.event_time
-            if m.sequence_id is not None:
-                smm.sequence_id = m.sequence_id
-            if m.payload is None:
-                smm.null_value = True
+            smm = single_metadata(m)
             raw = smm.SerializeToString()
             parts.append(struct.pack(">I", len(raw)) + raw + (m.payload or b""))
         plain = b"".join(parts)
@@ -284,19 +290,7 @@ class TestRoundTrip:
         d = decode_entry(want, WHERE)
         smms = []
         for m in msgs:
-            smm = pb.SingleMessageMetadata(payload_size=len(m.payload or b""))
-            for k, v in m.properties:
-                smm.properties.add(key=k, value=v)
-            if m.key is not None:
-                smm.partition_key = m.key
-            if m.ordering_key is not None:
-                smm.ordering_key = m.ordering_key
-            if m.event_time:
-                smm.event_time = m.event_time
-            if m.sequence_id is not None:
-                smm.sequence_id = m.sequence_id
-            if m.payload is None:
-                smm.null_value = True
+            smm = single_metadata(m)
             smms.append((smm, m.payload or b""))
         plain = encode_batch(smms)
         md = pb.MessageMetadata(producer_name="prod-1", sequence_id=10,
