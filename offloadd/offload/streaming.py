@@ -15,23 +15,31 @@ recovery redoes over exactly those positions (:meth:`StreamingMode.upload_ranges
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import uuid
 from collections.abc import Sequence
 
 from offloadd._proto import mldataformats_pb2 as pb
 from offloadd.commit.state import Tracked
-from offloadd.errors import NotFound, OffloaddError
+from offloadd.errors import NotFound, OffloaddError, Retriable
 from offloadd.model import LedgerDesc, Position, catalog
 from offloadd.model.catalog import LedgerRange
 from offloadd.offload import roller
 from offloadd.offload.attempt import SegmentAttempt, delete_attempt, open_streaming
 from offloadd.offload.context import TopicContext
 from offloadd.offload.roller import Action, Decision, OpenSegment
+from offloadd.retry import Backoff, Retry
 
 __all__ = ["StreamingMode"]
 
 log = logging.getLogger(__name__)
+
+# An abandon's "is this attempt recorded?" read, retried through a metadata reconnect (a new
+# ZooKeeper session is up within milliseconds of the old one's expiry) but not much longer: a
+# shutdown waits for abandons, and what is left after this is offloadd gc's.
+ABANDON_READ = Backoff(base_s=0.05, cap_s=1.0)
+ABANDON_READ_FOR_S = 5.0
 
 
 class StreamingMode:
@@ -158,28 +166,68 @@ class StreamingMode:
         Its objects are deleted only when the metadata, read *now*, does not record the attempt:
         a commit whose reply was lost may have landed (then the objects are the committed
         segment's), and an ASSIGNED record belongs to recovery, which redoes it and deletes the
-        dead attempt's objects itself. When the metadata cannot be read, nothing is deleted
-        (``offloadd gc`` sweeps real orphans later).
+        dead attempt's objects itself. A transient read failure is retried for a few seconds:
+        the commonest abandon is a stalled owner waking to find its metadata session expired,
+        and the read that decides fails until the new session is up, milliseconds later
+        (leaving the objects then made every such wake-up an orphan pair). When the metadata
+        stays unreadable, nothing is deleted (``offloadd gc`` sweeps real orphans later).
         """
         ctx = self.ctx
         att = ctx.attempt
         if att is None:
             return
+        # A cancellation (ownership lost, then perhaps shutdown) often arrives while a failed
+        # attempt is being abandoned: the clean-up runs to its end regardless, however many
+        # come (it is bounded: ABANDON_READ_FOR_S, the store's request deadlines), or a sealed
+        # pair would be left behind with no word in the log.
+        work = asyncio.ensure_future(self._discard(att))
+        cancelled = False
         try:
-            await att.abort()
-            try:
-                info = await ctx.load()
-            except OffloaddError as exc:
-                log.warning("topic %s: attempt %s abandoned; metadata unreadable (%s), its "
-                            "objects are left for offloadd gc", ctx.topic, att.uid, exc)
-                return
-            if any(s.uid == att.uid for s in catalog.segments(info)):
-                return
-            try:
-                await delete_attempt(ctx.env.blobstore, att.uid)
-            except OffloaddError as exc:
-                log.warning("topic %s: could not delete objects of abandoned attempt %s: %s "
-                            "(offloadd gc removes them)", ctx.topic, att.uid, exc)
+            while not work.done():
+                try:
+                    await asyncio.shield(work)
+                except asyncio.CancelledError:
+                    if work.cancelled():
+                        raise
+                    cancelled = True
         finally:
             if ctx.attempt is att:
                 ctx.attempt = None
+        if cancelled:
+            raise asyncio.CancelledError
+
+    async def _discard(self, att: SegmentAttempt) -> None:
+        ctx = self.ctx
+        await att.abort()
+        try:
+            info = await self._load_for_abandon()
+        except OffloaddError as exc:
+            log.warning("topic %s: attempt %s abandoned; metadata unreadable (%s), its "
+                        "objects are left for offloadd gc", ctx.topic, att.uid, exc)
+            return
+        if info is not None and any(s.uid == att.uid for s in catalog.segments(info)):
+            return
+        try:
+            await delete_attempt(ctx.env.blobstore, att.uid)
+        except OffloaddError as exc:
+            log.warning("topic %s: could not delete objects of abandoned attempt %s: %s "
+                        "(offloadd gc removes them)", ctx.topic, att.uid, exc)
+
+    async def _load_for_abandon(self) -> pb.ManagedLedgerInfo | None:
+        """The topic's metadata as it is now (None: the topic has none, so it records nothing),
+        retrying transient failures for up to ``ABANDON_READ_FOR_S``."""
+        ctx = self.ctx
+        retry = Retry(ABANDON_READ)
+        give_up = ctx.env.clock() + ABANDON_READ_FOR_S
+        while True:
+            try:
+                return await ctx.load()
+            except NotFound:
+                return None
+            except Retriable as exc:
+                delay = retry.next_delay()
+                if ctx.env.clock() + delay > give_up:
+                    raise
+                log.debug("topic %s: metadata unreadable while abandoning (%s); retry in "
+                          "%.2fs", ctx.topic, exc, delay)
+                await asyncio.sleep(delay)

@@ -113,7 +113,7 @@ class TopicOffloader(TopicContext):
                         self.topic, exc)
             await self.streaming.abandon()
         except asyncio.CancelledError:
-            await asyncio.shield(self.streaming.abandon())
+            await self.streaming.abandon()  # runs to its end even when cancelled
             raise
         finally:
             self.state = self.state.to(Lifecycle.STOPPED)

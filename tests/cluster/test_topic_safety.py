@@ -6,13 +6,17 @@ Both were failures of ``offloadd/offload/topic.py`` once; these tests keep them 
 - a commit whose reply is lost (``Retriable`` after ZooKeeper applied it) is abandoned, and the
   abandon deletes the objects of what is now a committed segment;
 - a stale owner that reaches recovery redoes the *new* owner's ASSIGNED segment, deleting its
-  objects, before any fence check (the check comes only at its own commit).
+  objects, before any fence check (the check comes only at its own commit);
+- a stalled owner that wakes to an expired session (its commit refused, its record redone by the
+  new owner, the metadata unreadable until the client reconnects) still deletes the sealed pair
+  it can no longer commit, even when ownership loss cancels the task during that clean-up.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+import uuid
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
@@ -24,7 +28,7 @@ from offloadd.commit.cluster import EpochFence
 from offloadd.errors import Retriable
 from offloadd.ledger.local import LocalLedgerStore, RolloverPolicy
 from offloadd.metadata import managed_ledger
-from offloadd.metadata.base import Op
+from offloadd.metadata.base import Op, Versioned
 from offloadd.metadata.memory import MemoryMetadataStore, MemoryTree
 from offloadd.model import TopicName, catalog
 from offloadd.offload.buffer import OffloadBuffer
@@ -88,6 +92,84 @@ async def test_a_commit_whose_reply_is_lost_keeps_the_committed_segments_objects
     await asyncio.wait_for(task, 10)
     rep = await verify(store, blob, wiring.local_view(local.source), [TOPIC], grace_s=0)
     assert rep.ok, rep.to_json()
+
+
+class SessionExpiresAtCommit(MemoryMetadataStore):
+    """At the ``nth`` multi (the commit of a sealed segment) the session has expired: the write
+    is not applied, the new owner has redone the segment (its record is gone), and the next
+    ``unreadable`` reads fail, each after ``latency_s``, while the client reconnects."""
+
+    def __init__(self, tree: MemoryTree, *, nth: int, unreadable: int,
+                 latency_s: float = 0.05) -> None:
+        super().__init__(tree)
+        self.tree, self.nth, self.unreadable, self.latency_s = tree, nth, unreadable, latency_s
+        self.seen = 0
+        self.failing = 0
+        self.failed_reads = 0
+        self.expired: list[uuid.UUID] = []  # the uid whose commit was refused
+        self.on_unreadable: Callable[[], None] = lambda: None
+
+    async def multi(self, ops: Sequence[Op]) -> list[int | str | None]:
+        self.seen += 1
+        if self.seen != self.nth:
+            return await super().multi(ops)
+        other = MemoryMetadataStore(self.tree)
+        info, _ = await managed_ledger.load(other, ML)
+        [open_uid] = [s.uid for s in catalog.segments(info) if not s.complete]
+        await managed_ledger.update(other, ML, lambda i: catalog.remove_segment(i, open_uid))
+        self.expired.append(open_uid)
+        self.failing = self.unreadable
+        raise Retriable("session expired; the write was not applied")
+
+    async def get(self, path: str) -> Versioned:
+        if self.failing:
+            self.failing -= 1
+            self.failed_reads += 1
+            self.on_unreadable()
+            await asyncio.sleep(self.latency_s)
+            raise Retriable("connection lost; reconnecting")
+        return await super().get(path)
+
+
+def _pair_left(blob: MemoryBlobStore, uid: uuid.UUID) -> list[str]:
+    return [k for k in blob.objects if k.startswith(str(uid))]
+
+
+async def test_an_uncommittable_sealed_pair_is_deleted_once_the_metadata_reads_again(
+        tmp_path: Path) -> None:
+    tree = MemoryTree()
+    store = SessionExpiresAtCommit(tree, nth=2, unreadable=3)  # 1: assign, 2: refused commit
+    local = await history(tmp_path, store)
+    epoch = await epochs.try_acquire(MemoryMetadataStore(tree), ML, "a")
+    assert epoch is not None
+    blob = MemoryBlobStore()
+    off = offloader(store, local, blob, epoch)
+    task = asyncio.create_task(off.run())
+    await until(lambda: store.expired and not store.failing, 10, "the refused commit")
+    await until(lambda: _drained(off, store, 50), 10, "everything committed")
+    off.request_stop()
+    await asyncio.wait_for(task, 10)
+    assert store.failed_reads == 3
+    assert _pair_left(blob, store.expired[0]) == []
+    rep = await verify(store, blob, wiring.local_view(local.source), [TOPIC], grace_s=0)
+    assert rep.ok and rep.orphans == [], rep.to_json()
+
+
+async def test_losing_ownership_during_the_clean_up_does_not_leave_the_pair(
+        tmp_path: Path) -> None:
+    tree = MemoryTree()
+    store = SessionExpiresAtCommit(tree, nth=2, unreadable=2)
+    local = await history(tmp_path, store)
+    epoch = await epochs.try_acquire(MemoryMetadataStore(tree), ML, "a")
+    assert epoch is not None
+    blob = MemoryBlobStore()
+    off = offloader(store, local, blob, epoch)
+    task = asyncio.create_task(off.run())
+    store.on_unreadable = lambda: task.cancel()  # the session's loss revokes the topic (LOST)
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(task, 10)
+    assert store.expired and store.failed_reads == 2
+    assert _pair_left(blob, store.expired[0]) == []
 
 
 async def test_a_stale_owner_recovering_never_deletes_the_new_owners_segment(
