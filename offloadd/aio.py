@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Coroutine
+from typing import Any
 
-__all__ = ["first_of"]
+__all__ = ["first_of", "to_the_end"]
 
 
 async def first_of(*aws: Awaitable[object], timeout: float | None = None) -> None:
@@ -19,3 +20,21 @@ async def first_of(*aws: Awaitable[object], timeout: float | None = None) -> Non
         for w in waits:
             w.cancel()
         await asyncio.gather(*waits, return_exceptions=True)
+
+
+async def to_the_end(work: Coroutine[Any, Any, None]) -> None:
+    """Run ``work`` to its end even if this call is cancelled, however many times, then pass the
+    cancellation on. For clean-ups that must not stop half-way (deleting what a failed attempt
+    wrote); ``work`` must bound its own duration, since nothing here cuts it short."""
+    task = asyncio.ensure_future(work)
+    cancelled = False
+    while not task.done():
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError:
+            if task.cancelled():
+                raise
+            cancelled = True
+    task.result()
+    if cancelled:
+        raise asyncio.CancelledError

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import uuid
 
+from offloadd.aio import to_the_end
 from offloadd.commit.state import Tracked
 from offloadd.errors import NotFound
 from offloadd.model import LedgerDesc, LedgerState, Position, catalog
@@ -77,9 +78,14 @@ class LedgerMode:
             await att.abort()
             raise
         done_ms = env.wall_ms()
-        await ctx.offloaded(lambda info: catalog.complete_ledger(info, ledger_id, uid, done_ms,
-                                                                 att.usage),
-                            segment, uid, Position(ledger_id, desc.last_entry_id), desc.entries,
-                            att.length, t0, done_ms)
+        try:
+            await ctx.offloaded(lambda info: catalog.complete_ledger(info, ledger_id, uid,
+                                                                     done_ms, att.usage),
+                                segment, uid, Position(ledger_id, desc.last_entry_id),
+                                desc.entries, att.length, t0, done_ms)
+        except BaseException:
+            # a stalled owner's pair, sealed after the new owner redid its ASSIGNED record
+            await to_the_end(self.streaming.discard(uid, [ledger_id]))
+            raise
         log.info("topic %s: ledger %d offloaded whole as %s (%d bytes)", ctx.topic, ledger_id,
                  uid, att.length)

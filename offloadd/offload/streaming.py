@@ -18,9 +18,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 from offloadd._proto import mldataformats_pb2 as pb
+from offloadd.aio import to_the_end
 from offloadd.commit.state import Tracked
 from offloadd.errors import NotFound, OffloaddError, Retriable
 from offloadd.model import LedgerDesc, Position, catalog
@@ -177,41 +178,35 @@ class StreamingMode:
         if att is None:
             return
         # A cancellation (ownership lost, then perhaps shutdown) often arrives while a failed
-        # attempt is being abandoned: the clean-up runs to its end regardless, however many
-        # come (it is bounded: ABANDON_READ_FOR_S, the store's request deadlines), or a sealed
-        # pair would be left behind with no word in the log.
-        work = asyncio.ensure_future(self._discard(att))
-        cancelled = False
+        # attempt is being abandoned: the clean-up runs to its end regardless (it is bounded:
+        # ABANDON_READ_FOR_S, the store's request deadlines), or a sealed pair would be left
+        # behind with no word in the log.
         try:
-            while not work.done():
-                try:
-                    await asyncio.shield(work)
-                except asyncio.CancelledError:
-                    if work.cancelled():
-                        raise
-                    cancelled = True
+            await to_the_end(self.discard(att.uid, abort=att.abort))
         finally:
             if ctx.attempt is att:
                 ctx.attempt = None
-        if cancelled:
-            raise asyncio.CancelledError
 
-    async def _discard(self, att: SegmentAttempt) -> None:
+    async def discard(self, uid: uuid.UUID, ledger_ids: Sequence[int] = (), *,
+                      abort: Callable[[], Awaitable[None]] | None = None) -> None:
+        """Delete what attempt ``uid`` wrote unless the metadata, read now, records it (see
+        :meth:`abandon`); ``abort`` first discards its upload in progress."""
         ctx = self.ctx
-        await att.abort()
+        if abort is not None:
+            await abort()
         try:
             info = await self._load_for_abandon()
         except OffloaddError as exc:
             log.warning("topic %s: attempt %s abandoned; metadata unreadable (%s), its "
-                        "objects are left for offloadd gc", ctx.topic, att.uid, exc)
+                        "objects are left for offloadd gc", ctx.topic, uid, exc)
             return
-        if info is not None and any(s.uid == att.uid for s in catalog.segments(info)):
+        if info is not None and any(s.uid == uid for s in catalog.segments(info)):
             return
         try:
-            await delete_attempt(ctx.env.blobstore, att.uid)
+            await delete_attempt(ctx.env.blobstore, uid, ledger_ids)
         except OffloaddError as exc:
             log.warning("topic %s: could not delete objects of abandoned attempt %s: %s "
-                        "(offloadd gc removes them)", ctx.topic, att.uid, exc)
+                        "(offloadd gc removes them)", ctx.topic, uid, exc)
 
     async def _load_for_abandon(self) -> pb.ManagedLedgerInfo | None:
         """The topic's metadata as it is now (None: the topic has none, so it records nothing),

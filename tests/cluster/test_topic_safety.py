@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from offloadd import wiring
+from offloadd._proto import mldataformats_pb2 as pb
 from offloadd.blobstore.memory import MemoryBlobStore
 from offloadd.commit import epochs
 from offloadd.commit.cluster import EpochFence
@@ -31,6 +32,7 @@ from offloadd.metadata import managed_ledger
 from offloadd.metadata.base import Op, Versioned
 from offloadd.metadata.memory import MemoryMetadataStore, MemoryTree
 from offloadd.model import TopicName, catalog
+from offloadd.model.catalog import SegmentKind
 from offloadd.offload.buffer import OffloadBuffer
 from offloadd.offload.roller import RollPolicy
 from offloadd.offload.topic import OffloadEnv, TopicOffloader, TopicPolicy
@@ -46,15 +48,17 @@ ROLL = RollPolicy(20_000, 600, 8192)
 
 
 def offloader(store: MemoryMetadataStore, source: LocalLedgerStore, blob: MemoryBlobStore,
-              epoch: int) -> TopicOffloader:
+              epoch: int, mode: str = "streaming") -> TopicOffloader:
     env = OffloadEnv(source=source.source, metadata=store, blobstore=blob,
                      buffer=OffloadBuffer(8 << 20), retry=Backoff(0.01, 0.05),
                      idle_poll_s=0.05)
-    return TopicOffloader(TOPIC, env, lambda: TopicPolicy(ROLL), EpochFence(store, ML, epoch))
+    return TopicOffloader(TOPIC, env, lambda: TopicPolicy(ROLL, mode=mode),
+                          EpochFence(store, ML, epoch))
 
 
-async def history(tmp: Path, store: MemoryMetadataStore, n: int = 50) -> LocalLedgerStore:
-    local = LocalLedgerStore(tmp / "ledgers", store, RolloverPolicy(max_entries=1000))
+async def history(tmp: Path, store: MemoryMetadataStore, n: int = 50,
+                  per_ledger: int = 1000) -> LocalLedgerStore:
+    local = LocalLedgerStore(tmp / "ledgers", store, RolloverPolicy(max_entries=per_ledger))
     for i in range(n):
         await local.writer.append(TOPIC, [f"{i:04d}".encode() * 250])
     return local
@@ -96,7 +100,8 @@ async def test_a_commit_whose_reply_is_lost_keeps_the_committed_segments_objects
 
 class SessionExpiresAtCommit(MemoryMetadataStore):
     """At the ``nth`` multi (the commit of a sealed segment) the session has expired: the write
-    is not applied, the new owner has redone the segment (its record is gone), and the next
+    is not applied, the new owner has taken over the segment's redo (its record carries another
+    uuid now), and the next
     ``unreadable`` reads fail, each after ``latency_s``, while the client reconnects."""
 
     def __init__(self, tree: MemoryTree, *, nth: int, unreadable: int,
@@ -115,9 +120,17 @@ class SessionExpiresAtCommit(MemoryMetadataStore):
             return await super().multi(ops)
         other = MemoryMetadataStore(self.tree)
         info, _ = await managed_ledger.load(other, ML)
-        [open_uid] = [s.uid for s in catalog.segments(info) if not s.complete]
-        await managed_ledger.update(other, ML, lambda i: catalog.remove_segment(i, open_uid))
-        self.expired.append(open_uid)
+        [seg] = [s for s in catalog.segments(info) if not s.complete]
+
+        def redo(i: pb.ManagedLedgerInfo) -> bool:  # the new owner's redo has a fresh uuid
+            if seg.kind is SegmentKind.LEDGER:
+                driver = catalog.driver_metadata(seg.driver, dict(seg.driver_properties))
+                return catalog.assign_ledger(i, seg.ranges[0].ledger_id, uuid.uuid4(), 0,
+                                             driver)
+            return catalog.reassign(i, seg.uid, uuid.uuid4(), 0)
+
+        await managed_ledger.update(other, ML, redo)
+        self.expired.append(seg.uid)
         self.failing = self.unreadable
         raise Retriable("session expired; the write was not applied")
 
@@ -170,6 +183,32 @@ async def test_losing_ownership_during_the_clean_up_does_not_leave_the_pair(
         await asyncio.wait_for(task, 10)
     assert store.expired and store.failed_reads == 2
     assert _pair_left(blob, store.expired[0]) == []
+
+
+async def test_a_whole_ledger_pair_whose_commit_is_refused_is_deleted(tmp_path: Path) -> None:
+    tree = MemoryTree()
+    store = SessionExpiresAtCommit(tree, nth=2, unreadable=3)  # 1: assign, 2: refused commit
+    local = await history(tmp_path, store, n=50, per_ledger=10)  # 4 closed ledgers, 1 open
+    epoch = await epochs.try_acquire(MemoryMetadataStore(tree), ML, "a")
+    assert epoch is not None
+    blob = MemoryBlobStore()
+    off = offloader(store, local, blob, epoch, mode="ledger")
+    task = asyncio.create_task(off.run())
+
+    reader = MemoryMetadataStore(tree)  # the test's own session, never failing
+
+    async def closed_ledgers_committed() -> bool:
+        info, _ = await managed_ledger.load(reader, ML)
+        return sum(s.entries for s in catalog.segments(info) if s.complete) >= 40
+
+    await until(closed_ledgers_committed, 10, "the closed ledgers committed")
+    off.request_stop()
+    await asyncio.wait_for(task, 10)
+    assert store.expired and store.failed_reads == 3
+    assert _pair_left(blob, store.expired[0]) == []
+    info, _ = await managed_ledger.load(reader, ML)
+    referenced = {str(s.uid) for s in catalog.segments(info)}
+    assert {k.split("-ledger-")[0] for k in blob.objects} == referenced
 
 
 async def test_a_stale_owner_recovering_never_deletes_the_new_owners_segment(
