@@ -60,8 +60,7 @@ class Uploads:
         upload = SegmentUpload(self.store, key, object_metadata(self.ml_name, "data"),
                                in_flight=self.in_flight, acquire=self.acquire,
                                on_part_done=self.on_part_done)
-        await upload.start()
-        return upload
+        return upload  # the multipart upload is created with the first part (upload.py)
 
 
 @dataclass(eq=False)
@@ -174,10 +173,8 @@ class SegmentAttempt:
         first, so this attempt has lost and must stop, not retry; nothing is deleted here."""
         assert self.parts is not None
         last = self.parts.finish()
-        if last is not None:
-            self.upload.submit([last], self._landed)
         try:
-            await self.upload.complete()
+            await self.upload.finish(last, self._landed)
             index = self.finish(self)
             meta = index_metadata(self.uploads.ml_name, data_length=self.upload.length,
                                   index=index)
@@ -190,10 +187,11 @@ class SegmentAttempt:
     @property
     def usage(self) -> TierUsage:
         """What the sealed pair costs in the tier: two objects, their bytes, and the PUT-class
-        requests that wrote them (create, the parts, complete, the index's PUT; retries are
-        counted by the driver, not here)."""
+        requests that wrote them (create, the parts, complete, or the one PUT of a data object
+        that is all one part; then the index's PUT; retries are counted by the driver, not
+        here)."""
         return TierUsage(2, self.upload.length + self.index_length, self.payload_bytes,
-                         self.upload.parts + 3)
+                         self.upload.requests + 1)
 
     async def abort(self) -> None:
         """Cancel the parts in flight and discard the upload (best effort); the runs behind

@@ -57,7 +57,7 @@ async def compact_once(settings: Settings, topic: TopicName, metadata: MetadataS
     """One merge pass over ``topic`` under ``fence`` (its owner's); ``sizes`` as
     :func:`~offloadd.offload.merge.compact_topic` takes it."""
     uploads = Uploads(tier.store, topic.managed_ledger, settings.offload.blocks_in_flight,
-                      acquire)
+                      acquire, part_size=settings.blobstore.part_size_bytes)
     reader = TierReader(metadata, tier.store)
     return await compact_topic(topic, metadata, reader, uploads, fence,
                                merge_settings(settings, topic, target_bytes),

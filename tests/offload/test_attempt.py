@@ -13,6 +13,7 @@ from offloadd.model.catalog import LedgerRange
 from offloadd.model.keys import streaming_data_key, streaming_index_key
 from offloadd.offload.attempt import Uploads, attempt_keys, delete_attempt, open_streaming
 from offloadd.offload.buffer import OffloadBuffer
+from offloadd.offload.parts import DEFAULT_PART_SIZE
 from offloadd.offload.runs import RunReader
 
 pytestmark = pytest.mark.timeout(30)
@@ -21,12 +22,14 @@ TOPIC = TopicName.parse("persistent://public/default/attempt")
 KiB = 1024
 
 
-def setup(store: MemoryBlobStore) -> tuple[RunReader, Uploads, OffloadBuffer]:
+def setup(store: MemoryBlobStore, part_size: int = DEFAULT_PART_SIZE,
+          ) -> tuple[RunReader, Uploads, OffloadBuffer]:
     src = MemoryLedgerSource()
     src.append(TOPIC, [bytes([i]) * 300 for i in range(40)])
     src.close_ledger(TOPIC)
     buf = OffloadBuffer(1 << 20)
-    return RunReader(src, buf, TOPIC), Uploads(store, TOPIC.managed_ledger, 2), buf
+    return RunReader(src, buf, TOPIC), Uploads(store, TOPIC.managed_ledger, 2,
+                                               part_size=part_size), buf
 
 
 class TestSegmentAttempt:
@@ -35,7 +38,7 @@ class TestSegmentAttempt:
     async def test_the_index_is_written_last(self) -> None:
         ops: list[tuple[str, str]] = []
         store = MemoryBlobStore(lambda op, key: ops.append((op, key)))
-        reader, uploads, buf = setup(store)
+        reader, uploads, buf = setup(store, part_size=2 * KiB)
         att = await open_streaming(uploads, max_block_size=4 * KiB, opened_at=0.0)
         async for run in reader.runs(LedgerRange(0, 0, 39), 2 * KiB, att.wait_for_room):
             att.feed(run, 1234)
@@ -49,6 +52,40 @@ class TestSegmentAttempt:
                            index)
         assert idx.section(0).last_entry_id == 39
         assert (att.entries, att.end) == (40, (0, 39)) and buf.used == 0
+        parts = ops.count(("put_part", data))
+        assert parts > 1 and att.usage.put_requests == parts + 3  # create, complete, index
+
+    async def test_a_segment_within_one_part_is_one_put_then_the_index(self) -> None:
+        ops: list[tuple[str, str]] = []
+        store = MemoryBlobStore(lambda op, key: ops.append((op, key)))
+        reader, uploads, buf = setup(store)  # the default part size: 8 MiB
+        att = await open_streaming(uploads, max_block_size=4 * KiB, opened_at=0.0)
+        async for run in reader.runs(LedgerRange(0, 0, 39), 2 * KiB, att.wait_for_room):
+            att.feed(run, 1234)
+        assert ops == []  # no multipart upload created for what may stay below one part
+        await att.seal()
+        data, index = streaming_data_key(att.uid), streaming_index_key(att.uid)
+        assert ops == [("put", data), ("put", index)]
+        assert (await store.head(data)).size == att.length
+        idx = decode_index(await store.get_range(index, 0, (await store.head(index)).size),
+                           index)
+        assert idx.section(0).last_entry_id == 39 and buf.used == 0
+        assert att.usage.put_requests == 2
+
+    async def test_a_failed_single_put_fails_the_seal_and_holds_nothing(self) -> None:
+        def fault(op: str, key: str) -> None:
+            if op == "put":
+                raise Retriable("injected")
+
+        store = MemoryBlobStore(fault)
+        reader, uploads, buf = setup(store)
+        att = await open_streaming(uploads, max_block_size=4 * KiB, opened_at=0.0)
+        async for run in reader.runs(LedgerRange(0, 0, 9), 2 * KiB):
+            att.feed(run)
+        with pytest.raises(Retriable):
+            await att.seal()
+        await att.abort()
+        assert [o async for o in store.list()] == [] and buf.used == 0
 
     async def test_an_aborted_attempt_leaves_no_object_and_no_held_bytes(self) -> None:
         store = MemoryBlobStore()
@@ -65,7 +102,7 @@ class TestSegmentAttempt:
                 raise Retriable("injected")
 
         store = MemoryBlobStore(fault)
-        reader, uploads, buf = setup(store)
+        reader, uploads, buf = setup(store, part_size=2 * KiB)
         att = await open_streaming(uploads, max_block_size=4 * KiB, opened_at=0.0)
         async for run in reader.runs(LedgerRange(0, 0, 9), 2 * KiB):
             att.feed(run)

@@ -162,7 +162,7 @@ class TestMonitorWithATopicTask:
         store = LocalLedgerStore(tmp_path / "ledgers", md, RolloverPolicy(max_entries=50))
         env = OffloadEnv(source=store.source, metadata=md, blobstore=MemoryBlobStore(fault),
                          buffer=OffloadBuffer(8 << 20), retry=Backoff(0.01, 0.05),
-                         idle_poll_s=0.05)
+                         idle_poll_s=0.05, part_size=KiB)  # multipart even for small segments
         off = TopicOffloader(TOPIC, env, lambda: TopicPolicy(
             RollPolicy(16 * KiB, 0.2, 4 * KiB)), NoFence())
         now = [int(time.time() * 1000)]  # the writer stamps ledgers with the real clock
@@ -242,7 +242,7 @@ class TestDaemonLagLoop:
         # a first owner assigns a segment and dies while completing it: an ASSIGNED record
         env = OffloadEnv(source=store.source, metadata=md, blobstore=blob,
                          buffer=OffloadBuffer(8 << 20), retry=Backoff(0.01, 0.05),
-                         idle_poll_s=0.05)
+                         idle_poll_s=0.05, part_size=KiB)  # multipart even for small segments
         first = TopicOffloader(TOPIC, env, lambda: TopicPolicy(RollPolicy(4 * KiB, 600, KiB)),
                                NoFence())
         task = asyncio.create_task(first.run())
@@ -253,7 +253,7 @@ class TestDaemonLagLoop:
         await asyncio.gather(task, return_exceptions=True)
         hung_ops.add("put_part")
 
-        settings = Settings(metrics={"enabled": False},
+        settings = Settings(metrics={"enabled": False}, blobstore={"part_size_bytes": KiB},
                             daemon={"lag_interval_s": 0.1, "status_interval_s": 0.2})
         metrics = Metrics()
         daemon = Daemon(settings, source=wiring.local_view(store.source), metadata=md,

@@ -171,6 +171,7 @@ class TestFailures:
 
         rig = Rig(tmp_path, RolloverPolicy(max_entries=8), RollPolicy(8 * KiB, 600, 2 * KiB),
                   MemoryBlobStore(fault))
+        rig.env.part_size = 2 * KiB  # multipart even for small segments
         await rig.write(40)
         off = rig.offloader()
         task = asyncio.create_task(off.run())
@@ -197,6 +198,7 @@ class TestFailures:
 
         rig = Rig(tmp_path, RolloverPolicy(max_entries=6), RollPolicy(1 << 20, 600, 2 * KiB),
                   MemoryBlobStore(fault))
+        rig.env.part_size = 2 * KiB  # multipart even for small segments
         await rig.write(20)
         off = rig.offloader()
         task = asyncio.create_task(off.run())
