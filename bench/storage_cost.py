@@ -18,7 +18,8 @@ Per case, about ``--total-mib`` MiB of payload (at least one segment). Printed p
     stored_per_payload        stored bytes ÷ payload bytes (goal <= 1.02)
     put_per_gib               PUT-class requests per GiB of payload
     put_expected_per_gib      the issue's figure: GiB ÷ part size + 3 per segment
-    put_whole_parts_per_gib   the same with whole parts: ceil(segment ÷ part size) + 3 per segment
+    put_whole_parts_per_gib   the same with whole parts: ceil(segment ÷ part size) + 3 per segment,
+                              or 2 for a segment within one part (one PUT, then the index)
     get_per_gib               GET-class requests per GiB read (index HEAD + GET included)
     get_expected_per_gib      the issue's figure: GiB ÷ read range size
     get_whole_ranges_per_gib  with whole ranges and the index: ceil(segment ÷ range) + 2 per segment
@@ -150,7 +151,8 @@ async def one_case(endpoint: str, *, total: int, seg_bytes: int, ledger_bytes: i
         "stored_bytes": stored, "stored_per_payload": round(stored / payload, 4),
         "put_requests": puts["put"], "put_per_gib": round(puts["put"] / gib, 1),
         "put_expected_per_gib": round((gib * GiB / part + 3 * n) / gib, 1),
-        "put_whole_parts_per_gib": round(n * (math.ceil(per_seg / part) + 3) / gib, 1),
+        "put_whole_parts_per_gib": round(  # one PUT when the data object fits in a part
+            n * (2 if stored / n <= part else math.ceil(per_seg / part) + 3) / gib, 1),
         "get_requests": gets["get"], "get_per_gib": round(gets["get"] / gib, 1),
         "get_expected_per_gib": round(GiB / part, 1),
         "get_whole_ranges_per_gib": round(n * (math.ceil(per_seg / part) + 2) / gib, 1),
