@@ -7,8 +7,10 @@ write quorum 2), two of them live, through a bookie crash and a ZooKeeper sessio
 from __future__ import annotations
 
 import asyncio
+import io
 import logging
 import random
+import sys
 from pathlib import Path
 
 import pytest
@@ -78,6 +80,13 @@ async def write_live(cluster: Cluster, topic: TopicName, stop: asyncio.Event,
     await cluster.pulsar.close_ledger(topic)
 
 
+def dump_tasks() -> None:
+    out = io.StringIO()
+    for task in asyncio.all_tasks():
+        task.print_stack(limit=12, file=out)
+    print(out.getvalue(), file=sys.stderr)
+
+
 async def offloaded_to_the_end(cluster: Cluster, topic: TopicName) -> bool:
     written = cluster.pulsar.written[topic]
     info, _ = await managed_ledger.load(cluster.ours, topic.managed_ledger)
@@ -116,10 +125,14 @@ async def test_sidecar_offloads_three_topics_two_live_through_faults(
             await asyncio.sleep(2.5)
             stop_writers.set()
             await asyncio.gather(*writers)
-            async with asyncio.timeout(90):
-                for t in (STATIC, *LIVE):
-                    while not await offloaded_to_the_end(cluster, t):
-                        await asyncio.sleep(0.25)
+            try:
+                async with asyncio.timeout(90):
+                    for t in (STATIC, *LIVE):
+                        while not await offloaded_to_the_end(cluster, t):
+                            await asyncio.sleep(0.25)
+            except TimeoutError:
+                dump_tasks()  # where the daemon is stuck, for whoever reads the failure
+                raise
         # status says how each bookie is read: v2, batched reads found out per bookie (the
         # third bookie of the fixture is an old one)
         live = rt.daemon.status()
