@@ -64,6 +64,19 @@ async def history(tmp: Path, store: MemoryMetadataStore, n: int = 50,
     return local
 
 
+async def running(tmp: Path, store: MemoryMetadataStore, tree: MemoryTree, *,
+                  mode: str = "streaming", per_ledger: int = 1000,
+                  ) -> tuple[TopicOffloader, asyncio.Task[None], MemoryBlobStore,
+                             LocalLedgerStore]:
+    """50 entries written through ``store``; owner "a" acquired; its topic task started."""
+    local = await history(tmp, store, per_ledger=per_ledger)
+    epoch = await epochs.try_acquire(MemoryMetadataStore(tree), ML, "a")
+    assert epoch is not None
+    blob = MemoryBlobStore()
+    off = offloader(store, local, blob, epoch, mode=mode)
+    return off, asyncio.create_task(off.run()), blob, local
+
+
 class ReplyLost(MemoryMetadataStore):
     """Applies the ``nth`` multi, then reports the connection lost (the reply never came)."""
 
@@ -84,12 +97,7 @@ async def test_a_commit_whose_reply_is_lost_keeps_the_committed_segments_objects
         tmp_path: Path) -> None:
     tree = MemoryTree()
     store = ReplyLost(tree, nth=2)  # 1: assign, 2: mark offloaded (lands, reply lost)
-    local = await history(tmp_path, store)
-    epoch = await epochs.try_acquire(MemoryMetadataStore(tree), ML, "a")
-    assert epoch is not None
-    blob = MemoryBlobStore()
-    off = offloader(store, local, blob, epoch)
-    task = asyncio.create_task(off.run())
+    off, task, blob, local = await running(tmp_path, store, tree)
     await until(lambda: store.seen >= 2, 10, "the lost reply")
     await until(lambda: _drained(off, store, 50), 10, "everything committed")
     off.request_stop()
@@ -152,12 +160,7 @@ async def test_an_uncommittable_sealed_pair_is_deleted_once_the_metadata_reads_a
         tmp_path: Path) -> None:
     tree = MemoryTree()
     store = SessionExpiresAtCommit(tree, nth=2, unreadable=3)  # 1: assign, 2: refused commit
-    local = await history(tmp_path, store)
-    epoch = await epochs.try_acquire(MemoryMetadataStore(tree), ML, "a")
-    assert epoch is not None
-    blob = MemoryBlobStore()
-    off = offloader(store, local, blob, epoch)
-    task = asyncio.create_task(off.run())
+    off, task, blob, local = await running(tmp_path, store, tree)
     await until(lambda: store.expired and not store.failing, 10, "the refused commit")
     await until(lambda: _drained(off, store, 50), 10, "everything committed")
     off.request_stop()
@@ -172,12 +175,7 @@ async def test_losing_ownership_during_the_clean_up_does_not_leave_the_pair(
         tmp_path: Path) -> None:
     tree = MemoryTree()
     store = SessionExpiresAtCommit(tree, nth=2, unreadable=2)
-    local = await history(tmp_path, store)
-    epoch = await epochs.try_acquire(MemoryMetadataStore(tree), ML, "a")
-    assert epoch is not None
-    blob = MemoryBlobStore()
-    off = offloader(store, local, blob, epoch)
-    task = asyncio.create_task(off.run())
+    _, task, blob, _ = await running(tmp_path, store, tree)
     store.on_unreadable = lambda: task.cancel()  # the session's loss revokes the topic (LOST)
     with pytest.raises(asyncio.CancelledError):
         await asyncio.wait_for(task, 10)
@@ -188,12 +186,8 @@ async def test_losing_ownership_during_the_clean_up_does_not_leave_the_pair(
 async def test_a_whole_ledger_pair_whose_commit_is_refused_is_deleted(tmp_path: Path) -> None:
     tree = MemoryTree()
     store = SessionExpiresAtCommit(tree, nth=2, unreadable=3)  # 1: assign, 2: refused commit
-    local = await history(tmp_path, store, n=50, per_ledger=10)  # 4 closed ledgers, 1 open
-    epoch = await epochs.try_acquire(MemoryMetadataStore(tree), ML, "a")
-    assert epoch is not None
-    blob = MemoryBlobStore()
-    off = offloader(store, local, blob, epoch, mode="ledger")
-    task = asyncio.create_task(off.run())
+    # 4 closed ledgers of 10 entries, 1 open
+    off, task, blob, _ = await running(tmp_path, store, tree, mode="ledger", per_ledger=10)
 
     reader = MemoryMetadataStore(tree)  # the test's own session, never failing
 

@@ -72,21 +72,6 @@ class TestSegmentAttempt:
         assert idx.section(0).last_entry_id == 39 and buf.used == 0
         assert att.usage.put_requests == 2
 
-    async def test_a_failed_single_put_fails_the_seal_and_holds_nothing(self) -> None:
-        def fault(op: str, key: str) -> None:
-            if op == "put":
-                raise Retriable("injected")
-
-        store = MemoryBlobStore(fault)
-        reader, uploads, buf = setup(store)
-        att = await open_streaming(uploads, max_block_size=4 * KiB, opened_at=0.0)
-        async for run in reader.runs(LedgerRange(0, 0, 9), 2 * KiB):
-            att.feed(run)
-        with pytest.raises(Retriable):
-            await att.seal()
-        await att.abort()
-        assert [o async for o in store.list()] == [] and buf.used == 0
-
     async def test_an_aborted_attempt_leaves_no_object_and_no_held_bytes(self) -> None:
         store = MemoryBlobStore()
         reader, uploads, buf = setup(store)
@@ -96,13 +81,17 @@ class TestSegmentAttempt:
         await att.abort()
         assert [o async for o in store.list()] == [] and buf.used == 0
 
-    async def test_a_failed_part_fails_the_seal(self) -> None:
+    @pytest.mark.parametrize(("failing", "part_size"), [("put_part", 2 * KiB),
+                                                        ("put", DEFAULT_PART_SIZE)],
+                             ids=["a-part-of-a-multipart-upload", "the-one-put"])
+    async def test_a_failed_write_fails_the_seal_and_holds_nothing(self, failing: str,
+                                                                   part_size: int) -> None:
         def fault(op: str, key: str) -> None:
-            if op == "put_part":
+            if op == failing:
                 raise Retriable("injected")
 
         store = MemoryBlobStore(fault)
-        reader, uploads, buf = setup(store, part_size=2 * KiB)
+        reader, uploads, buf = setup(store, part_size=part_size)
         att = await open_streaming(uploads, max_block_size=4 * KiB, opened_at=0.0)
         async for run in reader.runs(LedgerRange(0, 0, 9), 2 * KiB):
             att.feed(run)
