@@ -14,11 +14,12 @@ import pytest
 from kazoo.client import KazooClient
 
 from offloadd import config, wiring
-from offloadd.errors import ConfigError, FormatError, NotFound
+from offloadd.errors import ConfigError, FormatError, NotFound, Retriable
 from offloadd.ledger.base import LedgerSource
 from offloadd.ledger.bookkeeper import BookKeeperLedgerSource, lost_ledgers
 from offloadd.ledger.bookkeeper.codec import DigestType
 from offloadd.ledger.bookkeeper.layout import decode_ledger_metadata
+from offloadd.ledger.bookkeeper.zk import PulsarZooKeeper
 from offloadd.metadata import managed_ledger
 from offloadd.model import LedgerState, TopicName
 from tests.bookkeeper.conftest import Cluster
@@ -331,6 +332,37 @@ class TestFaults:
             assert src.zk.session_id not in (None, sid)
             descs = await src.ledgers(A)
             assert descs[0].state is LedgerState.CLOSED and descs[1].last_entry_id == 3
+        finally:
+            await src.close()
+
+
+    async def test_an_open_ledger_whose_watch_failed_to_arm_still_learns_its_close(
+            self, cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> None:
+        """The session expires between the read of an open ledger's metadata and the arming
+        of its watch: the next look must load it again, watch and all, or its close is never
+        learnt and its last entry (which only the close confirms) is never offloaded."""
+        p = cluster.pulsar
+        await p.append(A, payloads(3, "w"))
+        arm = PulsarZooKeeper.watch_data
+        failed: list[str] = []
+
+        async def flaky(self: PulsarZooKeeper, path: str, callback: Any) -> Any:
+            if "/L" in path and not failed:  # the first ledger-metadata watch
+                failed.append(path)
+                raise Retriable(f"ZooKeeper get {path}: SessionExpiredError (injected)")
+            return await arm(self, path, callback)
+
+        monkeypatch.setattr(PulsarZooKeeper, "watch_data", flaky)
+        src = cluster.source()
+        try:
+            with pytest.raises(Retriable, match="injected"):
+                await src.ledgers(A)
+            descs = await src.ledgers(A)
+            assert failed and descs[0].state is LedgerState.OPEN
+            await p.append(A, payloads(2, "x"))
+            await p.close_ledger(A)
+            await eventually(lambda: _closed(src, A), "the ledger's close", timeout=10)
+            assert (await src.ledgers(A))[0].last_entry_id == 4
         finally:
             await src.close()
 

@@ -309,7 +309,15 @@ class BookKeeperLedgerSource:
                         led.watch.cancel()  # closed ledgers never change again
                         led.watch = None
 
-            led.watch = await zk.watch_data(path, on_change)
+            try:
+                led.watch = await zk.watch_data(path, on_change)
+            except BaseException:
+                # Not kept without its watch (a session lost between the read and the arming):
+                # nothing would tell it the ledger closed, and its last entry, which only the
+                # close confirms, would never be read. The next look loads it again.
+                if self._ledgers.get(ledger_id) is led:
+                    del self._ledgers[ledger_id]
+                raise
         return led
 
     def _wake_topics(self, ledger_id: int) -> None:
