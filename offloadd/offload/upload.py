@@ -18,11 +18,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import TypeVar
 
 from offloadd.blobstore.base import BlobStore, MultipartUpload, ObjectInfo
 from offloadd.offload.parts import UploadPart
 
 Acquire = Callable[[int], Awaitable[object]]
+T = TypeVar("T")
 
 
 class SegmentUpload:
@@ -95,14 +97,9 @@ class SegmentUpload:
             if self._error is not None:
                 return
             try:
-                self._upload = await self._starting
-                if self._acquire is not None:
-                    await self._acquire(part.length)
-                loop = asyncio.get_running_loop()
-                t0 = loop.time()
-                await self._upload.put_part(part.number, part.offset, part.buffers)
-                if self._on_part_done is not None:
-                    self._on_part_done(part.length, loop.time() - t0)
+                upload = self._upload = await self._starting
+                await self._send(part, lambda: upload.put_part(part.number, part.offset,
+                                                               part.buffers))
             except BaseException as exc:
                 if self._error is None:
                     self._error = exc
@@ -136,17 +133,24 @@ class SegmentUpload:
             return await self.complete()
         try:
             self.length, self.parts, self.requests = last.offset + last.length, 1, 1
-            if self._acquire is not None:
-                await self._acquire(last.length)
-            loop = asyncio.get_running_loop()
-            t0 = loop.time()
-            info = await self.store.put(self.key, last.buffers, self.metadata)
-            if self._on_part_done is not None:
-                self._on_part_done(last.length, loop.time() - t0)
+            info = await self._send(last, lambda: self.store.put(self.key, last.buffers,
+                                                                 self.metadata))
             self._completed = True
             return info
         finally:
             done(last)
+
+    async def _send(self, part: UploadPart, write: Callable[[], Awaitable[T]]) -> T:
+        """``write()`` the bytes of ``part`` once the throttle lets them through, reporting
+        how long the write took."""
+        if self._acquire is not None:
+            await self._acquire(part.length)
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        result = await write()
+        if self._on_part_done is not None:
+            self._on_part_done(part.length, loop.time() - t0)
+        return result
 
     async def abort(self) -> None:
         """Cancel in-flight parts and discard the upload (best effort); a completed upload is

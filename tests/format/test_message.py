@@ -62,19 +62,25 @@ class Msg:
 def single_metadata(m: Msg) -> pb.SingleMessageMetadata:
     """A batched message's own metadata, as Pulsar's producer writes it."""
     smm = pb.SingleMessageMetadata(payload_size=len(m.payload or b""))
-    for k, v in m.properties:
-        smm.properties.add(key=k, value=v)
-    if m.key is not None:
-        smm.partition_key = m.key
-    if m.ordering_key is not None:
-        smm.ordering_key = m.ordering_key
+    keyed(smm, m)
     if m.event_time:
         smm.event_time = m.event_time
     if m.sequence_id is not None:
         smm.sequence_id = m.sequence_id
-    if m.payload is None:
-        smm.null_value = True
     return smm
+
+
+def keyed(md: pb.SingleMessageMetadata | pb.MessageMetadata, m: Msg) -> None:
+    """The fields a message carries in its batch entry or, unbatched, in the entry's own
+    metadata (the same names in both)."""
+    for k, v in m.properties:
+        md.properties.add(key=k, value=v)
+    if m.key is not None:
+        md.partition_key = m.key
+    if m.ordering_key is not None:
+        md.ordering_key = m.ordering_key
+    if m.payload is None:
+        md.null_value = True
 
 
 def build(msgs: list[Msg], *, codec: int = 0, batched: bool = True, checksum: bool = True,
@@ -95,14 +101,7 @@ def build(msgs: list[Msg], *, codec: int = 0, batched: bool = True, checksum: bo
     else:
         (m,) = msgs
         plain = m.payload or b""
-        for k, v in m.properties:
-            md.properties.add(key=k, value=v)
-        if m.key is not None:
-            md.partition_key = m.key
-        if m.ordering_key is not None:
-            md.ordering_key = m.ordering_key
-        if m.payload is None:
-            md.null_value = True
+        keyed(md, m)
         if m.event_time:
             md.event_time = m.event_time
     if codec:

@@ -83,6 +83,17 @@ class Requests:
     def key(self, key: str) -> str:
         return self.options.prefix + key
 
+    async def head_once(self, key: str) -> Mapping[str, Any] | None:
+        """One HeadObject of ``key`` on the primary, never retried, None if it fails: the
+        check a retried write makes for its own earlier try, inside that write's retry loop
+        (which waits while the circuit is open; a HEAD retried on its own would not)."""
+        try:
+            resp: Mapping[str, Any] = await self.primary.client.head_object(
+                Bucket=self.options.bucket, Key=self.key(key))
+        except BACKEND_ERRORS:
+            return None
+        return resp
+
     def where(self, key: str | None) -> str:
         bucket = self.options.bucket
         return f"s3://{bucket}/{self.key(key)}" if key is not None else f"s3://{bucket}"

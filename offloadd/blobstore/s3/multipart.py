@@ -27,7 +27,7 @@ from offloadd.blobstore.base import Buffers, MultipartUpload, ObjectInfo
 from offloadd.blobstore.parts import check_part, check_parts
 from offloadd.blobstore.s3.calls import Requests
 from offloadd.blobstore.s3.checksums import crc32c_b64, multipart_etag
-from offloadd.blobstore.s3.errors import BACKEND_ERRORS, HINTS, error_code
+from offloadd.blobstore.s3.errors import HINTS, error_code
 from offloadd.errors import Fatal, OffloaddError
 
 log = logging.getLogger(__name__)
@@ -197,11 +197,8 @@ class S3MultipartUpload(MultipartUpload):
 
         async def published() -> ObjectInfo | None:
             """Did an earlier attempt, whose reply was lost, already publish the object?"""
-            try:
-                resp = await calls.primary.client.head_object(
-                    Bucket=calls.options.bucket, Key=calls.key(self.key)
-                )
-            except BACKEND_ERRORS:
+            resp = await calls.head_once(self.key)
+            if resp is None:
                 return None
             if int(resp["ContentLength"]) != size:
                 return None

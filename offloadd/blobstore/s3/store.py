@@ -26,7 +26,7 @@ from offloadd.blobstore.parts import check_range
 from offloadd.blobstore.requests import RequestCounts
 from offloadd.blobstore.s3.calls import Requests, State
 from offloadd.blobstore.s3.checksums import crc32c_b64
-from offloadd.blobstore.s3.errors import BACKEND_ERRORS, error_code
+from offloadd.blobstore.s3.errors import error_code
 from offloadd.blobstore.s3.multipart import IncompleteUpload, S3MultipartUpload, Uploads
 from offloadd.blobstore.s3.options import S3Options
 from offloadd.blobstore.s3.session import connect
@@ -122,13 +122,9 @@ class S3BlobStore(BlobStore, UploadSweeper, WriteFence):
 
         async def landed() -> ObjectInfo | None:
             """Is the object there already ours (an earlier try whose answer was lost)? Then
-            a create-only retry's refusal is no conflict. One HEAD, no retries of its own: the
-            put's loop retries (and waits while the circuit is open, which a HEAD retried
-            through an outage would not)."""
-            try:
-                resp = await calls.primary.client.head_object(Bucket=calls.options.bucket,
-                                                              Key=calls.key(key))
-            except BACKEND_ERRORS:
+            a create-only retry's refusal is no conflict."""
+            resp = await calls.head_once(key)
+            if resp is None:
                 return None
             if int(resp["ContentLength"]) == len(body) and \
                     dict(resp.get("Metadata") or {}) == dict(metadata):
