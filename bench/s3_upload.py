@@ -107,12 +107,15 @@ def build_parts(mib: int, block_mib: float) -> list[Any]:
     from offloadd.format.block import frame_entries
     from offloadd.format.checksum import stamp_parts
     from offloadd.model import EntryRun
+    from offloadd.offload.parts import UploadPart
 
     entry = 64 * 1024
     payload = os.urandom(entry)
     data, offsets = frame_entries(0, [payload] * (mib * MiB // entry))
     builder = StreamingObjectBuilder(max_block_size=int(block_mib * MiB), min_block_size=0)
-    return stamp_parts(builder.add_run(EntryRun(3, 0, memoryview(data), offsets)))
+    blocks = stamp_parts(builder.add_run(EntryRun(3, 0, memoryview(data), offsets)))
+    # one block per part on both sides (blocks of --block-mib are part-sized already)
+    return [UploadPart(b.part_number, b.offset, b.length, (b,)) for b in blocks]
 
 
 async def run(url: str, parts: list[Any], in_flight: int, repeat: int) -> dict[str, Any]:
@@ -134,7 +137,7 @@ async def run(url: str, parts: list[Any], in_flight: int, repeat: int) -> dict[s
         t0 = time.perf_counter()
         up = SegmentUpload(store, key, meta, in_flight=in_flight)
         await up.start()
-        up.submit(parts, lambda: None)
+        up.submit(parts, lambda _part: None)
         info = await up.complete()
         dt = time.perf_counter() - t0
         assert info.size == size
