@@ -70,6 +70,7 @@ from offloadd.ledger.bookkeeper.layout import (
 )
 from offloadd.ledger.bookkeeper.ledgers import KnownLedger
 from offloadd.ledger.bookkeeper.metrics import BookKeeperMetrics
+from offloadd.ledger.bookkeeper.names import ManagedLedgerNames
 from offloadd.ledger.bookkeeper.options import BookKeeperOptions, options_from_settings
 from offloadd.ledger.bookkeeper.shared import single_flight
 from offloadd.ledger.bookkeeper.stream import ReadStream, frame_run
@@ -87,9 +88,9 @@ __all__ = ["BookKeeperLedgerSource", "BookKeeperOptions"]
 
 MiB = 1024 * 1024
 _CRC_BATCH = 1024
-_MIRROR_REFRESH_S = 60.0
 _MIRROR_ATTEMPTS = 5  # fresh reads of Pulsar's list per mirror update while it keeps moving
 _METADATA_READS = 32  # ledger metadata reads in flight when a topic is first seen
+_TOPICS_AT_ONCE = 64  # topics first seen (watched and mirrored) concurrently by list_topics
 
 
 @dataclass
@@ -102,7 +103,6 @@ class _Topic:
     changed: asyncio.Event = field(default_factory=asyncio.Event)
     mirrored_mzxid: int | None = None  # the newest read of Pulsar's list applied to the mirror
     mirrored_closed: frozenset[int] = frozenset()  # ledgers BookKeeper had closed by then
-    mirrored_at: float = 0.0
     read_pos: tuple[int, int] | None = None
     mirror_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
@@ -112,6 +112,10 @@ class _Topic:
 
     def ledger_ids(self) -> list[int]:
         return [li.ledgerId for li in self.info.ledgerInfo] if self.info is not None else []
+
+    @property
+    def mirror_current(self) -> bool:
+        return self.mirrored_mzxid is not None and self.mirrored_mzxid >= self.mzxid
 
 
 # ---- the source ---------------------------------------------------------------------------------
@@ -138,6 +142,12 @@ class BookKeeperLedgerSource:
         self._topics: dict[TopicName, _Topic] = {}
         self._topic_futs: dict[TopicName, asyncio.Future[_Topic]] = {}
         self._ledgers: dict[int, KnownLedger] = {}
+        # ledger -> the watched topics whose list names it, kept as each list changes: a ledger
+        # nobody lists is forgotten then (a pass over every topic's list per call was quadratic
+        # in topics); one loaded while nobody lists it waits in ``_unlisted`` for the next look
+        self._listers: dict[int, set[TopicName]] = {}
+        self._unlisted: set[int] = set()
+        self._names: ManagedLedgerNames | None = None
         self._ledger_futs: dict[int, asyncio.Future[KnownLedger | None]] = {}
         # (last entry, bytes) of ledgers seen closed in BookKeeper whose close the mirror has
         # not recorded yet: the end of a loss should Pulsar delete one first
@@ -205,28 +215,48 @@ class BookKeeperLedgerSource:
     async def list_topics(self) -> list[TopicName]:
         """Pulsar's persistent topics matching the patterns; each one's mirror is created or
         brought up to date before it is returned, so the offloader finds it (read-only: the
-        mirror is left as it is)."""
+        mirror is left as it is). The names come from children watches, each topic's list
+        from its data watch: a pass over topics already seen reads nothing from ZooKeeper."""
         zk = await self._open()
+        if self._names is None:
+            self._names = ManagedLedgerNames(zk.watch_children)
         out: list[TopicName] = []
-        for name in await zk.managed_ledger_names():
-            try:
-                topic = TopicName.from_managed_ledger(name)
-            except ConfigError:
-                log.warning("ignoring Pulsar managed ledger %s: not a topic name", name)
+        new: list[TopicName] = []
+        for name in await self._names.names():
+            topic = self._wanted_topic(name)
+            if topic is None:
                 continue
-            if not self.wanted(topic):
-                continue
-            try:
-                t = await self._topic(topic)
-                if not self.read_only:
-                    await self._sync(t)  # a no-op unless Pulsar's list moved (or long ago)
-            except NotFound:
-                continue  # deleted since it was listed
-            except (FormatError, Fatal) as exc:
-                log.error("topic %s: skipped: %s", topic, exc)
-                continue
-            out.append(topic)
+            t = self._topics.get(topic)
+            if t is not None and t.info is not None and (self.read_only or t.mirror_current):
+                out.append(topic)
+            else:
+                new.append(topic)  # first seen, gone, or its list moved: look at it
+        limit = asyncio.Semaphore(_TOPICS_AT_ONCE)
+
+        async def look(topic: TopicName) -> TopicName | None:
+            async with limit:
+                try:
+                    t = await self._topic(topic)
+                    await self._sync(t)
+                except NotFound:
+                    return None  # deleted since it was listed
+                except (FormatError, Fatal) as exc:
+                    log.error("topic %s: skipped: %s", topic, exc)
+                    return None
+                return topic
+
+        for got in await asyncio.gather(*map(look, new)):
+            if got is not None:
+                out.append(got)
         return sorted(out)
+
+    def _wanted_topic(self, name: str) -> TopicName | None:
+        try:
+            topic = TopicName.from_managed_ledger(name)
+        except ConfigError:
+            log.warning("ignoring Pulsar managed ledger %s: not a topic name", name)
+            return None
+        return topic if self.wanted(topic) else None
 
     async def _topic(self, topic: TopicName) -> _Topic:
         t = self._topics.get(topic)
@@ -248,12 +278,13 @@ class BookKeeperLedgerSource:
 
         def on_change(node: Versioned | None) -> None:
             if node is None:
-                t.info, t.version = None, -1
+                self._set_list(t, None)
+                t.version = -1
             elif node.mzxid < t.mzxid:
                 return  # an older read than the one we hold (lists only move forward)
             else:
                 try:
-                    t.info = managed_ledger.decode(node.data, f"Pulsar's {path}")
+                    self._set_list(t, managed_ledger.decode(node.data, f"Pulsar's {path}"))
                     t.version, t.mzxid = node.version, node.mzxid
                 except FormatError as exc:
                     log.error("topic %s: %s; keeping the last good ledger list", topic, exc)
@@ -262,6 +293,25 @@ class BookKeeperLedgerSource:
         t.watch = await zk.watch_data(path, on_change)
         self._topics[topic] = t
         return t
+
+    def _set_list(self, t: _Topic, info: managed_ledger.ManagedLedgerInfo | None) -> None:
+        """The topic's ledger list is now ``info``: the index of who lists what follows, and a
+        ledger nobody lists any more is forgotten (its watch cancelled)."""
+        before = set(t.ledger_ids())
+        t.info = info
+        after = set(t.ledger_ids())
+        for lid in after - before:
+            self._listers.setdefault(lid, set()).add(t.topic)
+        for lid in before - after:
+            listers = self._listers.get(lid)
+            if listers is not None:
+                listers.discard(t.topic)
+                if listers:
+                    continue
+                del self._listers[lid]
+            led = self._ledgers.pop(lid, None)
+            if led is not None:
+                led.close()
 
     # ---- ledgers -------------------------------------------------------------------------
     async def _ledger(self, ledger_id: int) -> KnownLedger | None:
@@ -287,6 +337,8 @@ class BookKeeperLedgerSource:
                           root=self.options.ledgers_root,
                           read_node=lambda p: self.zk.get(p), on_closed=self.saw_closed)
         self._ledgers[ledger_id] = led
+        if ledger_id not in self._listers:
+            self._unlisted.add(ledger_id)  # e.g. read after Pulsar dropped it: see _prune
         if not meta.closed:
             def on_change(n: Versioned | None) -> None:
                 if n is None:
@@ -321,8 +373,9 @@ class BookKeeperLedgerSource:
         return led
 
     def _wake_topics(self, ledger_id: int) -> None:
-        for t in self._topics.values():
-            if ledger_id in t.ledger_ids():
+        for name in self._listers.get(ledger_id, ()):
+            t = self._topics.get(name)
+            if t is not None:
                 t.wake()
 
     def _desc(self, led: KnownLedger, ts: int) -> LedgerDesc:
@@ -380,15 +433,12 @@ class BookKeeperLedgerSource:
 
     async def _sync(self, t: _Topic, *, force: bool = False) -> None:
         """Bring the mirror up to date if Pulsar's list moved since the mirror was last brought
-        up to date (or ``force``, or it was long ago)."""
-        if self.read_only:
-            return
-        if not force and t.mirrored_mzxid is not None and t.mirrored_mzxid >= t.mzxid \
-                and self._clock() - t.mirrored_at < _MIRROR_REFRESH_S:
+        up to date (or ``force``). The topic's data watch tells every move, after a session
+        loss too (it is re-read then): no periodic re-read is needed."""
+        if self.read_only or (not force and t.mirror_current):
             return
         async with t.mirror_lock:
-            if not force and t.mirrored_mzxid is not None and t.mirrored_mzxid >= t.mzxid \
-                    and self._clock() - t.mirrored_at < _MIRROR_REFRESH_S:
+            if not force and t.mirror_current:
                 return
             await self._mirror(t)
 
@@ -400,7 +450,8 @@ class BookKeeperLedgerSource:
         node = await self.zk.get(path)
         info = managed_ledger.decode(node.data, f"Pulsar's {path}")
         if node.mzxid > t.mzxid:
-            t.info, t.version, t.mzxid = info, node.version, node.mzxid
+            self._set_list(t, info)
+            t.version, t.mzxid = node.version, node.mzxid
             t.wake()
         return node, info
 
@@ -470,7 +521,6 @@ class BookKeeperLedgerSource:
                     self._ends.pop(p.ledger_id, None)
         t.mirrored_mzxid = max(listed.mzxid, t.mirrored_mzxid or -1)
         t.mirrored_closed = frozenset(p.ledger_id for p in listed.ledgers if p.closed)
-        t.mirrored_at = self._clock()
         change = changes[0] if changes else None
         if change is None:
             return
@@ -495,12 +545,14 @@ class BookKeeperLedgerSource:
             self._ends.pop(lid, None)
 
     def _prune(self) -> None:
-        """Forget ledgers no watched topic lists any more."""
-        listed: set[int] = set()
-        for t in self._topics.values():
-            listed.update(t.ledger_ids())
-        for lid in [lid for lid in self._ledgers if lid not in listed]:
-            self._ledgers.pop(lid).close()
+        """Forget the ledgers loaded while no watched topic listed them, unless one does now
+        (those a list stops naming are forgotten as it changes: :meth:`_set_list`)."""
+        unlisted, self._unlisted = self._unlisted, set()
+        for lid in unlisted:
+            if lid not in self._listers:
+                led = self._ledgers.pop(lid, None)
+                if led is not None:
+                    led.close()
 
     def _report_lag(self, t: _Topic, descs: Sequence[LedgerDesc]) -> None:
         assert t.read_pos is not None
@@ -586,12 +638,15 @@ class BookKeeperLedgerSource:
 
     async def close(self) -> None:
         self._closed = True
+        if self._names is not None:
+            self._names.close()
         for t in self._topics.values():
             if t.watch is not None:
                 t.watch.cancel()
         for led in self._ledgers.values():
             led.close(streams=True)
         self._ledgers.clear()
+        self._listers.clear()
         self._topics.clear()
         await self.client.close()
         if self._zk is not None:

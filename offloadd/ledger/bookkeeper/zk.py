@@ -65,6 +65,10 @@ class PulsarZooKeeper:
                          ) -> Watch:
         return await self._store.watch_data(self._abs(path), callback)
 
+    async def watch_children(self, path: str, callback: Callable[[list[str] | None], object]
+                             ) -> Watch:
+        return await self._store.watch_children(self._abs(path), callback)
+
     def add_session_listener(self, listener: SessionListener) -> Callable[[], None]:
         return self._store.add_session_listener(listener)
 

@@ -1,0 +1,202 @@
+"""The sidecar daemon over many small Pulsar-style topics (issue 22, "Sidecar at scale").
+
+Set-up: a real ZooKeeper (Debian's, as the tests start it) and, in a child process, three fake
+bookies and a fake broker (``tests/bookkeeper/cluster.py``) that writes ``--topics`` topics of
+one or two closed ledgers of three 100-byte entries each, spread over 10 namespaces. Then, in
+this process, ``offloadd run``'s runtime with ``[source] kind = "bookkeeper"``, its catalog in
+the same ZooKeeper (its own chroot), the filesystem driver, and one daemon owning every topic:
+
+- ``startup_s``: from opening the runtime to every topic's last entry committed;
+- ``zk_reads_per_topic_per_min``: ZooKeeper reads (get, children, exists; watch re-reads
+  included) of both sessions, Pulsar's and offloadd's catalog, over ``--steady-s`` seconds once
+  everything is offloaded and nothing new arrives, per topic per minute (by kind in ``zk_ops``);
+- ``idle_cpu``: the daemon process's user + system CPU over the same window, in cores;
+- ``connections_per_bookie``: the BookKeeper client's connections to each bookie;
+- ``stop_s``: from the stop request to the daemon's end, and ``close_s`` for closing the
+  runtime (the source's watches and sessions) after it.
+
+``--profile FILE`` writes a cProfile of the daemon's process (start-up and steady state).
+One JSON document on stdout.
+
+    .venv/bin/python bench/sidecar_scale.py [--topics 5000] [--steady-s 60] [--profile FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import cProfile
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from offloadd import config  # noqa: E402
+from offloadd.commit.ownership import Ownership  # noqa: E402
+from offloadd.metadata.zookeeper import ZooKeeperMetadataStore  # noqa: E402
+from offloadd.model import Position, TopicName  # noqa: E402
+from offloadd.shell.runtime import Runtime  # noqa: E402
+from tests.bookkeeper.cluster import FakePulsar  # noqa: E402
+from tests.bookkeeper.scale import ZkOps, find_zookeeper, populate, topic_names  # noqa: E402
+from tests.fixtures.fake_bookie import FakeBookie  # noqa: E402
+from tests.fixtures.zookeeper import ZooKeeperServer  # noqa: E402
+
+CONFIG = """
+[metadata]
+url = "{offloadd_url}"
+session_timeout_s = 10
+[source]
+kind = "bookkeeper"
+pulsar_zk = "{pulsar_url}"
+topics = ["persistent://public/*"]
+[blobstore]
+driver = "filesystem"
+path = "{tier}"
+[offload]
+max_size_per_segment_mbytes = 1
+max_segment_rollover_time_minutes = 0.02
+[metrics]
+enabled = false
+[daemon]
+log_level = "WARNING"
+pid_file = "{tmp}/offloadd.pid"
+"""
+
+
+async def serve_cluster(pulsar_url: str, topics: int) -> None:
+    """The child: bookies and the broker's writes; serves until stdin closes."""
+    writer = await ZooKeeperMetadataStore.open(pulsar_url, session_timeout_s=10.0,
+                                               connect_timeout_s=20.0)
+    bookies = [await FakeBookie().start() for _ in range(3)]
+    pulsar = FakePulsar(writer, bookies)
+    await pulsar.setup()
+    t0 = time.perf_counter()
+    ends = await populate(pulsar, topic_names(topics))
+    await pulsar.close()  # the writer's connections to the bookies
+    print(json.dumps({"bookies": [b.address for b in bookies],
+                      "populate_s": round(time.perf_counter() - t0, 1),
+                      "ends": {str(t): [p.ledger_id, p.entry_id] for t, p in ends.items()}}),
+          flush=True)
+    await asyncio.to_thread(sys.stdin.read)
+    for b in bookies:
+        await b.kill()
+    await writer.close()
+
+
+def cpu_s() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+async def run_daemon(args: argparse.Namespace, zk: str, ends: dict[TopicName, Position],
+                     tmp: Path, out: dict[str, Any]) -> None:
+    cfg = tmp / "offloadd.toml"
+    cfg.write_text(CONFIG.format(offloadd_url=f"zk://{zk}/offloadd", tier=tmp / "tier",
+                                 pulsar_url=f"zk://{zk}/pulsar", tmp=tmp))
+    ops = ZkOps()
+    t0 = time.perf_counter()
+    rt = await Runtime.open(config.load(cfg), ownership=Ownership())
+    ours = find_zookeeper(rt.metadata)
+    assert ours is not None, rt.metadata
+    ops.attach(ours, "offloadd")
+    src: Any = rt.source
+    await src._open()
+    ops.attach(src.zk._store, "pulsar")
+    daemon = asyncio.ensure_future(rt.daemon.run(install_signals=False))
+    try:
+        while True:
+            await asyncio.sleep(0.5)
+            done = sum(1 for t, r in rt.daemon.topics.items()
+                       if r.offloader.last_committed == ends.get(t))
+            if done == len(ends):
+                break
+            if time.perf_counter() - t0 > args.startup_limit_s:
+                out["offloaded_at_limit"] = done
+                break
+        out["startup_s"] = round(time.perf_counter() - t0, 1)
+        out["startup_zk_ops"] = ops.snapshot()
+        out["startup_cpu_s"] = round(cpu_s(), 1)
+        await asyncio.sleep(args.settle_s)  # the last segments' status writes, the lag loop
+        ops.reset()
+        c0, w0 = cpu_s(), time.perf_counter()
+        await asyncio.sleep(args.steady_s)
+        wall = time.perf_counter() - w0
+        out["idle_cpu"] = round((cpu_s() - c0) / wall, 4)
+        out["zk_ops"] = ops.snapshot()
+        out["zk_ops_by_tree"] = dict(sorted(ops.by_tree.items()))
+        out["pulsar_zk_reads_per_topic_per_min"] = round(
+            ops.reads_of("pulsar") / len(ends) / (wall / 60), 3)
+        out["zk_reads_per_topic_per_min"] = round(ops.reads / len(ends) / (wall / 60), 3)
+        per: dict[str, int] = {}
+        for addr, _version in src.client._conns:
+            per[addr] = per.get(addr, 0) + 1
+        out["connections_per_bookie"] = per
+    finally:
+        s0 = time.perf_counter()
+        rt.daemon.request_stop()
+        await daemon
+        out["stop_s"] = round(time.perf_counter() - s0, 2)
+        c0 = time.perf_counter()
+        await rt.close()
+        out["close_s"] = round(time.perf_counter() - c0, 2)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--topics", type=int, default=5000)
+    ap.add_argument("--steady-s", type=float, default=60.0)
+    ap.add_argument("--settle-s", type=float, default=5.0)
+    ap.add_argument("--startup-limit-s", type=float, default=600.0)
+    ap.add_argument("--profile", type=Path)
+    ap.add_argument("--serve-cluster", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.serve_cluster:
+        import uvloop
+
+        uvloop.run(serve_cluster(args.serve_cluster, args.topics))
+        return
+    with tempfile.TemporaryDirectory(prefix="sidecar-scale-") as d:
+        tmp = Path(d)
+        server = ZooKeeperServer(tmp / "zk")
+        server.start()
+        server.wait_serving()
+        child = subprocess.Popen([sys.executable, __file__, "--topics", str(args.topics),
+                                  "--serve-cluster", f"zk://{server.address}/pulsar"],
+                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        try:
+            assert child.stdout is not None
+            ready = json.loads(child.stdout.readline())
+            ends = {TopicName.parse(t): Position(*p) for t, p in ready["ends"].items()}
+            out: dict[str, Any] = {"topics": args.topics, "populate_s": ready["populate_s"],
+                                   "entries": 3 * sum(1 + i % 2 for i in range(args.topics))}
+            prof = cProfile.Profile() if args.profile else None
+            if prof is not None:
+                prof.enable()
+            import uvloop
+
+            uvloop.run(run_daemon(args, server.address, ends, tmp, out))
+            if prof is not None:
+                prof.disable()
+                prof.dump_stats(args.profile)
+            out["load_avg"] = os.getloadavg()
+            print(json.dumps(out, indent=1))
+        finally:
+            if child.stdin is not None:
+                child.stdin.close()
+            try:
+                child.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                child.kill()
+            server.stop()
+
+
+if __name__ == "__main__":
+    main()
