@@ -26,9 +26,10 @@ coming, so the next read of the offloader finds them ready. Entries are framed f
 with one ``bytes.join``.
 
 The mirror (see :mod:`offloadd.ledger.bookkeeper.layout`) is brought up to date whenever the
-topics are listed or a topic's ledgers are asked for and Pulsar's list has changed since. Each
-mirror edit is derived from one fresh read of Pulsar's znode (data, version, mzxid), re-derived
-if the znode moved while the ledgers' metadata was looked up, and written by compare-and-set on
+topics are listed or a topic's ledgers are asked for and Pulsar's list has changed since (the
+topic's data watch tells). Each mirror edit is derived from one read of Pulsar's znode (data,
+version, mzxid; the newest so far, mostly the watch's), confirmed by a fresh read once the
+ledgers' metadata was looked up and re-derived if the znode moved, and written by compare-and-set on
 offloadd's store only if the mirror does not already follow a newer read
 (:func:`~offloadd.ledger.bookkeeper.layout.mirror_edit`): a slow caller holding an old list can
 never make the mirror forget ledgers Pulsar still has. No bookie is asked anything on the way.
@@ -99,6 +100,7 @@ class _Topic:
     info: managed_ledger.ManagedLedgerInfo | None = None
     version: int = -1
     mzxid: int = -1  # of the read ``info`` came from: newer reads only replace it
+    node: Versioned | None = None  # that read
     watch: Watch | None = None
     changed: asyncio.Event = field(default_factory=asyncio.Event)
     mirrored_mzxid: int | None = None  # the newest read of Pulsar's list applied to the mirror
@@ -279,13 +281,13 @@ class BookKeeperLedgerSource:
         def on_change(node: Versioned | None) -> None:
             if node is None:
                 self._set_list(t, None)
-                t.version = -1
+                t.version, t.node = -1, None
             elif node.mzxid < t.mzxid:
                 return  # an older read than the one we hold (lists only move forward)
             else:
                 try:
                     self._set_list(t, managed_ledger.decode(node.data, f"Pulsar's {path}"))
-                    t.version, t.mzxid = node.version, node.mzxid
+                    t.version, t.mzxid, t.node = node.version, node.mzxid, node
                 except FormatError as exc:
                     log.error("topic %s: %s; keeping the last good ledger list", topic, exc)
             t.wake()
@@ -451,7 +453,7 @@ class BookKeeperLedgerSource:
         info = managed_ledger.decode(node.data, f"Pulsar's {path}")
         if node.mzxid > t.mzxid:
             self._set_list(t, info)
-            t.version, t.mzxid = node.version, node.mzxid
+            t.version, t.mzxid, t.node = node.version, node.mzxid, node
             t.wake()
         return node, info
 
@@ -460,7 +462,12 @@ class BookKeeperLedgerSource:
         """Pulsar's ledger list from one read of its znode, stamped with that read, and still
         current when this returns: looking up the ledgers' metadata takes time, so the znode is
         read again afterwards and the list derived again if it moved. None if it kept moving."""
-        node, info = await self._read_list(t)
+        if t.node is not None and t.info is not None:
+            # the newest read so far (mostly the watch's): the fresh read after the lookups
+            # below confirms it is still current, or the list is derived again from that one
+            node, info = t.node, t.info
+        else:
+            node, info = await self._read_list(t)
         for _ in range(_MIRROR_ATTEMPTS):
             await self._load_all([li.ledgerId for li in info.ledgerInfo])
             ledgers: list[PulsarLedger] = []
