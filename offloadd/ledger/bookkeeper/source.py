@@ -101,6 +101,10 @@ class _Topic:
     version: int = -1
     mzxid: int = -1  # of the read ``info`` came from: newer reads only replace it
     node: Versioned | None = None  # that read
+    # the descriptions of ``info`` once every ledger in it is closed (they never change then),
+    # with their ids: ledgers() is asked each second per topic by the offloader and lag loops
+    settled: tuple[managed_ledger.ManagedLedgerInfo, tuple[LedgerDesc, ...],
+                   frozenset[int]] | None = None
     watch: Watch | None = None
     changed: asyncio.Event = field(default_factory=asyncio.Event)
     mirrored_mzxid: int | None = None  # the newest read of Pulsar's list applied to the mirror
@@ -389,12 +393,18 @@ class BookKeeperLedgerSource:
     async def ledgers(self, topic: TopicName) -> list[LedgerDesc]:
         await self._open()
         t = await self._topic(topic)
-        descs = await self._descs(t)
+        settled = t.settled
+        if settled is not None and settled[0] is t.info and all(
+                (led := self._ledgers.get(lid)) is not None and not led.deleted
+                for lid in settled[2]):
+            descs, closed = list(settled[1]), settled[2]
+        else:
+            descs = await self._descs(t)
+            closed = frozenset(d.ledger_id for d in descs if d.state is LedgerState.CLOSED)
         if not self.read_only:
             # from a fresh read, so at least as new as ``descs``: every ledger handed out is
             # in the mirror (unless Pulsar deleted it meanwhile) before a segment names it.
             # BookKeeper closes a ledger before Pulsar records it: a close is news too.
-            closed = frozenset(d.ledger_id for d in descs if d.state is LedgerState.CLOSED)
             await self._sync(t, force=not closed <= t.mirrored_closed)
         if t.read_pos is not None:
             self._report_lag(t, descs)
@@ -420,6 +430,9 @@ class BookKeeperLedgerSource:
                 await tail.advance(self.client, led)
             out.append(self._desc(led, li.timestamp if li.HasField("timestamp") else 0))
         self._prune()
+        if t.info is info and len(out) == len(info.ledgerInfo) \
+                and all(d.state is LedgerState.CLOSED for d in out):
+            t.settled = (info, tuple(out), frozenset(d.ledger_id for d in out))
         return out
 
     async def _load_all(self, ledger_ids: Sequence[int]) -> None:
