@@ -118,6 +118,9 @@ async def run_daemon(args: argparse.Namespace, zk: str, ends: dict[TopicName, Po
                        if r.offloader.last_committed == ends.get(t))
             if done == len(ends):
                 break
+            now = time.perf_counter() - t0
+            if int(now) % 10 == 0:
+                print(f"{now:.0f}s: {done} of {len(ends)} offloaded", file=sys.stderr, flush=True)
             if time.perf_counter() - t0 > args.startup_limit_s:
                 out["offloaded_at_limit"] = done
                 break

@@ -54,7 +54,7 @@ class ManagedLedgerNames:
         self._tenants: dict[str, _Level] = {}
         self._namespaces: dict[tuple[str, str], _Level] = {}
         self._stale = True  # a tenant or namespace came or went: watches to arm or cancel
-        self._names: list[str] | None = None  # the answer, until a list changes
+        self._names: tuple[str, ...] | None = None  # the answer, until a list changes
         self._lock = asyncio.Lock()
 
     def _changed(self, level: _Level, structure: bool) -> Callable[[list[str] | None], None]:
@@ -65,8 +65,9 @@ class ManagedLedgerNames:
                 self._stale = True
         return deliver
 
-    async def names(self) -> list[str]:
-        """The names as the watches last delivered them (arming what is new first)."""
+    async def names(self) -> tuple[str, ...]:
+        """The names as the watches last delivered them (arming what is new first): the same
+        tuple object until one of them changes, so callers can keep what they derive from it."""
         async with self._lock:
             if self._root is None:
                 root = _Level()
@@ -77,10 +78,10 @@ class ManagedLedgerNames:
                 self._stale = False
                 await self._reconcile(self._root)
             if self._names is None:
-                self._names = [f"{tenant}/{ns}/persistent/{local}"
-                               for (tenant, ns), level in self._namespaces.items()
-                               for local in level.children]
-            return list(self._names)
+                self._names = tuple(f"{tenant}/{ns}/persistent/{local}"
+                                    for (tenant, ns), level in self._namespaces.items()
+                                    for local in level.children)
+            return self._names
 
     async def _reconcile(self, root: _Level) -> None:
         """Arm the watches of new tenants and namespaces, cancel those of removed ones."""

@@ -154,6 +154,8 @@ class BookKeeperLedgerSource:
         self._listers: dict[int, set[TopicName]] = {}
         self._unlisted: set[int] = set()
         self._names: ManagedLedgerNames | None = None
+        # the wanted topics of the names last listed (the same tuple while nothing changed)
+        self._wanted_of: tuple[tuple[str, ...], list[TopicName]] | None = None
         self._ledger_futs: dict[int, asyncio.Future[KnownLedger | None]] = {}
         # (last entry, bytes) of ledgers seen closed in BookKeeper whose close the mirror has
         # not recorded yet: the end of a loss should Pulsar delete one first
@@ -226,17 +228,19 @@ class BookKeeperLedgerSource:
         zk = await self._open()
         if self._names is None:
             self._names = ManagedLedgerNames(zk.watch_children)
-        out: list[TopicName] = []
+        names = await self._names.names()
+        if self._wanted_of is None or self._wanted_of[0] is not names:
+            # parsing and matching thousands of names each pass would cost more than the rest
+            self._wanted_of = (names, sorted(t for t in map(self._wanted_topic, names)
+                                             if t is not None))
+        wanted = self._wanted_of[1]
         new: list[TopicName] = []
-        for name in await self._names.names():
-            topic = self._wanted_topic(name)
-            if topic is None:
-                continue
+        for topic in wanted:
             t = self._topics.get(topic)
-            if t is not None and t.info is not None and (self.read_only or t.mirror_current):
-                out.append(topic)
-            else:
+            if t is None or t.info is None or not (self.read_only or t.mirror_current):
                 new.append(topic)  # first seen, gone, or its list moved: look at it
+        if not new:
+            return list(wanted)
         limit = asyncio.Semaphore(_TOPICS_AT_ONCE)
 
         async def look(topic: TopicName) -> TopicName | None:
@@ -251,10 +255,9 @@ class BookKeeperLedgerSource:
                     return None
                 return topic
 
-        for got in await asyncio.gather(*map(look, new)):
-            if got is not None:
-                out.append(got)
-        return sorted(out)
+        looked = await asyncio.gather(*map(look, new))
+        skipped = {topic for topic, got in zip(new, looked, strict=True) if got is None}
+        return [topic for topic in wanted if topic not in skipped]
 
     def _wanted_topic(self, name: str) -> TopicName | None:
         try:
