@@ -6,7 +6,8 @@ one or two closed ledgers of three 100-byte entries each, spread over 10 namespa
 this process, ``offloadd run``'s runtime with ``[source] kind = "bookkeeper"``, its catalog in
 the same ZooKeeper (its own chroot), the filesystem driver, and one daemon owning every topic:
 
-- ``startup_s``: from opening the runtime to every topic's last entry committed;
+- ``startup_s``: from opening the runtime to every topic's last entry committed
+  (``all_running_s``: to every topic's task started by discovery);
 - ``zk_reads_per_topic_per_min``: ZooKeeper reads (get, children, exists; watch re-reads
   included) of both sessions, Pulsar's and offloadd's catalog, over ``--steady-s`` seconds once
   everything is offloaded and nothing new arrives, per topic per minute (by kind in ``zk_ops``);
@@ -116,6 +117,8 @@ async def run_daemon(args: argparse.Namespace, zk: str, ends: dict[TopicName, Po
             await asyncio.sleep(0.5)
             done = sum(1 for t, r in rt.daemon.topics.items()
                        if r.offloader.last_committed == ends.get(t))
+            if "all_running_s" not in out and len(rt.daemon.topics) == len(ends):
+                out["all_running_s"] = round(time.perf_counter() - t0, 1)  # discovery's part
             if done == len(ends):
                 break
             now = time.perf_counter() - t0

@@ -6,8 +6,9 @@ plans), :mod:`.layout` (where Pulsar and BookKeeper keep metadata, the mirror ed
 :mod:`.options`. With I/O: :mod:`.connection` (one connection to a bookie), :mod:`.client` (the
 bookies: protocol per bookie, failover), :mod:`.stream` (pipelined reads of a ledger, framing),
 :mod:`.ledgers` (one ledger's state), :mod:`.tail` (an open ledger's last-add-confirmed),
-:mod:`.zk` (read-only access to Pulsar's ZooKeeper), :mod:`.metrics`, :mod:`.source` (the
-:class:`~offloadd.ledger.base.LedgerSource`).
+:mod:`.zk` (read-only access to Pulsar's ZooKeeper), :mod:`.names` (the topic names, from
+children watches), :mod:`.topics` (a watched topic's state, which topics list which ledger),
+:mod:`.metrics`, :mod:`.source` (the :class:`~offloadd.ledger.base.LedgerSource`).
 See ``docs/sidecar.md``.
 """
 

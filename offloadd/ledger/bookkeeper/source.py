@@ -49,7 +49,6 @@ import fnmatch
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import crc32c
@@ -75,13 +74,13 @@ from offloadd.ledger.bookkeeper.names import ManagedLedgerNames
 from offloadd.ledger.bookkeeper.options import BookKeeperOptions, options_from_settings
 from offloadd.ledger.bookkeeper.shared import single_flight
 from offloadd.ledger.bookkeeper.stream import ReadStream, frame_run
+from offloadd.ledger.bookkeeper.topics import Listers, log_mirror_change
+from offloadd.ledger.bookkeeper.topics import WatchedTopic as _Topic
 from offloadd.ledger.bookkeeper.zk import PulsarZooKeeper
 from offloadd.metadata import managed_ledger
 from offloadd.metadata.base import MetadataStore, Versioned
-from offloadd.metadata.zookeeper import Watch
 from offloadd.model import EntryRun, LedgerDesc, LedgerState, TopicName
 from offloadd.model.keys import managed_ledger_path
-from offloadd.model.losses import describe_lost
 
 log = logging.getLogger(__name__)
 
@@ -92,36 +91,6 @@ _CRC_BATCH = 1024
 _MIRROR_ATTEMPTS = 5  # fresh reads of Pulsar's list per mirror update while it keeps moving
 _METADATA_READS = 32  # ledger metadata reads in flight when a topic is first seen
 _TOPICS_AT_ONCE = 64  # topics first seen (watched and mirrored) concurrently by list_topics
-
-
-@dataclass
-class _Topic:
-    topic: TopicName
-    info: managed_ledger.ManagedLedgerInfo | None = None
-    version: int = -1
-    mzxid: int = -1  # of the read ``info`` came from: newer reads only replace it
-    node: Versioned | None = None  # that read
-    # the descriptions of ``info`` once every ledger in it is closed (they never change then),
-    # with their ids: ledgers() is asked each second per topic by the offloader and lag loops
-    settled: tuple[managed_ledger.ManagedLedgerInfo, tuple[LedgerDesc, ...],
-                   frozenset[int]] | None = None
-    watch: Watch | None = None
-    changed: asyncio.Event = field(default_factory=asyncio.Event)
-    mirrored_mzxid: int | None = None  # the newest read of Pulsar's list applied to the mirror
-    mirrored_closed: frozenset[int] = frozenset()  # ledgers BookKeeper had closed by then
-    read_pos: tuple[int, int] | None = None
-    mirror_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-
-    def wake(self) -> None:
-        event, self.changed = self.changed, asyncio.Event()
-        event.set()
-
-    def ledger_ids(self) -> list[int]:
-        return [li.ledgerId for li in self.info.ledgerInfo] if self.info is not None else []
-
-    @property
-    def mirror_current(self) -> bool:
-        return self.mirrored_mzxid is not None and self.mirrored_mzxid >= self.mzxid
 
 
 # ---- the source ---------------------------------------------------------------------------------
@@ -148,11 +117,9 @@ class BookKeeperLedgerSource:
         self._topics: dict[TopicName, _Topic] = {}
         self._topic_futs: dict[TopicName, asyncio.Future[_Topic]] = {}
         self._ledgers: dict[int, KnownLedger] = {}
-        # ledger -> the watched topics whose list names it, kept as each list changes: a ledger
-        # nobody lists is forgotten then (a pass over every topic's list per call was quadratic
-        # in topics); one loaded while nobody lists it waits in ``_unlisted`` for the next look
-        self._listers: dict[int, set[TopicName]] = {}
-        self._unlisted: set[int] = set()
+        # who lists which ledger, kept as each list changes: a ledger nobody lists is
+        # forgotten then; one loaded while nobody lists it, at the next look (_prune)
+        self._listers = Listers()
         self._names: ManagedLedgerNames | None = None
         # the wanted topics of the names last listed (the same tuple while nothing changed)
         self._wanted_of: tuple[tuple[str, ...], list[TopicName]] | None = None
@@ -306,18 +273,9 @@ class BookKeeperLedgerSource:
     def _set_list(self, t: _Topic, info: managed_ledger.ManagedLedgerInfo | None) -> None:
         """The topic's ledger list is now ``info``: the index of who lists what follows, and a
         ledger nobody lists any more is forgotten (its watch cancelled)."""
-        before = set(t.ledger_ids())
+        before = t.ledger_ids()
         t.info = info
-        after = set(t.ledger_ids())
-        for lid in after - before:
-            self._listers.setdefault(lid, set()).add(t.topic)
-        for lid in before - after:
-            listers = self._listers.get(lid)
-            if listers is not None:
-                listers.discard(t.topic)
-                if listers:
-                    continue
-                del self._listers[lid]
+        for lid in self._listers.relist(t.topic, before, t.ledger_ids()):
             led = self._ledgers.pop(lid, None)
             if led is not None:
                 led.close()
@@ -346,8 +304,7 @@ class BookKeeperLedgerSource:
                           root=self.options.ledgers_root,
                           read_node=lambda p: self.zk.get(p), on_closed=self.saw_closed)
         self._ledgers[ledger_id] = led
-        if ledger_id not in self._listers:
-            self._unlisted.add(ledger_id)  # e.g. read after Pulsar dropped it: see _prune
+        self._listers.loaded(ledger_id)  # read after Pulsar dropped it? see _prune
         if not meta.closed:
             def on_change(n: Versioned | None) -> None:
                 if n is None:
@@ -382,7 +339,7 @@ class BookKeeperLedgerSource:
         return led
 
     def _wake_topics(self, ledger_id: int) -> None:
-        for name in self._listers.get(ledger_id, ()):
+        for name in self._listers.of(ledger_id):
             t = self._topics.get(name)
             if t is not None:
                 t.wake()
@@ -547,35 +504,18 @@ class BookKeeperLedgerSource:
         change = changes[0] if changes else None
         if change is None:
             return
-        if change.stale:
-            log.debug("topic %s: Pulsar's ledger list at version %d is older than the one the "
-                      "mirror follows; left as it is", t.topic, listed.version)
-            return
-        if change.added or change.dropped or change.closed:
-            log.info("topic %s: mirrored Pulsar's ledger list at version %d (added %s, closed "
-                     "%s, dropped %s)", t.topic, listed.version, change.added, change.closed,
-                     change.dropped)
-        if change.cleared:
-            log.warning("topic %s: withdrew the loss records of ledgers %s: Pulsar still lists "
-                        "them (an earlier offloadd recorded them from a stale ledger list)",
-                        t.topic, change.cleared)
-        if change.lost:
-            log.error("topic %s: data lost to retention: Pulsar deleted %s before offloadd "
-                      "offloaded it", t.topic, describe_lost(change.lost))
-            self.metrics.data_lost(str(t.topic), len(change.lost),
-                                   sum(lost.entries for lost in change.lost))
-        for lid in change.dropped:
-            self._ends.pop(lid, None)
+        log_mirror_change(t.topic, listed.version, change, self.metrics)
+        if not change.stale:
+            for lid in change.dropped:
+                self._ends.pop(lid, None)
 
     def _prune(self) -> None:
         """Forget the ledgers loaded while no watched topic listed them, unless one does now
         (those a list stops naming are forgotten as it changes: :meth:`_set_list`)."""
-        unlisted, self._unlisted = self._unlisted, set()
-        for lid in unlisted:
-            if lid not in self._listers:
-                led = self._ledgers.pop(lid, None)
-                if led is not None:
-                    led.close()
+        for lid in self._listers.take_unlisted():
+            led = self._ledgers.pop(lid, None)
+            if led is not None:
+                led.close()
 
     def _report_lag(self, t: _Topic, descs: Sequence[LedgerDesc]) -> None:
         assert t.read_pos is not None
