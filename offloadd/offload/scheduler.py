@@ -36,6 +36,7 @@ __all__ = ["Running", "Scheduler", "SchedulerSettings", "default_owner_id"]
 log = logging.getLogger(__name__)
 
 ABANDON_GRACE_S = 10.0
+STARTS_AT_ONCE = 64  # topics acquired and started concurrently by a discovery pass
 
 
 @dataclass(frozen=True)
@@ -75,6 +76,7 @@ class Scheduler:
         self.topics: dict[TopicName, Running] = {}
         self.wake = asyncio.Event()  # set when a revocation between passes wants a pass soon
         self._bg: set[asyncio.Future[None]] = set()  # status writes and releases under way
+        self.stopping = False  # set by the daemon's stop: a pass under way starts no more topics
         ownership.bind(self._revoke_now)
 
     # ---- one pass ------------------------------------------------------------------------
@@ -115,20 +117,36 @@ class Scheduler:
                 r.offloader.request_stop()
 
     async def _discover(self) -> None:
-        for topic in await self.env.source.list_topics():
-            if topic in self.topics or not self._wanted(topic):
-                continue
-            fence = await self.ownership.acquire(topic)
-            if fence is None:
-                continue
-            recorder = await self._recorder(topic, fence)
-            off = TopicOffloader(topic, self.env, self._policy(topic), fence, self._probe(topic),
-                                 status=recorder)
-            # every line the task logs carries its topic as a field (offloadd.logs)
-            task = asyncio.create_task(off.run(), name=f"offload {topic}",
-                                       context=logs.context_with(topic=str(topic)))
-            self.topics[topic] = Running(task, off, recorder)
-            log.info("offloading topic %s", topic)
+        """Start the new topics, ``STARTS_AT_ONCE`` at a time: each start waits for the
+        metadata store (acquire, the last status record), and one after another thousands of
+        topics took minutes to start, and held a stop request up as long. The first failure
+        is raised once the others are started."""
+        new = [topic for topic in await self.env.source.list_topics()
+               if topic not in self.topics and self._wanted(topic)]
+        limit = asyncio.Semaphore(STARTS_AT_ONCE)
+
+        async def start(topic: TopicName) -> None:
+            async with limit:
+                if not self.stopping:
+                    await self._start(topic)
+
+        failed = [r for r in await asyncio.gather(*map(start, new), return_exceptions=True)
+                  if isinstance(r, BaseException)]
+        if failed:
+            raise failed[0]
+
+    async def _start(self, topic: TopicName) -> None:
+        fence = await self.ownership.acquire(topic)
+        if fence is None:
+            return
+        recorder = await self._recorder(topic, fence)
+        off = TopicOffloader(topic, self.env, self._policy(topic), fence, self._probe(topic),
+                             status=recorder)
+        # every line the task logs carries its topic as a field (offloadd.logs)
+        task = asyncio.create_task(off.run(), name=f"offload {topic}",
+                                   context=logs.context_with(topic=str(topic)))
+        self.topics[topic] = Running(task, off, recorder)
+        log.info("offloading topic %s", topic)
 
     async def _recorder(self, topic: TopicName, fence: Fence) -> StatusRecorder:
         """The topic's persisted offload status, continued from what its last owner wrote."""

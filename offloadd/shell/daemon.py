@@ -303,6 +303,7 @@ class Daemon:
                      self.settings.daemon.shutdown_deadline_s)
             if self._on_stopping is not None:
                 self._on_stopping()
+        self.scheduler.stopping = True  # a discovery pass under way starts no more topics
         self._stop.set()
 
     # ---- running -------------------------------------------------------------------------
