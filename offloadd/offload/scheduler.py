@@ -36,7 +36,6 @@ __all__ = ["Running", "Scheduler", "SchedulerSettings", "default_owner_id"]
 log = logging.getLogger(__name__)
 
 ABANDON_GRACE_S = 10.0
-STARTS_AT_ONCE = 64  # topics acquired and started concurrently by a discovery pass
 
 
 @dataclass(frozen=True)
@@ -57,6 +56,9 @@ class Running:
 
 def default_owner_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"
+
+
+STARTS_AT_ONCE = 64  # topics acquired and started concurrently by a discovery pass
 
 
 class Scheduler:
