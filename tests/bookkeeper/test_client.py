@@ -630,3 +630,61 @@ class TestV2Matching:
                 assert not any(getattr(conn, "reads", {}).values())
         finally:
             await c.close()
+
+
+class TestOwnPause:
+    """A stall of this process (SIGSTOP, a stopped VM, CPU steal) is not a bookie failure: the
+    loop is frozen with a blocking sleep longer than the read timeout while reads, a v3 read
+    and a long poll are in flight (the fake bookies live in the same loop: they are frozen too,
+    and answer after the stall, as a real bookie's answers are read only after it)."""
+
+    async def test_a_frozen_loop_quarantines_no_bookie_and_counts_no_failover(
+            self, bookies: dict[str, FakeBookie]) -> None:
+        import time
+
+        a = addrs(bookies)
+        md = meta(41, [(0, a[:3])])
+        payloads = populate(bookies, md, 200)
+        tail = meta(42, [(0, [a[3]])], wq=1)
+        populate(bookies, tail, 3)  # LAC 1 at a[3]
+        c = BookieClient(ClientOptions(read_timeout_s=0.5, connect_timeout_s=0.5,
+                                       batch_reads=False,
+                                       replicas=ReplicaPolicy(quarantine_s=30)))
+        try:
+            await c.read_entries(Ctx(41, md), 0, 5)  # connections open
+            await c.read_last(a[3], Ctx(42, tail))
+            for b in a:
+                bookies[b].latency_s = 0.1  # answers still on their way at the freeze
+            reads = asyncio.ensure_future(c.read_entries(Ctx(41, md), 0, 199))
+            last = asyncio.ensure_future(c.read_last(a[0], Ctx(41, md)))
+            poll = asyncio.ensure_future(c.long_poll(a[3], Ctx(42, tail), 1, 0.3))
+            await asyncio.sleep(0.03)  # every request sent, none answered yet
+            time.sleep(2.0)  # four read timeouts long: the whole process stalls
+            got = await asyncio.wait_for(reads, 10)
+            assert [bytes(p) for p in got.payloads] == payloads
+            await asyncio.wait_for(last, 10)
+            await asyncio.wait_for(poll, 10)
+            assert dict(c.metrics.quarantines) == {}
+            assert sum(c.metrics.failovers.values()) == 0
+            assert not any(c.replicas.is_down(b) for b in a)
+            assert not any(c.replicas.is_slow(b) for b in a)
+            assert c.metrics.pauses >= 1
+        finally:
+            await c.close()
+
+    async def test_a_silent_bookie_still_times_out(self, bookies: dict[str, FakeBookie]
+                                                   ) -> None:
+        a = addrs(bookies)
+        md = meta(43, [(0, a[:2])])
+        payloads = populate(bookies, md, 10)
+        bookies[a[0]].freeze()  # the bookie stalls, not us
+        c = BookieClient(ClientOptions(read_timeout_s=0.3, batch_reads=False,
+                                       replicas=ReplicaPolicy(quarantine_s=30)))
+        try:
+            got = await c.read_entries(Ctx(43, md), 0, 9)
+            assert [bytes(p) for p in got.payloads] == payloads
+            assert c.replicas.is_down(a[0]) and not c.replicas.is_down(a[1])
+            assert c.metrics.quarantines == {(a[0], "timeout"): 1}
+        finally:
+            bookies[a[0]].thaw()
+            await c.close()

@@ -158,6 +158,11 @@ class TestLedgersAndReads:
             assert d.last_entry_id == 5
             assert d.size == sum(map(len, payloads(3, "x") + payloads(3, "y")))
             assert src.metrics.long_polls >= 1
+            # the LAC came through the long poll, not the 0.5 s fallback: no bookie refused a
+            # long poll (a real 4.15 bookie answers EBADREQ to any but the Java client's shape)
+            assert sum(b.served["bad_long_poll"] for b in cluster.bookies) == 0
+            assert src.metrics.long_poll_failures == 0
+            assert sum(b.served["long_poll"] for b in cluster.bookies) >= 1
             run = await src.read(A, 1, 3, 5)
             assert bytes(run.data) == framed(3, payloads(3, "y"))
             # a new ledger ends a wait on the closed one at its end
