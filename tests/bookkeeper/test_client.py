@@ -513,18 +513,18 @@ class TestProtocols:
         md = meta(37, [(0, a[:3])])  # striped, write quorum 2: runs of two
         payloads = populate(bookies, md, 60)
         await client.read_entries(Ctx(37, md), 0, 5)
-        for b in a[:3]:
-            await _settled(client, b)
-        before = sum(bookies[b].served["batch_read"] for b in a[:3])
         got = await client.read_entries(Ctx(37, md), 0, 59)
         assert [bytes(p) for p in got.payloads] == payloads
-        assert sum(bookies[b].served["batch_read"] for b in a[:3]) == before
+        await asyncio.sleep(0.1)  # a probe, had one started, would have been answered
+        # batching would serve none of these reads: no bookie is even asked whether it can
+        assert sum(bookies[b].served["batch_asked"] for b in a[:3]) == 0
+        assert {client.status()[b]["batched_reads"] for b in a[:3]} == {"unknown"}
 
     @pytest.mark.parametrize("mode", ["close", "ebadreq", "silent"])
     async def test_bookies_without_batched_reads_are_read_entry_by_entry(
             self, bookies: dict[str, FakeBookie], mode: str) -> None:
         a = addrs(bookies)
-        md = meta(32, [(0, a[:3])])
+        md = meta(32, [(0, a[:3])], wq=3)  # not striped: runs batching would serve
         payloads = populate(bookies, md, 90)
         for b in a[:3]:
             bookies[b].batch_reads = mode  # type: ignore[assignment]
@@ -539,6 +539,16 @@ class TestProtocols:
             got = await c.read_entries(Ctx(32, md), 0, 89)
             assert [bytes(p) for p in got.payloads] == payloads
             assert all(bookies[b].served["batch_refused"] == 1 for b in a[:3])  # probes only
+            # the answer is kept per bookie, not per connection: reconnects do not ask again
+            for b in a[:3]:
+                for conn in bookies[b].connections:
+                    conn.drop()
+            await asyncio.sleep(0.05)
+            got = await c.read_entries(Ctx(32, md), 0, 89)
+            assert [bytes(p) for p in got.payloads] == payloads
+            assert all(bookies[b].served["batch_asked"] == 1 for b in a[:3])
+            assert sum(bookies[b].served["error_log"] for b in a[:3]) == \
+                (3 if mode == "silent" else 0)  # 4.15: one ERROR per bookie per daemon life
             assert not any(c.replicas.is_down(b) for b in a[:3])
             assert sum(c.metrics.errors.values()) == 0
         finally:

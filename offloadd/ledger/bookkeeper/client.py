@@ -103,6 +103,10 @@ class ClientOptions:
     batch_reads: bool = True
     batch_max_bytes: int = 4 * 1024 * 1024
     """Batched reads where a bookie has them, of at most this many bytes each."""
+    probe_batch_reads: bool = True
+    """Find out whether a bookie has batched reads (False: never ask, read entry by entry;
+    for short-lived read-only commands, as the probe costs a bookie older than 4.17 an ERROR
+    in its log)."""
 
 
 @dataclass
@@ -299,10 +303,13 @@ class BookieClient:
         except BookieError as exc:
             sink.fail(LOST, str(exc))
             return paused
-        batched = self.options.batch_reads and self.protocol(addr).batch is True
-        if not batched and self.options.batch_reads and self.protocol(addr).batch is None:
-            self._start_probe(addr, ledger_id, ids[0])
-        batched = batched and any(n >= MIN_BATCH_RUN for _, n in runs)
+        known = self.protocol(addr).batch
+        run = next((first for first, n in runs if n >= MIN_BATCH_RUN), None)
+        if run is not None and known is None and self.options.batch_reads:
+            # only a read that batching would serve asks: a striped ledger's runs of two
+            # never do, so a cluster of those never probes at all
+            self._start_probe(addr, ledger_id, run)
+        batched = self.options.batch_reads and known is True and run is not None
         timeout = self.options.read_timeout_s
         try:
             if not batched:
@@ -411,7 +418,12 @@ class BookieClient:
 
     # ---- batched reads: supported? -------------------------------------------------------
     def _start_probe(self, addr: str, ledger_id: int, entry_id: int) -> None:
-        if addr in self._probes or self._closed:
+        """Ask ``addr`` once for the life of this client (the answer is kept per bookie
+        address, whatever becomes of its connections): a bookie older than 4.17 logs an ERROR
+        with a stack trace for the unknown opcode, and no request it would refuse quietly
+        tells the versions apart (any v2 frame with an opcode it lacks throws in its decoder),
+        so the only quiet probe is the one not sent."""
+        if addr in self._probes or self._closed or not self.options.probe_batch_reads:
             return
         fut = asyncio.ensure_future(self._probe(addr, ledger_id, entry_id))
         self._probes[addr] = fut
