@@ -6,9 +6,14 @@ the reads v2 cannot express (the last entry with ``maxLAC``, the long poll). Whi
 bookie's bulk reads use is decided per bookie and shown in ``status``
 (:meth:`BookieClient.status`): v2 unless ``[source] bookie_protocol = "v3"``, or unless the bookie
 refused v2 (closed two fresh v2 connections in a row without an answer), then v3. Where a bookie
-supports batched reads (BookKeeper 4.17+; found out once per bookie by a probe on a connection of
-its own, :meth:`BookieClient._probe`), each run of ``MIN_BATCH_RUN`` or more consecutive entries
+supports batched reads (BookKeeper 4.17+; found out once per bookie for the client's life by a
+probe on a connection of its own, sent only when a read has a run batching would serve,
+:meth:`BookieClient._start_probe`), each run of ``MIN_BATCH_RUN`` or more consecutive entries
 it holds is one request; otherwise one request per entry.
+
+Every wait on a bookie counts only time this process was running (:mod:`.pause`): after a
+pause of our own (``SIGSTOP``, a stopped VM) the requests in flight get their timeout again
+instead of quarantining the bookies that answered meanwhile.
 
 A read of entries ``first..last`` (:meth:`BookieClient.read_entries`) is planned as runs over
 the bookies (:mod:`.replicas`); each bookie's requests go out in one write and their answers land
