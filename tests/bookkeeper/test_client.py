@@ -369,6 +369,19 @@ class TestLastAddConfirmed:
         lac, entry = await client.long_poll(a[0], ctx, 2, 0.2)
         assert (lac, entry) == (2, None)
         assert client.metrics.long_polls == 2
+        # sent as BookKeeper's Java client sends it: a 4.15 bookie refuses any other shape
+        assert bookies[a[0]].served["bad_long_poll"] == 0
+        assert bookies[a[0]].served["error_log"] == 0
+
+    async def test_long_poll_at_a_bookie_without_the_next_entry(
+            self, bookies: dict[str, FakeBookie], client: BookieClient) -> None:
+        a = addrs(bookies)
+        md = meta(15, [(0, a[:3])])  # striped: entry e on a[e % 3] and a[(e + 1) % 3]
+        populate(bookies, md, 4)  # entry 3 (on a[0], a[1]) tells them LAC 2
+        lac, entry = await client.long_poll(a[0], Ctx(15, md), 1, 5.0)
+        assert lac == 2 and entry is not None and entry.entry_id == 2  # a[0] holds entry 2
+        lac, entry = await client.long_poll(a[1], Ctx(15, md), 1, 5.0)
+        assert (lac, entry) == (2, None)  # ENOENTRY for entry 2, with the bookie's LAC
 
 
 class TestWaterFill:

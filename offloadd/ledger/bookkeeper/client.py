@@ -60,7 +60,7 @@ from offloadd.ledger.bookkeeper.connection import (
 )
 from offloadd.ledger.bookkeeper.layout import LedgerMetadata
 from offloadd.ledger.bookkeeper.metrics import BookKeeperMetrics
-from offloadd.ledger.bookkeeper.pause import stall_tolerance, wait_answered
+from offloadd.ledger.bookkeeper.pause import Stalls
 from offloadd.ledger.bookkeeper.replicas import (
     ReplicaPolicy,
     Replicas,
@@ -108,10 +108,6 @@ class ClientOptions:
     batch_reads: bool = True
     batch_max_bytes: int = 4 * 1024 * 1024
     """Batched reads where a bookie has them, of at most this many bytes each."""
-    probe_batch_reads: bool = True
-    """Find out whether a bookie has batched reads (False: never ask, read entry by entry;
-    for short-lived read-only commands, as the probe costs a bookie older than 4.17 an ERROR
-    in its log)."""
 
 
 @dataclass
@@ -169,8 +165,12 @@ class BookieClient:
 
     def __init__(self, options: ClientOptions | None = None,
                  metrics: BookKeeperMetrics | None = None, *,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, probe: bool = True) -> None:
+        """``probe`` False: never ask a bookie whether it has batched reads (read entry by
+        entry), for short-lived read-only commands: the probe costs a bookie older than 4.17
+        an ERROR in its log."""
         self.options = options or ClientOptions()
+        self._may_probe = probe
         self.metrics = metrics or BookKeeperMetrics()
         self._clock = clock
         self._conns: dict[tuple[str, int], V2Connection | V3Connection] = {}
@@ -179,8 +179,7 @@ class BookieClient:
         self._probes: dict[str, asyncio.Future[None]] = {}
         self._next_id = 1  # txnIds (v3) and requestIds (v2 batched reads)
         self.replicas = Replicas(self.options.replicas, clock=clock)
-        self._tolerance = stall_tolerance(self.options.read_timeout_s)
-        self._stall_seen_at = float("-inf")  # loop time the last stall was counted
+        self._stalls = Stalls(self.options.read_timeout_s, self.metrics.paused)
         self._closed = False
 
     # ---- protocol per bookie -------------------------------------------------------------
@@ -255,19 +254,7 @@ class BookieClient:
     async def _answer(self, fut: asyncio.Future[Any], timeout: float) -> bool:
         """Wait for ``fut`` up to ``timeout`` seconds of this process running (see
         :mod:`.pause`); True if the process was seen stalled meanwhile. ``TimeoutError``."""
-        return await wait_answered(fut, timeout, tolerance=self._tolerance,
-                                   on_stall=self._stalled) > 0
-
-    def _stalled(self, seconds: float) -> None:
-        """This process did not run for ``seconds`` while waiting on bookies: not their fault.
-        Every wait in flight sees the same stall; it is counted and logged once."""
-        now = asyncio.get_running_loop().time()
-        if now - self._stall_seen_at > self._tolerance:
-            self.metrics.paused()
-            log.warning("this process did not run for %.1fs (paused, stopped or starved); "
-                        "bookie requests in flight are given their timeout again, no bookie "
-                        "is blamed", seconds)
-        self._stall_seen_at = now
+        return await self._stalls.wait(fut, timeout) > 0
 
     def _observe(self, addr: str, latency: float) -> None:
         self.replicas.observe(addr, latency)
@@ -428,7 +415,7 @@ class BookieClient:
         with a stack trace for the unknown opcode, and no request it would refuse quietly
         tells the versions apart (any v2 frame with an opcode it lacks throws in its decoder),
         so the only quiet probe is the one not sent."""
-        if addr in self._probes or self._closed or not self.options.probe_batch_reads:
+        if addr in self._probes or self._closed or not self._may_probe:
             return
         fut = asyncio.ensure_future(self._probe(addr, ledger_id, entry_id))
         self._probes[addr] = fut

@@ -16,10 +16,13 @@ i.e. when the bookie really had ``timeout`` seconds of a running process to answ
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["MAX_STALLS", "stall_tolerance", "wait_answered"]
+log = logging.getLogger(__name__)
+
+__all__ = ["MAX_STALLS", "Stalls", "stall_tolerance", "wait_answered"]
 
 MAX_STALLS = 8  # fresh windows one wait may get; a loop that stalls for ever still fails
 
@@ -55,3 +58,26 @@ async def wait_answered(fut: asyncio.Future[Any], timeout: float, *, tolerance: 
             on_stall(late)
         deadline = now + timeout
     raise TimeoutError
+
+
+class Stalls:
+    """The stalls one client's waits see: every wait in flight sees the same stall, which is
+    counted (``count()``) and logged once."""
+
+    def __init__(self, timeout: float, count: Callable[[], None]) -> None:
+        self.tolerance = stall_tolerance(timeout)
+        self._count = count
+        self._seen_at = float("-inf")  # loop time the last stall was counted
+
+    async def wait(self, fut: asyncio.Future[Any], timeout: float) -> float:
+        """:func:`wait_answered` with this tolerance; the seconds stalled meanwhile."""
+        return await wait_answered(fut, timeout, tolerance=self.tolerance, on_stall=self._seen)
+
+    def _seen(self, seconds: float) -> None:
+        now = asyncio.get_running_loop().time()
+        if now - self._seen_at > self.tolerance:
+            self._count()
+            log.warning("this process did not run for %.1fs (paused, stopped or starved): "
+                        "bookie requests in flight are given their timeout again, no bookie "
+                        "is blamed", seconds)
+        self._seen_at = now

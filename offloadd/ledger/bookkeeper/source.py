@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import fnmatch
 import logging
 import time
@@ -133,9 +132,7 @@ class BookKeeperLedgerSource:
         self._md = metadata
         self._wall_ms = wall_ms
         self._clock = clock
-        # a read-only source serves one command: not worth an ERROR in an old bookie's log
-        self.client = BookieClient(dataclasses.replace(options.client, probe_batch_reads=False)
-                                   if read_only else options.client, self.metrics)
+        self.client = BookieClient(options.client, self.metrics, probe=not read_only)
         self._zk: PulsarZooKeeper | None = None
         self._open_lock = asyncio.Lock()
         self._topics: dict[TopicName, _Topic] = {}
