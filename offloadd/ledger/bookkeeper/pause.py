@@ -47,10 +47,14 @@ async def wait_answered(fut: asyncio.Future[Any], timeout: float, *, tolerance: 
     for _ in range(MAX_STALLS + 1):
         if not fut.done():
             await asyncio.wait((fut,), timeout=max(deadline - loop.time(), 0.0))
-        if fut.done():
-            return stalled
         now = loop.time()
         late = now - deadline
+        if fut.done():
+            if late > tolerance:  # answered meanwhile, seen only once we ran again
+                stalled += late
+                if on_stall is not None:
+                    on_stall(late)
+            return stalled
         if late <= tolerance:
             break
         stalled += late
