@@ -658,8 +658,10 @@ class TestV2Matching:
 class TestOwnPause:
     """A stall of this process (SIGSTOP, a stopped VM, CPU steal) is not a bookie failure: the
     loop is frozen with a blocking sleep longer than the read timeout while reads, a v3 read
-    and a long poll are in flight (the fake bookies live in the same loop: they are frozen too,
-    and answer after the stall, as a real bookie's answers are read only after it)."""
+    and a long poll are in flight, and the bookies' answers are waiting when it runs again —
+    the fake bookies share the loop, so they hold the requests until the stall ends and answer
+    them then, before the loop looks at its timers (tests/bookkeeper/test_pause.py stops a real
+    daemon process instead)."""
 
     async def test_a_frozen_loop_quarantines_no_bookie_and_counts_no_failover(
             self, bookies: dict[str, FakeBookie]) -> None:
@@ -676,13 +678,17 @@ class TestOwnPause:
         try:
             await c.read_entries(Ctx(41, md), 0, 5)  # connections open
             await c.read_last(a[3], Ctx(42, tail))
-            for b in a:
-                bookies[b].latency_s = 0.1  # answers still on their way at the freeze
+            for b in a:  # the requests are held until the stall ends (then answered at once)
+                bookies[b].freeze()
             reads = asyncio.ensure_future(c.read_entries(Ctx(41, md), 0, 199))
             last = asyncio.ensure_future(c.read_last(a[0], Ctx(41, md)))
             poll = asyncio.ensure_future(c.long_poll(a[3], Ctx(42, tail), 1, 0.3))
-            await asyncio.sleep(0.03)  # every request sent, none answered yet
-            time.sleep(2.0)  # four read timeouts long: the whole process stalls
+            async with asyncio.timeout(5):  # every request sent, none answered
+                while not all(bookies[b].served["held"] for b in a):
+                    await asyncio.sleep(0.005)
+            time.sleep(2.0)  # four read timeouts long: the whole process stalls ...
+            for b in a:  # ... while the bookies answered: it finds the answers waiting
+                bookies[b].thaw()
             got = await asyncio.wait_for(reads, 10)
             assert [bytes(p) for p in got.payloads] == payloads
             await asyncio.wait_for(last, 10)
