@@ -19,6 +19,7 @@ from prometheus_client import REGISTRY
 
 from offloadd.errors import ConfigError
 from offloadd.metrics import Metrics, namespace_of
+from offloadd.metrics_table import TABLE, Level, Series, series
 from offloadd.shell.httpserver import MetricsServer, ServerState, parse_bind
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -51,13 +52,33 @@ def value(m: Metrics, name: str, **labels: str) -> float | None:
     return m.registry.get_sample_value(name, labels)
 
 
+def declared(sample: str) -> Series:
+    """The table's declaration of a sample name (``X_total``, ``X_sum``, ``X_bucket`` ...)."""
+    for suffix in ("", "_total", "_sum", "_count", "_bucket", "_info"):
+        if sample.endswith(suffix) and (name := sample.removesuffix(suffix) if suffix
+                                        else sample) in {s.name for s in TABLE}:
+            return series(name)
+    raise KeyError(sample)
+
+
 def topic_value(m: Metrics, name: str, topic: str = TOPIC, **labels: str) -> float | None:
-    return value(m, name, namespace=NS, topic=topic, **labels)
+    """A topic's sample where the topic's reports land: its own series at topic level, its
+    namespace's otherwise (and for the series that are always per namespace)."""
+    where = {"namespace": namespace_of(topic)}
+    if declared(name).level is Level.TOPIC and m.topic_level_now():
+        where["topic"] = topic
+    return value(m, name, **where, **labels)
 
 
-def populated() -> Metrics:
+@pytest.fixture(params=[True, False], ids=["topic_level", "namespace_level"])
+def level(request: pytest.FixtureRequest) -> bool:
+    """Both values of ``[metrics] topic_level``: every probe test runs in each."""
+    return bool(request.param)
+
+
+def populated(level: bool | None = None) -> Metrics:
     """A registry where every probe has reported at least once."""
-    m = Metrics()
+    m = Metrics(topic_level=level)
     p = m.topic(NS, TOPIC)
     p.offload_bytes(4096, entries=4)
     p.offload_error()
@@ -137,8 +158,8 @@ def rule_exprs() -> dict[str, str]:
 class TestTopicProbe:
     """A topic probe's calls land in the series named for them, in the documented units."""
 
-    def test_counters_exist_at_zero_before_anything_happens(self) -> None:
-        m = Metrics()
+    def test_counters_exist_at_zero_before_anything_happens(self, level: bool) -> None:
+        m = Metrics(topic_level=level)
         m.topic(NS, TOPIC)
         for name in (
             "brk_ledgeroffloader_offload_error_total",
@@ -150,8 +171,8 @@ class TestTopicProbe:
             assert topic_value(m, name) == 0.0, name
         assert topic_value(m, "brk_ledgeroffloader_delete_offload_ops_total", status="failed") == 0
 
-    def test_offloaded_bytes_and_entries_are_counted(self) -> None:
-        m = Metrics()
+    def test_offloaded_bytes_and_entries_are_counted(self, level: bool) -> None:
+        m = Metrics(topic_level=level)
         p = m.topic(NS, TOPIC)
         p.offload_bytes(1000, entries=3)
         p.offload_bytes(24)
@@ -167,8 +188,10 @@ class TestTopicProbe:
             ("ledger_offload_limited", "brk_ledgeroffloader_ledger_offload_limited_total"),
         ],
     )
-    def test_each_error_goes_to_its_own_pulsar_counter(self, method: str, series: str) -> None:
-        m = Metrics()
+    def test_each_error_goes_to_its_own_pulsar_counter(
+        self, level: bool, method: str, series: str
+    ) -> None:
+        m = Metrics(topic_level=level)
         p = m.topic(NS, TOPIC)
         getattr(p, method)()
         getattr(p, method)()
@@ -184,7 +207,7 @@ class TestTopicProbe:
     def test_read_latencies_feed_pulsar_summaries_in_microseconds_and_histograms_in_seconds(
         self,
     ) -> None:
-        m = Metrics()
+        m = Metrics(topic_level=level)
         p = m.topic(NS, TOPIC)
         p.index_read(0.003)
         p.data_read(0.5)
@@ -200,8 +223,8 @@ class TestTopicProbe:
         assert topic_value(m, ours, object="data") == pytest.approx(0.5)
         assert topic_value(m, "offloadd_source_read_duration_seconds_count") == 2
 
-    def test_upload_latency_and_offload_time(self) -> None:
-        m = Metrics()
+    def test_upload_latency_and_offload_time(self, level: bool) -> None:
+        m = Metrics(topic_level=level)
         p = m.topic(NS, TOPIC)
         p.upload_latency(0.2)
         p.ledger_offload_time(2.0)
@@ -209,8 +232,10 @@ class TestTopicProbe:
         assert topic_value(m, "offloadd_upload_duration_seconds_bucket", le="0.1") == 0
         assert topic_value(m, "brk_ledgeroffloader_ledger_offload_time_sum") == 2_000_000
 
-    def test_throttle_wait_counts_seconds_and_limited_only_when_it_waited(self) -> None:
-        m = Metrics()
+    def test_throttle_wait_counts_seconds_and_limited_only_when_it_waited(
+        self, level: bool
+    ) -> None:
+        m = Metrics(topic_level=level)
         p = m.topic(NS, TOPIC)
         p.throttle_wait(0.0)
         p.throttle_wait(0.5)
@@ -218,8 +243,8 @@ class TestTopicProbe:
         assert topic_value(m, "offloadd_throttle_wait_seconds_total") == 0.75
         assert topic_value(m, "brk_ledgeroffloader_ledger_offload_limited_total") == 2
 
-    def test_deletions_are_counted_by_outcome(self) -> None:
-        m = Metrics()
+    def test_deletions_are_counted_by_outcome(self, level: bool) -> None:
+        m = Metrics(topic_level=level)
         p = m.topic(NS, TOPIC)
         p.delete_op()
         p.delete_op(succeeded=True)
@@ -228,8 +253,8 @@ class TestTopicProbe:
         assert topic_value(m, series, status="succeed") == 2
         assert topic_value(m, series, status="failed") == 1
 
-    def test_state_gauges_hold_the_latest_report(self) -> None:
-        m = Metrics()
+    def test_state_gauges_hold_the_latest_report(self, level: bool) -> None:
+        m = Metrics(topic_level=level)
         p = m.topic(NS, TOPIC)
         p.segment_states(2, 5, 1)
         p.segment_states(0, 8, 0)
@@ -246,8 +271,8 @@ class TestTopicProbe:
         assert topic_value(m, "offloadd_last_offloaded_entry") == 345
         assert topic_value(m, "brk_ledgeroffloader_ledger_reading_max_bytes") == 4 << 20
 
-    def test_one_probe_per_topic_and_namespace_from_the_name(self) -> None:
-        m = Metrics()
+    def test_one_probe_per_topic_and_namespace_from_the_name(self, level: bool) -> None:
+        m = Metrics(topic_level=level)
         assert m.topic(NS, TOPIC) is m.topic(NS, TOPIC)
         assert m.topic_named(TOPIC) is m.topic(NS, TOPIC)
         assert namespace_of("persistent://t1/ns1/x") == "t1/ns1"
@@ -257,9 +282,9 @@ class TestTopicProbe:
 class TestPulsarRates:
     """Pulsar's *_rate gauges publish bytes/s averaged over each stats period."""
 
-    def test_rate_is_published_once_the_period_has_passed(self) -> None:
+    def test_rate_is_published_once_the_period_has_passed(self, level: bool) -> None:
         clock = FakeClock()
-        m = Metrics(clock=clock, rate_period=60.0)
+        m = Metrics(topic_level=level, clock=clock, rate_period=60.0)
         p = m.topic(NS, TOPIC)
         p.offload_bytes(6000)
         p.read_offload(1200)
@@ -269,9 +294,9 @@ class TestPulsarRates:
         assert topic_value(m, "brk_ledgeroffloader_offload_rate") == pytest.approx(100)
         assert topic_value(m, "brk_ledgeroffloader_read_offload_rate") == pytest.approx(20)
 
-    def test_scrapes_inside_a_period_see_the_last_published_value(self) -> None:
+    def test_scrapes_inside_a_period_see_the_last_published_value(self, level: bool) -> None:
         clock = FakeClock()
-        m = Metrics(clock=clock, rate_period=10.0)
+        m = Metrics(topic_level=level, clock=clock, rate_period=10.0)
         p = m.topic(NS, TOPIC)
         p.offload_bytes(1000)
         clock.now += 10
@@ -286,21 +311,22 @@ class TestPulsarRates:
 class TestProcessProbes:
     """Process-wide probes: buffer, throttle, store circuit, metadata, backfill, topics."""
 
-    def test_buffer_and_throttle_limit(self) -> None:
-        m = Metrics()
+    def test_buffer_and_throttle_limit(self, level: bool) -> None:
+        m = Metrics(topic_level=level)
         m.buffer(100, 1000)
         m.throttle_limit(5e6)
         assert value(m, "offloadd_buffer_bytes") == 100
         assert value(m, "offloadd_buffer_capacity_bytes") == 1000
         assert value(m, "offloadd_throttle_limit_bytes_per_second") == 5e6
 
-    def test_process_throttle_wait_reaches_the_topic_series(self) -> None:
-        m = Metrics()
+    def test_process_throttle_wait_reaches_the_topic_series(self, level: bool) -> None:
+        m = Metrics(topic_level=level)
+        m.topic(NS, TOPIC)
         m.throttle_wait(TOPIC, 1.5)
         assert topic_value(m, "offloadd_throttle_wait_seconds_total") == 1.5
 
-    def test_exactly_one_circuit_state_is_set_per_store(self) -> None:
-        m = Metrics()
+    def test_exactly_one_circuit_state_is_set_per_store(self, level: bool) -> None:
+        m = Metrics(topic_level=level)
         m.store_circuit("open")
         m.store_circuit("half_open")
         m.store_circuit("closed", store="metadata")
@@ -311,14 +337,14 @@ class TestProcessProbes:
         assert states == {"closed": 0, "open": 0, "half_open": 1}
         assert value(m, "offloadd_store_circuit_state", store="metadata", state="closed") == 1
 
-    def test_metadata_writes(self) -> None:
-        m = Metrics()
+    def test_metadata_writes(self, level: bool) -> None:
+        m = Metrics(topic_level=level)
         m.metadata_writes()
         m.metadata_writes(4)
         assert value(m, "offloadd_metadata_writes_total") == 5
 
-    def test_topics_gauge_and_build_info(self) -> None:
-        m = Metrics()
+    def test_topics_gauge_and_build_info(self, level: bool) -> None:
+        m = Metrics(topic_level=level)
         m.topic(NS, TOPIC)
         m.topic(NS, OTHER)
         assert value(m, "offloadd_topics") == 2

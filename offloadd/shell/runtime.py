@@ -69,7 +69,8 @@ class Runtime:
         # itself and owns them all.
         owner_id = (check_owner_id(settings.daemon.owner_id or default_owner_id())
                     if ownership is None and not with_writer else None)
-        metrics = Metrics()
+        level = settings.metrics.topic_level
+        metrics = Metrics(topic_level=None if level == "auto" else level)
         conn = await wiring.connect_metadata(settings)
         metadata = conn.store
         try:
