@@ -405,13 +405,99 @@ class TestRegistry:
         assert used <= allowed
 
 
+class TestTopicLevel:
+    """``[metrics] topic_level``: what a scrape holds per topic and per namespace at many topics
+    (issue 22: <= 15 series per topic, no ``topic`` label when off, histograms per namespace)."""
+
+    TOPICS = 300
+
+    @staticmethod
+    def scrape(level: bool | None, topics: int = TOPICS) -> tuple[Metrics, list[str]]:
+        from bench.metrics_scrape import synthetic
+
+        m = synthetic(topics, namespaces=10, topic_level=level)
+        lines = [ln for ln in exposition_text(m).splitlines() if ln and not ln.startswith("#")]
+        return m, lines
+
+    def test_on_each_topic_has_at_most_15_series_and_distributions_are_per_namespace(
+        self,
+    ) -> None:
+        _, lines = self.scrape(True)
+        per_topic: dict[str, int] = {}
+        for line in lines:
+            if (t := re.search(r'topic="([^"]*)"', line)) is not None:
+                per_topic[t.group(1)] = per_topic.get(t.group(1), 0) + 1
+                assert not re.match(r"\w+_(bucket|sum|count|created)\{", line), line
+        assert len(per_topic) == self.TOPICS
+        assert max(per_topic.values()) <= 15
+        # every series declared per topic is there for each topic
+        assert min(per_topic.values()) == sum(1 for s in TABLE if s.level is Level.TOPIC)
+        assert any(ln.startswith("offloadd_upload_duration_seconds_bucket{")
+                   and 'namespace="tenant-0/ns-0"' in ln for ln in lines)
+
+    def test_off_no_series_has_a_topic_label_and_the_size_does_not_grow_with_topics(
+        self,
+    ) -> None:
+        _, few = self.scrape(False, topics=20)
+        m, many = self.scrape(False)
+        assert not [ln for ln in many if "topic=" in ln]
+        assert len(many) == len(few)
+        # the namespace totals are the sums of the topics' reports
+        assert value(m, "offloadd_offloaded_entries_total", namespace="tenant-0/ns-0") == (
+            8 * self.TOPICS / 10)
+        assert value(m, "offloadd_lag_seconds", namespace="tenant-0/ns-0") == 42.0
+
+    def test_auto_is_per_topic_below_1000_topics_and_per_namespace_from_1000(self) -> None:
+        m, lines = self.scrape(None, topics=999)
+        assert m.topic_level_now() and any("topic=" in ln for ln in lines)
+        assert value(m, "offloadd_metrics_topic_level") == 1
+        m.topic("tenant-0/ns-0", "persistent://tenant-0/ns-0/one-more")
+        assert not [ln for ln in exposition_text(m).splitlines() if "topic=" in ln]
+        assert value(m, "offloadd_metrics_topic_level") == 0
+        # back per topic only well below the limit: a count hovering there does not flap
+        for i in range(50):
+            m.forget_topic("tenant-0/ns-0", f"persistent://tenant-0/ns-0/topic-{i * 10:05d}")
+        assert not m.topic_level_now()
+        for i in range(500, 560):
+            m.forget_topic(f"tenant-{i % 10}/ns-{i % 10}",
+                           f"persistent://tenant-{i % 10}/ns-{i % 10}/topic-{i:05d}")
+        assert m.topic_level_now()
+
+    def test_a_topic_that_goes_away_leaves_no_series_and_its_counts_in_the_namespace(
+        self, level: bool
+    ) -> None:
+        m = Metrics(topic_level=level)
+        for t in (TOPIC, OTHER):
+            p = m.topic(NS, t)
+            p.offload_bytes(100, entries=1)
+            p.lag(1, 2, 3.0)
+        m.forget_topic(NS, TOPIC)
+        text = exposition_text(m)
+        assert f'topic="{TOPIC}"' not in text
+        total = value(m, "offloadd_offloaded_bytes_total", namespace=NS)
+        assert total == (None if level else 200)  # counters never go down per namespace
+        assert value(m, "offloadd_lag_bytes", namespace=NS, **({"topic": OTHER} if level
+                                                               else {})) == 2
+        m.forget_topic(NS, OTHER)
+        assert "topic=" not in exposition_text(m)
+
+    def test_gc_of_a_topic_not_served_creates_no_topic_series(self, level: bool) -> None:
+        m = Metrics(topic_level=level)
+        m.topic_named(TOPIC).delete_op(False)
+        m.throttle_wait(TOPIC, 0.5)
+        assert "topic=" not in exposition_text(m)
+        assert value(m, "offloadd_topics") == 0
+        series_ = "brk_ledgeroffloader_delete_offload_ops_total"
+        assert value(m, series_, namespace=NS, status="failed") == 1
+
+
 class TestExposition:
     """The text exposition lints clean; OpenMetrics is served when asked for."""
 
     @needs_promtool
     @pytest.mark.integration
-    def test_promtool_check_metrics_passes(self) -> None:
-        result = promtool("check", "metrics", stdin=exposition_text(populated()))
+    def test_promtool_check_metrics_passes(self, level: bool) -> None:
+        result = promtool("check", "metrics", stdin=exposition_text(populated(level)))
         assert result.returncode == 0, result.stdout + result.stderr
 
     def test_openmetrics_on_request_names_counters_like_pulsar(self) -> None:
