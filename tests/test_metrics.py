@@ -646,6 +646,50 @@ class TestDeployFiles:
         result = promtool("test", "rules", str(test_file))
         assert result.returncode == 0, result.stdout + result.stderr
 
+    @needs_promtool
+    @pytest.mark.integration
+    def test_alerts_fire_per_namespace_when_topic_series_are_off(self, tmp_path: Path) -> None:
+        """topic_level = false: the same rules, over series with no topic label."""
+        exprs = rule_exprs()
+
+        def ns(name: str, extra: str = "") -> str:
+            return f'{name}{{namespace="ns"{extra}}}'
+
+        case = {
+            "rule_files": [],
+            "evaluation_interval": "1m",
+            "tests": [{
+                "interval": "1m",
+                "input_series": [
+                    {"series": ns("offloadd_offloaded_bytes_total"), "values": "5x30"},
+                    {"series": ns("offloadd_lag_bytes"), "values": "0+100x30"},
+                    {"series": ns("offloadd_lag_seconds"), "values": "2000x30"},
+                    {"series": ns("offloadd_segments", ',state="failed"'), "values": "1x30"},
+                    {"series": ns("offloadd_ledgers_lost_to_retention_total"),
+                     "values": "0x5 1x25"},
+                    {"series": ns("brk_ledgeroffloader_offload_error_total"),
+                     "values": "0+6x30"},
+                ],
+                "promql_expr_test": [
+                    {"expr": exprs[alert], "eval_time": "20m",
+                     "exp_samples": [{"labels": '{namespace="ns"}', "value": v}]}
+                    for alert, v in (("OffloaddOffloadStalled", 0), ("OffloaddLagHigh", 2000),
+                                     ("OffloaddSegmentsFailed", 1), ("OffloaddDataLost", 1),
+                                     ("OffloaddOffloadErrors", 0.1))
+                ],
+            }],
+        }
+        test_file = tmp_path / "namespace-test.yml"
+        test_file.write_text(yaml.safe_dump(case))
+        result = promtool("test", "rules", str(test_file))
+        assert result.returncode == 0, result.stdout + result.stderr
+
+    @pytest.mark.parametrize("level", [True, False], ids=["topic_level", "namespace_level"])
+    def test_dashboard_and_rules_query_series_that_exist_in_both_modes(self, level: bool) -> None:
+        names = sample_names(exposition_text(populated(level))) | backfill_names()
+        for query in dashboard_queries() + list(rule_exprs().values()):
+            assert set(_METRIC_NAME.findall(query)) <= names, query
+
     def test_dashboard_parses_and_has_the_required_panels(self) -> None:
         titles = {p["title"] for p in dashboard()["panels"] if p["type"] != "row"}
         for wanted in (
