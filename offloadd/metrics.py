@@ -7,10 +7,11 @@ Business code asks for a probe and reports what happened, in natural units (byte
     probe.upload_latency(seconds)
 
 The series are declared in :data:`offloadd.metrics_table.TABLE` (name, type, labels, help,
-level); storage, label values, unit conversion, rate windows and the exposition follow from it
-here and nowhere else. Everything is served by the :class:`Metrics` object's own
-``CollectorRegistry``, never the process-global one, so two daemons or tests in one process do
-not collide. ``docs/metrics.md`` is the operator's table of every series.
+level); where their values live and how a scrape reads them is :mod:`offloadd.metrics_cells`;
+probes, unit conversion and the topic-level switch are here. Nothing else registers a series.
+Everything is served by the :class:`Metrics` object's own ``CollectorRegistry``, never the
+process-global one, so two daemons or tests in one process do not collide. ``docs/metrics.md``
+is the operator's table of every series.
 
 Two families of names
 ---------------------
@@ -44,27 +45,19 @@ Labels only ever carry topic and namespace names and a few fixed enumerations (`
 
 from __future__ import annotations
 
-import bisect
-import math
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
-from prometheus_client.metrics_core import (
-    CounterMetricFamily,
-    GaugeMetricFamily,
-    HistogramMetricFamily,
-    InfoMetricFamily,
-    Metric,
-    SummaryMetricFamily,
-)
+from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from offloadd import __version__
 from offloadd.errors import ConfigError
-from offloadd.metrics_table import TABLE, Kind, Level, Series
+from offloadd.metrics_cells import COUNTER_SLOTS, FRESH, N, Namespace, Snapshot, T, Window, family
+from offloadd.metrics_table import TABLE, Level, Series, series
 from offloadd.model import TopicName
 from offloadd.offload import probes
 
@@ -82,7 +75,6 @@ _AUTO_BACK = 900
 _MICROS = 1_000_000.0
 _UNKNOWN = "unknown"  # Pulsar's label value when a topic name does not parse
 _DEFAULT_RATE_PERIOD = 60.0
-_NAN = math.nan
 
 
 def namespace_of(topic: str) -> str:
@@ -93,112 +85,33 @@ def namespace_of(topic: str) -> str:
         return _UNKNOWN
 
 
-# -- storage layout, from the table ---------------------------------------------------------------
-def _offsets(chosen: Iterable[Series]) -> tuple[dict[str, int], int]:
-    out, at = {}, 0
-    for s in chosen:
-        out[s.name] = at
-        at += s.width
-    return out, at
+# where each report lands: a topic's slot (T) or its namespace's counter (N)
+_OFFLOAD_ERROR = T["brk_ledgeroffloader_offload_error"]
+_WRITE_ERROR = T["brk_ledgeroffloader_write_storage_error"]
+_LIMITED = T["brk_ledgeroffloader_ledger_offload_limited"]
+_OFFLOADED_BYTES = T["offloadd_offloaded_bytes"]
+_OFFLOADED_ENTRIES = T["offloadd_offloaded_entries"]
+_THROTTLE_WAIT = T["offloadd_throttle_wait_seconds"]
+_LOST = T["offloadd_ledgers_lost_to_retention"]
+_LAG_ENTRIES = T["offloadd_lag_entries"]
+_LAG_BYTES = T["offloadd_lag_bytes"]
+_LAG_SECONDS = T["offloadd_lag_seconds"]
+_LAST_COMMIT = T["offloadd_last_commit_timestamp_seconds"]
+_LAST_LEDGER = T["offloadd_last_offloaded_ledger"]
+_LAST_ENTRY = T["offloadd_last_offloaded_entry"]
+_READING_MAX = T["brk_ledgeroffloader_ledger_reading_max_bytes"]
+_SEGMENTS = T["offloadd_segments"]
+_READ_ERROR = N["brk_ledgeroffloader_read_offload_error"]
+_READ_BYTES = N["brk_ledgeroffloader_read_bytes"]
+_DELETES = N["brk_ledgeroffloader_delete_offload_ops"]
 
-
-# What a topic stores: its TOPIC-level counters and gauges, and the NAMESPACE-level gauges it
-# feeds (a namespace's segment count is the sum of its topics'). Rates are derived at scrape.
-_FED = tuple(s for s in TABLE if s.rate_of is None and (
-    (s.level is Level.TOPIC and s.kind in (Kind.COUNTER, Kind.GAUGE))
-    or (s.level is Level.NAMESPACE and s.kind is Kind.GAUGE)))
-_T, _TWIDTH = _offsets(_FED)
-_COUNTER_SLOTS = tuple(i for s in _FED if s.kind is Kind.COUNTER
-                       for i in range(_T[s.name], _T[s.name] + s.width))
-_FRESH = [0.0 if s.kind is Kind.COUNTER else _NAN for s in _FED for _ in range(s.width)]
-# What a namespace stores itself: its counters (never per topic).
-_NS_COUNTERS = tuple(s for s in TABLE if s.level is Level.NAMESPACE and s.kind is Kind.COUNTER)
-_N, _NWIDTH = _offsets(_NS_COUNTERS)
-_RATES = tuple(s for s in TABLE if s.rate_of is not None)
-
-_OFFLOAD_ERROR = _T["brk_ledgeroffloader_offload_error"]
-_WRITE_ERROR = _T["brk_ledgeroffloader_write_storage_error"]
-_LIMITED = _T["brk_ledgeroffloader_ledger_offload_limited"]
-_OFFLOADED_BYTES = _T["offloadd_offloaded_bytes"]
-_OFFLOADED_ENTRIES = _T["offloadd_offloaded_entries"]
-_THROTTLE_WAIT = _T["offloadd_throttle_wait_seconds"]
-_LOST = _T["offloadd_ledgers_lost_to_retention"]
-_LAG_ENTRIES = _T["offloadd_lag_entries"]
-_LAG_BYTES = _T["offloadd_lag_bytes"]
-_LAG_SECONDS = _T["offloadd_lag_seconds"]
-_LAST_COMMIT = _T["offloadd_last_commit_timestamp_seconds"]
-_LAST_LEDGER = _T["offloadd_last_offloaded_ledger"]
-_LAST_ENTRY = _T["offloadd_last_offloaded_entry"]
-_READING_MAX = _T["brk_ledgeroffloader_ledger_reading_max_bytes"]
-_SEGMENTS = _T["offloadd_segments"]
-_READ_ERROR = _N["brk_ledgeroffloader_read_offload_error"]
-_READ_BYTES = _N["brk_ledgeroffloader_read_bytes"]
-_DELETES = _N["brk_ledgeroffloader_delete_offload_ops"]
-
-
-class _Window:
-    """One ``*_rate`` gauge's stats period: Pulsar resets byte adders every period and
-    publishes bytes/period; here the running total stays and a scrape that finds the period
-    over publishes the average since the previous mark (scrapes inside a period see the last
-    published value)."""
-
-    __slots__ = ("mark", "rate", "since")
-
-    def __init__(self, since: float) -> None:
-        self.since, self.mark, self.rate = since, 0.0, 0.0
-
-    def update(self, total: float, now: float, period: float) -> float:
-        elapsed = now - self.since
-        if elapsed >= period:
-            self.rate = (total - self.mark) / elapsed
-            self.mark, self.since = total, now
-        return self.rate
-
-
-class _Dist:
-    """One latency distribution of a namespace: a histogram's bucket counts (not cumulative,
-    the last one +Inf), or only count and sum (a Pulsar summary)."""
-
-    __slots__ = ("buckets", "count", "total")
-
-    def __init__(self, nbuckets: int) -> None:
-        self.count, self.total = 0, 0.0
-        self.buckets = [0] * nbuckets
-
-    def observe(self, bounds: tuple[float, ...], value: float) -> None:
-        self.count += 1
-        self.total += value
-        if self.buckets:
-            self.buckets[bisect.bisect_left(bounds, value)] += 1
-
-
-class _Namespace:
-    __slots__ = ("counters", "dists", "name", "retired", "windows")
-
-    def __init__(self, name: str, now: float) -> None:
-        self.name = name
-        self.counters = [0.0] * _NWIDTH
-        # topic slots of the topics that went away (only the counters are read), and where a
-        # probe of a topic not served writes: counted in the namespace, never per topic
-        self.retired = list(_FRESH)
-        self.dists: dict[tuple[str, str], _Dist] = {}
-        self.windows = {s.name: _Window(now) for s in _RATES if s.level is Level.NAMESPACE}
-
-    def observe(self, series: Series, value: float, label: str = "") -> None:
-        dist = self.dists.get((series.name, label))
-        if dist is None:
-            width = len(series.buckets) + 1 if series.buckets else 0
-            dist = self.dists[series.name, label] = _Dist(width)
-        dist.observe(series.buckets, value)
-
-
-_UPLOAD = next(s for s in TABLE if s.name == "offloadd_upload_duration_seconds")
-_READ = next(s for s in TABLE if s.name == "offloadd_read_duration_seconds")
-_SOURCE_READ = next(s for s in TABLE if s.name == "offloadd_source_read_duration_seconds")
-_INDEX_LATENCY = next(s for s in TABLE if s.name.endswith("read_offload_index_latency"))
-_DATA_LATENCY = next(s for s in TABLE if s.name.endswith("read_offload_data_latency"))
-_LEDGER_LATENCY = next(s for s in TABLE if s.name.endswith("read_ledger_latency"))
-_OFFLOAD_TIME = next(s for s in TABLE if s.name.endswith("ledger_offload_time"))
+_UPLOAD = series("offloadd_upload_duration_seconds")
+_READ = series("offloadd_read_duration_seconds")
+_SOURCE_READ = series("offloadd_source_read_duration_seconds")
+_INDEX_LATENCY = series("brk_ledgeroffloader_read_offload_index_latency")
+_DATA_LATENCY = series("brk_ledgeroffloader_read_offload_data_latency")
+_LEDGER_LATENCY = series("brk_ledgeroffloader_read_ledger_latency")
+_OFFLOAD_TIME = series("brk_ledgeroffloader_ledger_offload_time")
 
 
 class TopicProbe(probes.TopicProbe):
@@ -208,15 +121,15 @@ class TopicProbe(probes.TopicProbe):
 
     __slots__ = ("_cells", "_lock", "_m", "_ns", "_window", "namespace", "topic")
 
-    def __init__(self, metrics: Metrics, ns: _Namespace, topic: str, *,
+    def __init__(self, metrics: Metrics, ns: Namespace, topic: str, *,
                  served: bool = True) -> None:
         self.namespace = ns.name
         self.topic = topic
         self._m = metrics
         self._lock = metrics._lock
         self._ns = ns
-        self._cells = list(_FRESH) if served else ns.retired
-        self._window = _Window(metrics._clock())
+        self._cells = list(FRESH) if served else ns.retired
+        self._window = Window(metrics._clock())
 
     def _add(self, slot: int, amount: float) -> None:
         with self._lock:
@@ -232,17 +145,23 @@ class TopicProbe(probes.TopicProbe):
 
     # -- writing to the tier --------------------------------------------------------------------
     def offload_bytes(self, nbytes: int, entries: int = 0) -> None:
+        """Bytes (and entries) written to the tier. The topic task reports each data block's
+        bytes as it lands (so rates move smoothly) and the entries in
+        :meth:`segment_committed`."""
         with self._lock:
             self._cells[_OFFLOADED_BYTES] += nbytes
             self._cells[_OFFLOADED_ENTRIES] += entries
 
     def offload_error(self) -> None:
+        """An offload attempt (a segment) failed."""
         self._add(_OFFLOAD_ERROR, 1)
 
     def write_storage_error(self) -> None:
+        """A write to the blob store failed."""
         self._add(_WRITE_ERROR, 1)
 
     def upload_latency(self, seconds: float) -> None:
+        """One object or part upload finished after ``seconds``."""
         self._observe(_UPLOAD, seconds)
 
     def ledger_offload_time(self, seconds: float) -> None:
@@ -254,16 +173,21 @@ class TopicProbe(probes.TopicProbe):
         self._add(_LIMITED, 1)
 
     def ledger_reading_max_bytes(self, nbytes: int) -> None:
+        """The most bytes this topic may read from its ledger in one go."""
         self._set(_READING_MAX, nbytes)
 
     def segment_committed(self, entries: int, nbytes: int, seconds: float) -> None:
+        """A segment was committed; ``seconds`` from closing it to its commit (PIP-211's
+        ledger offload time). Its bytes were already counted block by block."""
         self._add(_OFFLOADED_ENTRIES, entries)
         self.ledger_offload_time(seconds)
 
     def metadata_write(self) -> None:
+        """One compare-and-set write on this topic's behalf (counted per process)."""
         self._m.metadata_writes()
 
     def data_lost(self, ledger_id: int) -> None:
+        """A ledger vanished from the source before it was offloaded (retention)."""
         self._add(_LOST, 1)
 
     def throttle_wait(self, seconds: float) -> None:
@@ -275,24 +199,29 @@ class TopicProbe(probes.TopicProbe):
 
     # -- reading ----------------------------------------------------------------------------
     def read_offload(self, nbytes: int) -> None:
+        """Bytes read back from the tier."""
         with self._lock:
             self._ns.counters[_READ_BYTES] += nbytes
 
     def read_error(self) -> None:
+        """A read from the tier failed."""
         with self._lock:
             self._ns.counters[_READ_ERROR] += 1
 
     def index_read(self, seconds: float) -> None:
+        """An index object was fetched and parsed in ``seconds``."""
         with self._lock:
             self._ns.observe(_INDEX_LATENCY, seconds * _MICROS)
             self._ns.observe(_READ, seconds, "index")
 
     def data_read(self, seconds: float) -> None:
+        """A ranged read of data blocks took ``seconds``."""
         with self._lock:
             self._ns.observe(_DATA_LATENCY, seconds * _MICROS)
             self._ns.observe(_READ, seconds, "data")
 
     def ledger_read(self, seconds: float) -> None:
+        """Reading entries from the source ledger (to offload them) took ``seconds``."""
         with self._lock:
             self._ns.observe(_LEDGER_LATENCY, seconds * _MICROS)
             self._ns.observe(_SOURCE_READ, seconds)
@@ -304,21 +233,26 @@ class TopicProbe(probes.TopicProbe):
             self._ns.counters[_DELETES + (0 if succeeded else 1)] += 1
 
     def segment_states(self, assigned: int, offloaded: int, failed: int) -> None:
+        """How many of this topic's segments are in each state right now."""
         with self._lock:
             self._cells[_SEGMENTS:_SEGMENTS + 3] = [assigned, offloaded, failed]
 
     def lag(self, entries: int, nbytes: int, seconds: float) -> None:
+        """How far the tier trails the topic: from the last committed position to the source's
+        LAC (measured by the daemon's lag loop, :mod:`offloadd.offload.lag`)."""
         with self._lock:
             self._cells[_LAG_ENTRIES] = entries
             self._cells[_LAG_BYTES] = nbytes
             self._cells[_LAG_SECONDS] = seconds
 
     def last_offloaded(self, ledger: int, entry: int) -> None:
+        """The last position committed to the tier."""
         with self._lock:
             self._cells[_LAST_LEDGER] = ledger
             self._cells[_LAST_ENTRY] = entry
 
     def last_commit_time(self, seconds: float) -> None:
+        """Wall-clock time (seconds since the epoch) of the topic's last commit to the tier."""
         self._set(_LAST_COMMIT, seconds)
 
 
@@ -342,7 +276,7 @@ class Metrics:
         self._period = rate_period
         self._lock = threading.Lock()
         self._topics: dict[tuple[str, str], TopicProbe] = {}
-        self._namespaces: dict[str, _Namespace] = {}
+        self._namespaces: dict[str, Namespace] = {}
         self._process: dict[str, dict[tuple[str, ...], float]] = {
             s.name: {} for s in TABLE if s.level is Level.PROCESS}
         self._process["offloadd_build"][(__version__,)] = 1.0
@@ -351,10 +285,10 @@ class Metrics:
         self.registry.register(_Exposition(self))
 
     # -- probes -------------------------------------------------------------------------------
-    def _namespace(self, name: str) -> _Namespace:
+    def _namespace(self, name: str) -> Namespace:
         ns = self._namespaces.get(name)
         if ns is None:
-            ns = self._namespaces[name] = _Namespace(name, self._clock())
+            ns = self._namespaces[name] = Namespace(name, self._clock())
         return ns
 
     def _probe(self, namespace: str, topic: str, *, served: bool) -> TopicProbe:
@@ -389,9 +323,9 @@ class Metrics:
             probe = self._topics.pop((namespace, topic), None)
             if probe is not None:
                 retired = probe._ns.retired
-                for slot in _COUNTER_SLOTS:
+                for slot in COUNTER_SLOTS:
                     retired[slot] += probe._cells[slot]
-                probe._cells = list(_FRESH)  # later reports of a stale holder count nowhere
+                probe._cells = list(FRESH)  # later reports of a stale holder count nowhere
 
     def buffer(self, bytes_used: int, cap: int) -> None:
         """Offload buffer fill and capacity."""
@@ -459,7 +393,7 @@ class _Exposition(Collector):
         self._m = metrics
 
     def describe(self) -> Iterable[Metric]:
-        return [_family(s, per_topic=s.level is Level.TOPIC) for s in TABLE]
+        return [family(s, per_topic=s.level is Level.TOPIC) for s in TABLE]
 
     def collect(self) -> Iterable[Metric]:
         m = self._m
@@ -467,132 +401,8 @@ class _Exposition(Collector):
             per_topic = m.topic_level_now()
             m._process["offloadd_topics"][()] = len(m._topics)
             m._process["offloadd_metrics_topic_level"][()] = 1.0 if per_topic else 0.0
-            return list(_Snapshot(m, per_topic).families())
+            topics = {key: (p._cells, p._window) for key, p in m._topics.items()}
+            return list(Snapshot(topics, m._namespaces, m._process, per_topic=per_topic,
+                                 now=m._clock(), period=m._period).families())
 
 
-class _Snapshot:
-    """One scrape's families (built under the metrics lock)."""
-
-    def __init__(self, m: Metrics, per_topic: bool) -> None:
-        self.m, self.per_topic = m, per_topic
-        now = m._clock()
-        # per namespace: its live topics' slots summed and maxed, and their rates summed
-        self.sums: dict[str, list[float]] = {}
-        self.maxes: dict[str, list[float]] = {}
-        self.rates: dict[tuple[str, str], float] = {}
-        for (ns, topic), probe in m._topics.items():
-            cells = probe._cells
-            sums = self.sums.get(ns)
-            if sums is None:
-                sums, self.maxes[ns] = [_NAN] * _TWIDTH, [_NAN] * _TWIDTH
-                self.sums[ns] = sums
-            maxes = self.maxes[ns]
-            for i, v in enumerate(cells):
-                if v == v:  # not NaN: a gauge not set yet counts nowhere
-                    s = sums[i]
-                    sums[i] = v if s != s else s + v
-                    if not maxes[i] >= v:
-                        maxes[i] = v
-            for r in _RATES:
-                if r.level is Level.TOPIC and r.rate_of is not None:
-                    rate = probe._window.update(cells[_T[r.rate_of]], now, m._period)
-                    self.rates[ns, topic] = rate
-                    self.rates[ns, ""] = self.rates.get((ns, ""), 0.0) + rate
-        for space in m._namespaces.values():
-            for r in _RATES:
-                if r.level is Level.NAMESPACE and r.rate_of is not None:
-                    total = space.counters[_N[r.rate_of]]
-                    self.rates[space.name, r.name] = space.windows[r.name].update(
-                        total, now, m._period)
-
-    def families(self) -> Iterator[Metric]:
-        for s in TABLE:
-            per_topic = self.per_topic and s.level is Level.TOPIC
-            fam = _family(s, per_topic=per_topic)
-            if s.level is Level.PROCESS:
-                for labels, v in sorted(self.m._process[s.name].items()):
-                    _add(fam, s, list(labels), v)
-            elif s.kind in (Kind.SUMMARY, Kind.HISTOGRAM):
-                self._dists(fam, s)
-            elif s.rate_of is not None:
-                self._rate(fam, s, per_topic)
-            elif per_topic:
-                at = _T[s.name]
-                for (ns, topic), probe in self.m._topics.items():
-                    v = probe._cells[at]
-                    if v == v:
-                        _add(fam, s, [ns, topic], v)
-            elif s.level is Level.NAMESPACE and s.kind is Kind.COUNTER:
-                for space in self.m._namespaces.values():
-                    for k in range(s.width):
-                        _add(fam, s, [space.name, *s.values[k:k + 1]],
-                             space.counters[_N[s.name] + k])
-            else:
-                self._aggregated(fam, s)
-            yield fam
-
-    def _aggregated(self, fam: Metric, s: Series) -> None:
-        """A series fed per topic, one value per namespace: counters with the topics gone."""
-        for ns in self.m._namespaces.values():
-            live = (self.maxes if s.agg == "max" else self.sums).get(ns.name)
-            for k in range(s.width):
-                at = _T[s.name] + k
-                v = live[at] if live is not None else _NAN
-                if s.kind is Kind.COUNTER:
-                    v = ns.retired[at] + (v if v == v else 0.0)
-                if v == v:
-                    _add(fam, s, [ns.name, *s.values[k:k + 1]], v)
-
-    def _rate(self, fam: Metric, s: Series, per_topic: bool) -> None:
-        if s.level is Level.NAMESPACE:
-            for ns in self.m._namespaces:
-                _add(fam, s, [ns], self.rates[ns, s.name])
-        elif per_topic:
-            for key in self.m._topics:
-                _add(fam, s, list(key), self.rates[key])
-        else:
-            for ns in self.sums:
-                _add(fam, s, [ns], self.rates[ns, ""])
-
-    def _dists(self, fam: Metric, s: Series) -> None:
-        for ns in self.m._namespaces.values():
-            for value in s.values or ("",):
-                dist = ns.dists.get((s.name, value))
-                if dist is None:
-                    continue
-                labels = [ns.name, *([value] if value else [])]
-                if isinstance(fam, HistogramMetricFamily):
-                    acc, cumulative = 0, []
-                    for bound, n in zip((*s.buckets, math.inf), dist.buckets, strict=True):
-                        acc += n
-                        cumulative.append((_le(bound), float(acc)))
-                    fam.add_metric(labels, cumulative, dist.total)
-                elif isinstance(fam, SummaryMetricFamily):
-                    fam.add_metric(labels, dist.count, dist.total)
-
-
-def _le(bound: float) -> str:
-    return "+Inf" if bound == math.inf else repr(float(bound))
-
-
-def _family(s: Series, *, per_topic: bool) -> Metric:
-    if s.kind is Kind.INFO:
-        return InfoMetricFamily(s.name, s.help)
-    if s.level is Level.PROCESS:
-        labels = list(s.labels)
-    else:
-        labels = ["namespace", *(["topic"] if per_topic else []), *s.labels]
-    if s.kind is Kind.COUNTER:
-        return CounterMetricFamily(s.name, s.help, labels=labels)
-    if s.kind is Kind.GAUGE:
-        return GaugeMetricFamily(s.name, s.help, labels=labels)
-    if s.kind is Kind.SUMMARY:
-        return SummaryMetricFamily(s.name, s.help, labels=labels)
-    return HistogramMetricFamily(s.name, s.help, labels=labels)
-
-
-def _add(fam: Metric, s: Series, labels: list[str], value: float) -> None:
-    if isinstance(fam, InfoMetricFamily):
-        fam.add_metric([], dict(zip(s.labels, labels, strict=True)))
-    elif isinstance(fam, CounterMetricFamily | GaugeMetricFamily):
-        fam.add_metric(labels, value)
