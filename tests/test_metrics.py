@@ -865,3 +865,64 @@ class TestMetricsServer:
         assert parse_bind("127.0.0.1:9105") == ("127.0.0.1", 9105)
         assert parse_bind("[::1]:0") == ("::1", 0)
         assert parse_bind("0.0.0.0:80") == ("0.0.0.0", 80)
+
+
+# -- a daemon that stops serving a topic ---------------------------------------------------------
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("level", [True, False], ids=["topic_level", "namespace_level"])
+async def test_a_topic_the_daemon_stops_serving_leaves_no_series(
+        tmp_path: Path, level: bool) -> None:
+    """A real daemon offloads two topics; one stops being served (its task ends as in a handover
+    to another daemon, and the configuration no longer names it, so it is not picked up again):
+    none of its series stays behind, and its counts stay in the namespace's."""
+    from offloadd import wiring
+    from offloadd.blobstore.base import StoreView
+    from offloadd.blobstore.memory import MemoryBlobStore
+    from offloadd.config import Settings
+    from offloadd.ledger.local import LocalLedgerStore, RolloverPolicy
+    from offloadd.metadata.memory import MemoryMetadataStore
+    from offloadd.model import TopicName
+    from offloadd.shell.daemon import Daemon
+
+    kept, dropped = TopicName.parse(OTHER), TopicName.parse(TOPIC)
+    md = MemoryMetadataStore()
+    store = LocalLedgerStore(tmp_path / "ledgers", md, RolloverPolicy(max_entries=20))
+    for topic in (kept, dropped):
+        for _ in range(50):
+            await store.writer.append(topic, [b"x" * 100])
+    settings = Settings(metrics={"enabled": False},
+                        offload={"max_segment_rollover_time_minutes": 0.005},
+                        daemon={"lag_interval_s": 0.1, "status_interval_s": 0.2})
+    metrics = Metrics(topic_level=level)
+    daemon = Daemon(settings, source=wiring.local_view(store.source), metadata=md,
+                    tier=StoreView(MemoryBlobStore()), discovery_interval_s=0.1,
+                    probe_factory=lambda t: metrics.topic(t.ns, str(t)), metrics=metrics)
+    running = asyncio.create_task(daemon.run(install_signals=False))
+
+    def entries() -> float:  # the namespace's, in either mode
+        return sum(s.value for fam in metrics.registry.collect() for s in fam.samples
+                   if s.name == "offloadd_offloaded_entries_total")
+
+    try:
+        async with asyncio.timeout(40):
+            while entries() < 80:
+                await asyncio.sleep(0.05)
+            assert (f'topic="{TOPIC}"' in exposition_text(metrics)) is level
+            before = entries()
+            daemon.reload(settings.model_copy(update={
+                "source": settings.source.model_copy(update={"topics": (OTHER,)})}))
+            daemon.topics[dropped].offloader.request_stop()
+            while dropped in daemon.topics:
+                await asyncio.sleep(0.05)
+        text = exposition_text(metrics)
+        assert f'topic="{TOPIC}"' not in text
+        assert (f'topic="{OTHER}"' in text) is level
+        assert value(metrics, "offloadd_topics") == 1
+        if not level:
+            assert entries() >= before  # the dropped topic's entries still count
+    finally:
+        daemon.request_stop()
+        await asyncio.wait_for(running, 30)
+        await store.close()
