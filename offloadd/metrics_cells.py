@@ -51,7 +51,6 @@ N, NWIDTH = _offsets(NS_COUNTERS)
 RATES = tuple(s for s in TABLE if s.rate_of is not None)
 
 
-
 class Window:
     """One ``*_rate`` gauge's stats period: Pulsar resets byte adders every period and
     publishes bytes/period; here the running total stays and a scrape that finds the period
@@ -89,6 +88,10 @@ class Dist:
 
 
 class Namespace:
+    """What a namespace holds itself: its counters, its latency distributions (created at
+    their first observation), the counted totals of its topics that went away, and the rate
+    windows of its NAMESPACE-level ``*_rate`` gauges."""
+
     __slots__ = ("counters", "dists", "name", "retired", "windows")
 
     def __init__(self, name: str, now: float) -> None:
@@ -122,7 +125,8 @@ class Snapshot:
         # per namespace: its live topics' slots summed and maxed, and their rates summed
         self.sums: dict[str, list[float]] = {}
         self.maxes: dict[str, list[float]] = {}
-        self.rates: dict[tuple[str, str], float] = {}
+        # by (series, namespace, topic); topic "" is the namespace's (a sum of its topics')
+        self.rates: dict[tuple[str, str, str], float] = {}
         for (ns, topic), (cells, window) in topics.items():
             sums = self.sums.get(ns)
             if sums is None:
@@ -138,13 +142,13 @@ class Snapshot:
             for r in RATES:
                 if r.level is Level.TOPIC and r.rate_of is not None:
                     rate = window.update(cells[T[r.rate_of]], now, period)
-                    self.rates[ns, topic] = rate
-                    self.rates[ns, ""] = self.rates.get((ns, ""), 0.0) + rate
+                    self.rates[r.name, ns, topic] = rate
+                    self.rates[r.name, ns, ""] = self.rates.get((r.name, ns, ""), 0.0) + rate
         for space in namespaces.values():
             for r in RATES:
                 if r.level is Level.NAMESPACE and r.rate_of is not None:
                     total = space.counters[N[r.rate_of]]
-                    self.rates[space.name, r.name] = space.windows[r.name].update(
+                    self.rates[r.name, space.name, ""] = space.windows[r.name].update(
                         total, now, period)
 
     def families(self) -> Iterator[Metric]:
@@ -186,15 +190,12 @@ class Snapshot:
                     add(fam, s, [ns.name, *s.values[k:k + 1]], v)
 
     def _rate(self, fam: Metric, s: Series, per_topic: bool) -> None:
-        if s.level is Level.NAMESPACE:
-            for ns in self.namespaces:
-                add(fam, s, [ns], self.rates[ns, s.name])
-        elif per_topic:
-            for key in self.topics:
-                add(fam, s, list(key), self.rates[key])
+        if per_topic:
+            for ns, topic in self.topics:
+                add(fam, s, [ns, topic], self.rates[s.name, ns, topic])
         else:
-            for ns in self.sums:
-                add(fam, s, [ns], self.rates[ns, ""])
+            for ns in self.namespaces if s.level is Level.NAMESPACE else self.sums:
+                add(fam, s, [ns], self.rates[s.name, ns, ""])
 
     def _dists(self, fam: Metric, s: Series) -> None:
         for ns in self.namespaces.values():
