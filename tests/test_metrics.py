@@ -491,6 +491,35 @@ class TestTopicLevel:
         assert value(m, series_, namespace=NS, status="failed") == 1
 
 
+class TestTopicLevelSetting:
+    """``[metrics] topic_level``: a boolean or "auto" (the default), Pulsar's name accepted."""
+
+    @pytest.mark.parametrize(("text", "expected"), [
+        ("", "auto"),
+        ('topic_level = "auto"', "auto"),
+        ("topic_level = false", False),
+        ("exposeTopicLevelMetricsInPrometheus = true", True),
+    ])
+    def test_file_values(self, tmp_path: Path, text: str, expected: bool | str) -> None:
+        from offloadd import config
+
+        path = tmp_path / "offloadd.toml"
+        path.write_text(f"[metrics]\n{text}\n")
+        assert config.load(path).metrics.topic_level == expected
+
+    def test_environment_and_a_wrong_value(self, tmp_path: Path,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+        from offloadd import config
+
+        path = tmp_path / "offloadd.toml"
+        path.write_text("")
+        monkeypatch.setenv("OFFLOADD_METRICS__TOPIC_LEVEL", "false")
+        assert config.load(path).metrics.topic_level is False
+        monkeypatch.setenv("OFFLOADD_METRICS__TOPIC_LEVEL", "sometimes")
+        with pytest.raises(ConfigError, match="topic_level"):
+            config.load(path)
+
+
 class TestExposition:
     """The text exposition lints clean; OpenMetrics is served when asked for."""
 
