@@ -397,12 +397,13 @@ class _Exposition(Collector):
 
     def collect(self) -> Iterable[Metric]:
         m = self._m
-        with m._lock:
+        with m._lock:  # copies only: the families are built after it
             per_topic = m.topic_level_now()
             m._process["offloadd_topics"][()] = len(m._topics)
             m._process["offloadd_metrics_topic_level"][()] = 1.0 if per_topic else 0.0
-            topics = {key: (p._cells, p._window) for key, p in m._topics.items()}
-            return list(Snapshot(topics, m._namespaces, m._process, per_topic=per_topic,
-                                 now=m._clock(), period=m._period).families())
-
-
+            snapshot = Snapshot(
+                {key: (list(p._cells), p._window) for key, p in m._topics.items()},
+                {name: ns.copy() for name, ns in m._namespaces.items()},
+                {name: dict(cells) for name, cells in m._process.items()},
+                per_topic=per_topic, now=m._clock(), period=m._period)
+        return list(snapshot.families())

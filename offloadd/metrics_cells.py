@@ -80,6 +80,11 @@ class Dist:
         self.count, self.total = 0, 0.0
         self.buckets = [0] * nbuckets
 
+    def copy(self) -> Dist:
+        out = Dist(0)
+        out.count, out.total, out.buckets = self.count, self.total, list(self.buckets)
+        return out
+
     def observe(self, bounds: tuple[float, ...], value: float) -> None:
         self.count += 1
         self.total += value
@@ -103,6 +108,15 @@ class Namespace:
         self.dists: dict[tuple[str, str], Dist] = {}
         self.windows = {s.name: Window(now) for s in RATES if s.level is Level.NAMESPACE}
 
+    def copy(self) -> Namespace:
+        """A copy of the values, for a scrape to read outside the lock (the windows are
+        shared: only scrapes move them, under the lock)."""
+        out = Namespace.__new__(Namespace)
+        out.name, out.windows = self.name, self.windows
+        out.counters, out.retired = list(self.counters), list(self.retired)
+        out.dists = {k: d.copy() for k, d in self.dists.items()}
+        return out
+
     def observe(self, series: Series, value: float, label: str = "") -> None:
         dist = self.dists.get((series.name, label))
         if dist is None:
@@ -112,9 +126,11 @@ class Namespace:
 
 
 class Snapshot:
-    """One scrape's families (built under the metrics lock): ``topics`` maps each served
-    topic's (namespace, topic) to its slots and rate window; ``process`` holds the PROCESS-level
-    values by label values."""
+    """One scrape's families. Made under the metrics lock from copies (``topics`` maps each
+    served topic's (namespace, topic) to a copy of its slots and its rate window; ``process``
+    holds the PROCESS-level values by label values), where only the rate windows move; then
+    :meth:`families` builds the exposition outside the lock, so probes are not held up by a
+    large scrape."""
 
     def __init__(self, topics: Mapping[tuple[str, str], tuple[list[float], Window]],
                  namespaces: Mapping[str, Namespace],
@@ -122,23 +138,9 @@ class Snapshot:
                  now: float, period: float) -> None:
         self.topics, self.namespaces, self.process = topics, namespaces, process
         self.per_topic = per_topic
-        # per namespace: its live topics' slots summed and maxed, and their rates summed
-        self.sums: dict[str, list[float]] = {}
-        self.maxes: dict[str, list[float]] = {}
         # by (series, namespace, topic); topic "" is the namespace's (a sum of its topics')
         self.rates: dict[tuple[str, str, str], float] = {}
         for (ns, topic), (cells, window) in topics.items():
-            sums = self.sums.get(ns)
-            if sums is None:
-                sums, self.maxes[ns] = [_NAN] * TWIDTH, [_NAN] * TWIDTH
-                self.sums[ns] = sums
-            maxes = self.maxes[ns]
-            for i, v in enumerate(cells):
-                if v == v:  # not NaN: a gauge not set yet counts nowhere
-                    s = sums[i]
-                    sums[i] = v if s != s else s + v
-                    if not maxes[i] >= v:
-                        maxes[i] = v
             for r in RATES:
                 if r.level is Level.TOPIC and r.rate_of is not None:
                     rate = window.update(cells[T[r.rate_of]], now, period)
@@ -150,8 +152,26 @@ class Snapshot:
                     total = space.counters[N[r.rate_of]]
                     self.rates[r.name, space.name, ""] = space.windows[r.name].update(
                         total, now, period)
+        self.sums: dict[str, list[float]] = {}
+        self.maxes: dict[str, list[float]] = {}
+
+    def _aggregate(self) -> None:
+        """Per namespace: its live topics' slots summed and maxed."""
+        for (ns, _), (cells, _) in self.topics.items():
+            sums = self.sums.get(ns)
+            if sums is None:
+                sums, self.maxes[ns] = [_NAN] * TWIDTH, [_NAN] * TWIDTH
+                self.sums[ns] = sums
+            maxes = self.maxes[ns]
+            for i, v in enumerate(cells):
+                if v == v:  # not NaN: a gauge not set yet counts nowhere
+                    s = sums[i]
+                    sums[i] = v if s != s else s + v
+                    if not maxes[i] >= v:
+                        maxes[i] = v
 
     def families(self) -> Iterator[Metric]:
+        self._aggregate()
         for s in TABLE:
             per_topic = self.per_topic and s.level is Level.TOPIC
             fam = family(s, per_topic=per_topic)
