@@ -29,7 +29,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from offloadd.metrics import Metrics
+from offloadd.metrics import Metrics, TopicProbe
 
 
 def topic_names(topics: int, namespaces: int = 10) -> list[tuple[str, str]]:
@@ -39,6 +39,32 @@ def topic_names(topics: int, namespaces: int = 10) -> list[tuple[str, str]]:
         ns = f"tenant-{i % namespaces}/ns-{i % namespaces}"
         out.append((ns, f"persistent://{ns}/topic-{i:05d}"))
     return out
+
+
+def report_all(p: TopicProbe, i: int = 0) -> None:
+    """Every report a topic's probe takes, once (``i`` varies the positions and times)."""
+    p.offload_bytes(4096 + i, entries=4)
+    p.segment_committed(4, 4096, 0.5)
+    p.offload_error()
+    p.write_storage_error()
+    p.upload_latency(0.2)
+    p.ledger_offload_time(12.5)
+    p.ledger_offload_limited()
+    p.ledger_reading_max_bytes(1 << 20)
+    p.throttle_wait(0.25)
+    p.data_lost(1)
+    p.read_offload(512)
+    p.read_error()
+    p.index_read(0.003)
+    p.data_read(0.02)
+    p.ledger_read(0.001)
+    p.delete_op(True)
+    p.delete_op(False)
+    p.segment_states(1, 10, 0)
+    p.lag(100, 1 << 20, 42.0)
+    p.last_offloaded(7 + i, 99)
+    p.last_commit_time(1.7e9 + i)
+    p.metadata_write()
 
 
 def synthetic(topics: int, namespaces: int = 10, topic_level: bool | None = None) -> Metrics:
@@ -51,28 +77,7 @@ def synthetic(topics: int, namespaces: int = 10, topic_level: bool | None = None
     for op in ("PutObject", "UploadPart", "GetObject", "HeadObject"):
         m.blobstore_request("aws-s3", op, "ok")
     for i, (ns, topic) in enumerate(topic_names(topics, namespaces)):
-        p = m.topic(ns, topic)
-        p.offload_bytes(4096 + i, entries=4)
-        p.segment_committed(4, 4096, 0.5)
-        p.offload_error()
-        p.write_storage_error()
-        p.upload_latency(0.2)
-        p.ledger_offload_limited()
-        p.ledger_reading_max_bytes(1 << 20)
-        p.throttle_wait(0.25)
-        p.data_lost(1)
-        p.read_offload(512)
-        p.read_error()
-        p.index_read(0.003)
-        p.data_read(0.02)
-        p.ledger_read(0.001)
-        p.delete_op(True)
-        p.delete_op(False)
-        p.segment_states(1, 10, 0)
-        p.lag(100, 1 << 20, 42.0)
-        p.last_offloaded(7 + i, 99)
-        p.last_commit_time(1.7e9 + i)
-        p.metadata_write()
+        report_all(m.topic(ns, topic), i)
     return m
 
 

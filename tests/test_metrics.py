@@ -17,6 +17,7 @@ import pytest
 import yaml  # type: ignore[import-untyped]  # PyYAML arrives with moto[server]
 from prometheus_client import REGISTRY
 
+from bench.metrics_scrape import report_all, synthetic
 from offloadd.errors import ConfigError
 from offloadd.metrics import Metrics, namespace_of
 from offloadd.metrics_table import TABLE, Level, Series, series
@@ -79,25 +80,7 @@ def level(request: pytest.FixtureRequest) -> bool:
 def populated(level: bool | None = None) -> Metrics:
     """A registry where every probe has reported at least once."""
     m = Metrics(topic_level=level)
-    p = m.topic(NS, TOPIC)
-    p.offload_bytes(4096, entries=4)
-    p.offload_error()
-    p.write_storage_error()
-    p.upload_latency(0.2)
-    p.ledger_offload_time(12.5)
-    p.ledger_offload_limited()
-    p.ledger_reading_max_bytes(1 << 20)
-    p.throttle_wait(0.25)
-    p.read_offload(512)
-    p.read_error()
-    p.index_read(0.003)
-    p.data_read(0.02)
-    p.ledger_read(0.001)
-    p.delete_op(True)
-    p.delete_op(False)
-    p.segment_states(1, 10, 0)
-    p.lag(100, 1 << 20, 42.0)
-    p.last_offloaded(7, 99)
+    report_all(m.topic(NS, TOPIC))
     m.buffer(1 << 20, 1 << 28)
     m.throttle_limit(50_000_000)
     m.store_circuit("closed")
@@ -413,8 +396,6 @@ class TestTopicLevel:
 
     @staticmethod
     def scrape(level: bool | None, topics: int = TOPICS) -> tuple[Metrics, list[str]]:
-        from bench.metrics_scrape import synthetic
-
         m = synthetic(topics, namespaces=10, topic_level=level)
         lines = [ln for ln in exposition_text(m).splitlines() if ln and not ln.startswith("#")]
         return m, lines
@@ -684,30 +665,25 @@ class TestDeployFiles:
         def ns(name: str, extra: str = "") -> str:
             return f'{name}{{namespace="ns"{extra}}}'
 
-        case = {
-            "rule_files": [],
-            "evaluation_interval": "1m",
-            "tests": [{
-                "interval": "1m",
-                "input_series": [
-                    {"series": ns("offloadd_offloaded_bytes_total"), "values": "5x30"},
-                    {"series": ns("offloadd_lag_bytes"), "values": "0+100x30"},
-                    {"series": ns("offloadd_lag_seconds"), "values": "2000x30"},
-                    {"series": ns("offloadd_segments", ',state="failed"'), "values": "1x30"},
-                    {"series": ns("offloadd_ledgers_lost_to_retention_total"),
-                     "values": "0x5 1x25"},
-                    {"series": ns("brk_ledgeroffloader_offload_error_total"),
-                     "values": "0+6x30"},
-                ],
-                "promql_expr_test": [
-                    {"expr": exprs[alert], "eval_time": "20m",
-                     "exp_samples": [{"labels": '{namespace="ns"}', "value": v}]}
-                    for alert, v in (("OffloaddOffloadStalled", 0), ("OffloaddLagHigh", 2000),
-                                     ("OffloaddSegmentsFailed", 1), ("OffloaddDataLost", 1),
-                                     ("OffloaddOffloadErrors", 0.1))
-                ],
-            }],
-        }
+        series = [
+            (ns("offloadd_offloaded_bytes_total"), "5x30"),
+            (ns("offloadd_lag_bytes"), "0+100x30"),
+            (ns("offloadd_lag_seconds"), "2000x30"),
+            (ns("offloadd_segments", ',state="failed"'), "1x30"),
+            (ns("offloadd_ledgers_lost_to_retention_total"), "0x5 1x25"),
+            (ns("brk_ledgeroffloader_offload_error_total"), "0+6x30"),
+        ]
+        expected = (("OffloaddOffloadStalled", 0), ("OffloaddLagHigh", 2000),
+                    ("OffloaddSegmentsFailed", 1), ("OffloaddDataLost", 1),
+                    ("OffloaddOffloadErrors", 0.1))
+        case = {"rule_files": [], "evaluation_interval": "1m", "tests": [{
+            "interval": "1m",
+            "input_series": [{"series": name, "values": v} for name, v in series],
+            "promql_expr_test": [
+                {"expr": exprs[alert], "eval_time": "20m",
+                 "exp_samples": [{"labels": '{namespace="ns"}', "value": v}]}
+                for alert, v in expected],
+        }]}
         test_file = tmp_path / "namespace-test.yml"
         test_file.write_text(yaml.safe_dump(case))
         result = promtool("test", "rules", str(test_file))
