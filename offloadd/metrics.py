@@ -48,6 +48,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterable
+from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
@@ -365,6 +366,12 @@ class Metrics:
         with self._lock:
             self._process[name][labels] = value
 
+    def adopt(self, source: _Registers) -> None:
+        """Serve a source's own collector (the BookKeeper client's ``source.register(registry)``)
+        through the topic-level switch: with it off, a ``topic`` label of its series becomes
+        ``namespace`` (values summed), so no series of the process has a ``topic`` label."""
+        source.register(_Adopter(self))
+
     # -- exposition ---------------------------------------------------------------------------
     def topic_level_now(self) -> bool:
         """Whether the next scrape shows per-topic series (decides "auto" with hysteresis)."""
@@ -384,6 +391,50 @@ class Metrics:
         """
         encoder, content_type = choose_encoder(accept or "")
         return encoder(self.registry), content_type
+
+
+class _Registers(Protocol):
+    def register(self, registry: Any) -> None: ...
+
+
+class _Adopter:
+    """Registry-shaped: what a source's ``register`` gets from :meth:`Metrics.adopt`."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self._m = metrics
+
+    def register(self, collector: Collector) -> None:
+        self._m.registry.register(_PerNamespace(self._m, collector))
+
+
+class _PerNamespace(Collector):
+    """A collector whose series carry a ``topic`` label, folded per namespace while the
+    metrics are not topic level."""
+
+    def __init__(self, metrics: Metrics, inner: Collector) -> None:
+        self._m, self._inner = metrics, inner
+
+    def describe(self) -> Iterable[Metric]:
+        return []  # the inner collector's names vary with its topics
+
+    def collect(self) -> Iterable[Metric]:
+        with self._m._lock:
+            per_topic = self._m.topic_level_now()
+        for fam in self._inner.collect():
+            if per_topic or not any("topic" in s.labels for s in fam.samples):
+                yield fam
+                continue
+            folded: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+            for sample in fam.samples:
+                labels = dict(sample.labels)
+                if "topic" in labels:
+                    labels["namespace"] = namespace_of(labels.pop("topic"))
+                key = (sample.name, tuple(sorted(labels.items())))
+                folded[key] = folded.get(key, 0.0) + sample.value
+            out = Metric(fam.name, fam.documentation, fam.type, fam.unit)
+            for (name, labels_), v in folded.items():
+                out.add_sample(name, dict(labels_), v)
+            yield out
 
 
 class _Exposition(Collector):

@@ -472,6 +472,31 @@ class TestTopicLevel:
         assert value(m, series_, namespace=NS, status="failed") == 1
 
 
+class TestAdoptedSourceSeries:
+    """The BookKeeper source's own series go through the same switch."""
+
+    @pytest.mark.parametrize("level", [True, False], ids=["topic_level", "namespace_level"])
+    def test_their_topic_label_becomes_the_namespace_when_off(self, level: bool) -> None:
+        from offloadd.ledger.bookkeeper.metrics import BookKeeperMetrics
+
+        m = Metrics(topic_level=level)
+        bk = BookKeeperMetrics()
+        m.adopt(bk)
+        bk.set_lac_lag(TOPIC, 5)
+        bk.set_lac_lag(OTHER, 7)
+        bk.data_lost(TOPIC, 1, 10)
+        bk.entries_read("bookie-1:3181", 3, 300, 0.01)
+        text = exposition_text(m)
+        lag = "offloadd_bookkeeper_lac_lag_entries"
+        if level:
+            assert value(m, lag, topic=TOPIC) == 5
+        else:
+            assert "topic=" not in text
+            assert value(m, lag, namespace=NS) == 12
+            assert value(m, "offloadd_bookkeeper_data_lost_entries_total", namespace=NS) == 10
+        assert value(m, "offloadd_bookkeeper_entries_read_total", bookie="bookie-1:3181") == 3
+
+
 class TestTopicLevelSetting:
     """``[metrics] topic_level``: a boolean or "auto" (the default), Pulsar's name accepted."""
 

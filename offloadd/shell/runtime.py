@@ -94,7 +94,7 @@ class Runtime:
         if owner_id is not None:
             ownership = ClusterOwnership(metadata, owner_id, sessions=conn.sessions)
         if view.metrics is not None:  # e.g. the BookKeeper client's
-            view.metrics.register(metrics.registry)
+            metrics.adopt(view.metrics)
         daemon = Daemon(settings, source=view, metadata=metadata, tier=tier,
                         ownership=ownership,
                         probe_factory=lambda t: metrics.topic(t.ns, str(t)),
