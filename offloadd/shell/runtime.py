@@ -69,7 +69,8 @@ class Runtime:
         # itself and owns them all.
         owner_id = (check_owner_id(settings.daemon.owner_id or default_owner_id())
                     if ownership is None and not with_writer else None)
-        metrics = Metrics()
+        level = settings.metrics.topic_level
+        metrics = Metrics(topic_level=None if level == "auto" else level)
         conn = await wiring.connect_metadata(settings)
         metadata = conn.store
         try:
@@ -93,7 +94,7 @@ class Runtime:
         if owner_id is not None:
             ownership = ClusterOwnership(metadata, owner_id, sessions=conn.sessions)
         if view.metrics is not None:  # e.g. the BookKeeper client's
-            view.metrics.register(metrics.registry)
+            metrics.adopt(view.metrics)
         daemon = Daemon(settings, source=view, metadata=metadata, tier=tier,
                         ownership=ownership,
                         probe_factory=lambda t: metrics.topic(t.ns, str(t)),
