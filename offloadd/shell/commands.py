@@ -56,7 +56,15 @@ def setup_logs(settings: Any, args: argparse.Namespace | None = None) -> None:
     from offloadd.config import secret_values
 
     level = getattr(args, "log_level", None) or settings.daemon.log_level
-    logs.configure(settings.daemon.log_format, level, secret_values(settings))
+    # a one-shot command prints its answer: the store connection's own lines (connecting,
+    # connected, closing) only bury it, so they show at DEBUG only; the daemons keep them
+    command = getattr(args, "command", None)
+    quiet = () if command in DAEMON_COMMANDS else QUIET_FOR_COMMANDS
+    logs.configure(settings.daemon.log_format, level, secret_values(settings), quiet=quiet)
+
+
+DAEMON_COMMANDS = ("run", "standalone")
+QUIET_FOR_COMMANDS = ("offloadd.metadata.zookeeper",)
 
 
 def cmd_standalone(args: argparse.Namespace) -> int:
