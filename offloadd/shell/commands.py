@@ -378,14 +378,20 @@ def _offload_now_http(settings: Any, args: argparse.Namespace) -> int:
         if host in ("0.0.0.0", "::", ""):
             host = "127.0.0.1"
         url = f"http://{'[' + host + ']' if ':' in host else host}:{port}"
+    from offloadd import wiring
+
+    ours = wiring.deployment(settings)
+    token = settings.metrics.control_token
+    auth = {"Authorization": f"Bearer {token.get_secret_value()}"} if token is not None else {}
+    # whatever answers on the port may be another deployment's daemon (a shared host, a copied
+    # config): check whose it is first (as status does), and let the daemon check again (the
+    # body's metadata; 409 if not its own) so one that took the port meanwhile refuses too
+    _same_deployment(url.rstrip("/"), ours, auth)
     endpoint = url.rstrip("/") + "/offload-now"
     body = {"topics": [str(t) for t in args.topic] if args.topic else None,
-            "wait": bool(args.wait), "timeout_s": args.timeout}
+            "wait": bool(args.wait), "timeout_s": args.timeout, "metadata": ours}
     req = urllib.request.Request(endpoint, data=json.dumps(body).encode(), method="POST",
-                                 headers={"Content-Type": "application/json"})
-    token = settings.metrics.control_token
-    if token is not None:
-        req.add_header("Authorization", f"Bearer {token.get_secret_value()}")
+                                 headers={"Content-Type": "application/json", **auth})
     try:
         with urllib.request.urlopen(req, timeout=args.timeout + 30) as resp:
             answer = json.loads(resp.read())
@@ -414,6 +420,26 @@ def _offload_now_http(settings: Any, args: argparse.Namespace) -> int:
         if not results:
             print("no topic to close")
     return 0 if answer.get("ok") else 1
+
+
+def _same_deployment(base: str, ours: str, auth: dict[str, str]) -> None:
+    """``OffloaddError`` unless the daemon at ``base`` says (``/status``) it serves ``ours``."""
+    import urllib.request
+
+    try:
+        req = urllib.request.Request(base + "/status", headers=auth)
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            st = json.loads(resp.read())
+    except (OSError, ValueError) as exc:
+        raise OffloaddError(f"{base}/status: no answer from offloadd ({exc}); is it running, "
+                            "with its metrics endpoint there?") from None
+    theirs = st.get("metadata") if isinstance(st, dict) else None
+    if theirs != ours:
+        pid = st.get("pid") if isinstance(st, dict) else None
+        raise OffloaddError(
+            f"the daemon answering on {base} (pid {pid}) serves another deployment: {theirs}; "
+            f"this configuration's is {ours}. Nothing was asked of it: check --url or "
+            "[metrics] bind")
 
 
 def cmd_config(args: argparse.Namespace) -> int:

@@ -13,7 +13,9 @@ path        answer
             ``status`` callable is given; ``offloadd status`` merges it in
 POST        close open segments now (``offloadd offload-now --url``), when an ``offload_now``
 /offload-   callable is given. JSON body, every key optional: ``{"topics": ["persistent://..."],
-now         "wait": true, "timeout_s": 300}``; answers ``{"ok": bool, "results": [...]}``.
+now         "wait": true, "timeout_s": 300, "metadata": "zk://..."}``; answers ``{"ok": bool,
+            "results": [...]}``; ``409`` when ``metadata`` names another deployment than
+            this daemon's (``/status``'s ``metadata``): nothing is done.
             Without ``control_token`` only loopback clients may call it (403 otherwise); with
             one, every caller must send ``Authorization: Bearer <token>`` (401 otherwise)
 ==========  =====================================================================================
@@ -180,6 +182,21 @@ class MetricsServer:
                                   "([metrics] control_token)"}, status=401,
                                  headers={"WWW-Authenticate": "Bearer"})
 
+    def _other_deployment(self, expected: object) -> web.Response | None:
+        """409 when the caller names a deployment (its ``metadata``, as ``/status`` shows it)
+        other than this daemon's: a command configured for one deployment must not close
+        another's segments because that daemon answers on the address it was given."""
+        if expected is None or self._status is None:
+            return None
+        if not isinstance(expected, str):
+            raise ValueError('"metadata" must be a string')
+        ours = self._status().get("metadata")
+        if ours == expected:
+            return None
+        return web.json_response(
+            {"ok": False, "metadata": ours, "error": f"this daemon serves {ours}, not "
+             f"{expected}: refusing to act for another deployment"}, status=409)
+
     async def _handle_offload_now(self, request: web.Request) -> web.Response:
         assert self._offload_now is not None
         refused = self._refused(request)
@@ -200,6 +217,9 @@ class MetricsServer:
             if isinstance(timeout, bool) or not isinstance(timeout, int | float) \
                     or not 0 < timeout <= _MAX_WAIT_S:
                 raise ValueError(f'"timeout_s" must be a number in (0, {_MAX_WAIT_S:g}]')
+            wrong = self._other_deployment(body.get("metadata"))
+            if wrong is not None:
+                return wrong
             results = await self._offload_now(topics or None, wait, float(timeout))
         except ValueError as e:  # also malformed JSON (json.JSONDecodeError)
             return web.json_response({"ok": False, "error": str(e)}, status=400)
