@@ -29,17 +29,23 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import errno
 import hmac
 import ipaddress
+import logging
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from aiohttp import web
 
-from offloadd.errors import ConfigError
+from offloadd.errors import ConfigError, OffloaddError
 from offloadd.metrics import Metrics
 
-__all__ = ["DEFAULT_BIND", "MetricsServer", "ReadyCheck", "ServerState", "parse_bind"]
+__all__ = ["DEFAULT_BIND", "MetricsServer", "PortBusy", "ReadyCheck", "ServerState",
+           "parse_bind"]
+
+log = logging.getLogger(__name__)
 
 DEFAULT_BIND = "127.0.0.1:9105"
 
@@ -49,6 +55,14 @@ ReadyCheck = Callable[[], Awaitable[tuple[bool, str]]]
 OffloadNowFn = Callable[[list[str] | None, bool, float],
                         Awaitable[list[Mapping[str, Any]]]]
 _MAX_WAIT_S = 3600.0
+
+
+class PortBusy(OffloaddError):
+    """The metrics port stayed in use for all of ``[metrics] bind_retry_s``. Not a
+    configuration error (exit 2, which the systemd unit never restarts): the process exits
+    with :attr:`exit_code`, 75 (``EX_TEMPFAIL``), and a restart may find the port free."""
+
+    exit_code = 75
 
 
 class ServerState(enum.Enum):
@@ -83,8 +97,10 @@ class MetricsServer:
         status: Callable[[], Mapping[str, Any]] | None = None,
         offload_now: OffloadNowFn | None = None,
         control_token: str | None = None,
+        bind_retry_s: float = 0.0,
     ) -> None:
         self._bind = bind
+        self._bind_retry_s = bind_retry_s
         self._host, self._port = parse_bind(bind)
         self._metrics = metrics
         self._ready = ready
@@ -124,16 +140,47 @@ class MetricsServer:
         runner = web.AppRunner(app, access_log=None, handle_signals=False)
         await runner.setup()
         try:
-            await web.TCPSite(runner, self._host, self._port).start()
-        except OSError as e:
+            await self._listen(runner)
+        except BaseException:
             await runner.cleanup()
             self.state = ServerState.CLOSED
-            reason = e.strerror or str(e)
-            raise ConfigError(
-                f"metrics server cannot listen on {self._bind} ([metrics] bind): {reason}"
-            ) from e
+            raise
         self._runner = runner
         self.state = ServerState.OPENED
+
+    async def _listen(self, runner: web.AppRunner) -> None:
+        """Listen on the bind address. A port in use is a passing state (the daemon this one
+        replaces still exiting, a restart racing it): retried every second for
+        ``bind_retry_s``, then :class:`PortBusy`. Any other failure (no such address,
+        permission) is a configuration error."""
+        deadline = time.monotonic() + self._bind_retry_s
+        busy = 0
+        while True:
+            site = web.TCPSite(runner, self._host, self._port)
+            try:
+                await site.start()
+            except OSError as e:
+                await site.stop()  # unregister the failed site from the runner
+                reason = e.strerror or str(e)
+                where = f"metrics server cannot listen on {self._bind} ([metrics] bind)"
+                if e.errno != errno.EADDRINUSE:
+                    raise ConfigError(f"{where}: {reason}") from e
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise PortBusy(
+                        f"{where}: {reason}, for {self._bind_retry_s:g} s ([metrics] "
+                        f"bind_retry_s); exiting with {PortBusy.exit_code} for the service "
+                        "manager to restart offloadd") from e
+                if busy == 0:
+                    log.warning("%s: %s; retrying every second for up to %g s ([metrics] "
+                                "bind_retry_s)", where, reason, self._bind_retry_s)
+                busy += 1
+                await asyncio.sleep(min(1.0, left))
+                continue
+            if busy:
+                log.info("metrics server listening on %s after %d busy attempt(s)", self._bind,
+                         busy)
+            return
 
     async def stop(self) -> None:
         """Close the listener; idempotent."""

@@ -109,7 +109,8 @@ class Runtime:
         self.server = MetricsServer(self.settings.metrics.bind, metrics=self.metrics,
                                     ready=self.ready, status=self.daemon.status,
                                     offload_now=self.offload_now,
-                                    control_token=token.get_secret_value() if token else None)
+                                    control_token=token.get_secret_value() if token else None,
+                                    bind_retry_s=self.settings.metrics.bind_retry_s)
         await self.server.start()
         self.extras.append(self.server)
         log.info("metrics on %s/metrics", self.server.url)
