@@ -501,6 +501,14 @@ class Metrics:
             registry=r,
         )
         self._circuit_states: dict[str, set[str]] = {}
+        self._conditional_writes = Gauge(
+            "offloadd_conditional_writes",
+            "1 while the tier refuses overwrites (the conditional-write fence is on), 0 while "
+            "it is off or its probe has not been answered; absent with [blobstore] "
+            "conditional_writes = \"off\".",
+            ("store",),
+            registry=r,
+        )
         self._ledgers_lost = Counter(
             "offloadd_ledgers_lost_to_retention",
             "Ledgers deleted from the source before they were offloaded (data lost).",
@@ -568,6 +576,11 @@ class Metrics:
         known.add(state_name)
         for state in known:
             self._circuit.labels(store, state).set(1 if state == state_name else 0)
+
+    def conditional_writes(self, on: bool) -> None:
+        """The tier's conditional-write fence is now on (or off): at start-up and at each
+        re-probe (docs/s3.md, "Conditional writes")."""
+        self._conditional_writes.labels("blobstore").set(1 if on else 0)
 
     def blobstore_request(self, driver: str, op: str, result: str) -> None:
         """One request the blob-store driver sent (``offloadd.blobstore.requests``)."""

@@ -82,6 +82,7 @@ def populated() -> Metrics:
     m.store_circuit("closed")
     m.store_circuit("open", store="metadata")
     m.metadata_writes()
+    m.conditional_writes(True)
     return m
 
 

@@ -83,6 +83,8 @@ class Runtime:
         if tier.fence is not None:
             await record_conditional_writes(metadata, tier.fence.conditional,
                                             owner_id or "standalone")
+            if settings.blobstore.conditional_writes != "off":
+                metrics.conditional_writes(tier.fence.conditional.on)
         _watch_circuits(metrics, conn.sessions, tier)
         local: LocalLedgerStore | None = None
         if with_writer:
