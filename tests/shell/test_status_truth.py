@@ -99,3 +99,34 @@ def test_status_of_a_killed_daemon_is_not_ok(tmp_path: Path) -> None:
         assert j.returncode == 1 and st["members"][0]["alive"] is False
     finally:
         d.close()
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(120)
+def test_verify_fails_while_a_topic_is_stuck_failing(tmp_path: Path) -> None:
+    """The tier path is a file: every upload fails. What is committed (nothing) is sound, but
+    verify said "verify: OK" and exited 0 while the topic could not offload at all."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    (tmp_path / "tier-is-a-file").write_text("not a directory")
+    cfg = tmp_path / "offloadd.toml"
+    cfg.write_text(CONFIG.format(port=port) + '[blobstore]\npath = "tier-is-a-file/objects"\n'
+                   "[offload]\nretry_base_s = 30\nretry_max_s = 30\n")
+    d = DaemonProcess(tmp_path, cfg)
+    try:
+        d.wait_logged("offloadd ready")
+        offloadd(["produce", "--config", str(cfg), "--topic", TOPIC, "--bytes", "20000"],
+                 tmp_path)
+        d.wait_logged(f"offloading topic {TOPIC}")
+        offloadd(["offload-now", "--config", str(cfg), "--wait", "--timeout", "60"], tmp_path,
+                 check=False)
+        assert d.stop() == 0
+        p = offloadd(["verify", "--config", str(cfg)], tmp_path, check=False)
+        assert p.returncode == 1, p.stdout + p.stderr
+        assert "offload is failing: " in p.stdout, p.stdout
+        assert "tier-is-a-file" in p.stdout and "verify: FAILED" in p.stdout
+    finally:
+        d.close()
