@@ -77,7 +77,8 @@ def cmd_standalone(args: argparse.Namespace) -> int:
                                        config_path=args.config, payload=args.payload,
                                        shape=_shape(args)))
     print(json.dumps(summary))
-    return 1 if summary.get("drained") is False else 0
+    # 1: not everything written was offloaded in time, or nothing was (summary["problem"])
+    return 1 if summary.get("drained") is False or summary.get("problem") else 0
 
 
 def _run_dict(coro: Coroutine[Any, Any, dict[str, Any]]) -> dict[str, Any]:

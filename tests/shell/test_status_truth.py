@@ -130,3 +130,38 @@ def test_verify_fails_while_a_topic_is_stuck_failing(tmp_path: Path) -> None:
         assert "tier-is-a-file" in p.stdout and "verify: FAILED" in p.stdout
     finally:
         d.close()
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(120)
+def test_standalone_that_offloaded_nothing_exits_1_with_the_reason(tmp_path: Path) -> None:
+    """Every upload fails (the tier path is a file) and the run is stopped by SIGTERM before
+    anything was committed, as `timeout 20 offloadd standalone` does: it printed its summary
+    and exited 0."""
+    import subprocess
+
+    from tests.ops.support import OFFLOADD, wait_for
+
+    (tmp_path / "tier-is-a-file").write_text("not a directory")
+    cfg = tmp_path / "standalone.toml"
+    cfg.write_text('[blobstore]\npath = "tier-is-a-file/objects"\n[metrics]\nenabled = false\n'
+                   '[daemon]\nlog_format = "json"\n')
+    err = tmp_path / "standalone.err"
+    with err.open("wb") as log:
+        proc = subprocess.Popen([*OFFLOADD, "standalone", "--config", str(cfg), "--topics", "1",
+                                 "--rate", "200000"], cwd=tmp_path, stdout=subprocess.PIPE,
+                                stderr=log)
+        try:
+            # the first progress line: the topic is written and served, its segment open
+            wait_for(lambda: "last committed topic-0=None" in err.read_text(errors="replace"),
+                     60, "the first progress line")
+            proc.send_signal(signal.SIGTERM)
+            out, _ = proc.communicate(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
+    assert proc.returncode == 1, err.read_text()[-3000:]
+    summary = json.loads(out.decode().strip().splitlines()[-1])
+    assert summary["problem"].startswith("nothing was offloaded: "), summary
+    assert "nothing was offloaded" in err.read_text()
