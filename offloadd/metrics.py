@@ -349,6 +349,11 @@ class Metrics:
             for state in known:
                 cells[store, state] = 1.0 if state == state_name else 0.0
 
+    def conditional_writes(self, on: bool) -> None:
+        """The tier's conditional-write fence is now on (or off): at start-up and at each
+        re-probe (docs/s3.md, "Conditional writes")."""
+        self._set("offloadd_conditional_writes", ("blobstore",), 1.0 if on else 0.0)
+
     def blobstore_request(self, driver: str, op: str, result: str) -> None:
         """One request the blob-store driver sent (``offloadd.blobstore.requests``)."""
         self._inc("offloadd_blobstore_requests", (driver, op, result))

@@ -147,6 +147,10 @@ TABLE: tuple[Series, ...] = (
     Series("offloadd_store_circuit_state", G, P,
            "1 for the store's current circuit-breaker state, 0 for the others.",
            ("store", "state")),
+    Series("offloadd_conditional_writes", G, P,
+           "1 while the tier refuses overwrites (the conditional-write fence is on), 0 while "
+           "it is off or its probe has not been answered; absent with [blobstore] "
+           "conditional_writes = \"off\".", ("store",)),
     Series("offloadd_blobstore_requests", C, P,
            "Requests the blob-store driver sent, by S3 operation and result (ok, throttled, "
            "server, client, io, timeout).", ("driver", "op", "result")),

@@ -10,7 +10,9 @@ catalog recorded when it was closed (more means a second writer kept appending a
 process closed it — entries no segment will ever cover), and every committed segment's range
 must be entries the source holds. Across the tier: no orphan objects (keys of
 ours that no topic references and no retention record tracks), ignoring objects younger than
-a grace period that a running daemon may be about to commit.
+a grace period that a running daemon may be about to commit. And the topic's offload must not
+be stuck failing (its owner's status record, as ``offloadd status`` shows it): sound objects
+are not a healthy topic when nothing new reaches the tier.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import crc32c
 from offloadd.blobstore.base import BlobStore
 from offloadd.errors import NotFound, OffloaddError
 from offloadd.ledger.base import EntryChecksums, SourceView, StoredEntries
-from offloadd.metadata import managed_ledger
+from offloadd.metadata import managed_ledger, offload_status
 from offloadd.metadata.base import MetadataStore
 from offloadd.model import Position, TopicName, catalog
 from offloadd.model.catalog import Segment, SegmentKind
@@ -139,11 +141,29 @@ def _expected_begin(prev: Position | None, ledgers: Sequence[int],
     return None
 
 
+async def _offload_failing(metadata: MetadataStore, topic: TopicName,
+                           rep: TopicReport) -> None:
+    """A topic whose offload is stuck failing is not well, however sound what it committed is:
+    its owner's record (``offloadd status``'s source) says so until an attempt succeeds."""
+    try:
+        rec = await offload_status.read(metadata, topic.managed_ledger)
+    except OffloaddError as exc:
+        rep.errors.append(f"offload status unreadable: {exc}")
+        return
+    if rec is None or not rec.failed_attempts:
+        return
+    since = (time.strftime(" since %Y-%m-%dT%H:%M:%SZ", time.gmtime(rec.failing_since_ms / 1000))
+             if rec.failing_since_ms else "")
+    rep.errors.append(f"offload is failing: {rec.failed_attempts} failed attempt(s){since}, "
+                      f"nothing offloaded since; last error: {rec.last_error or '-'}")
+
+
 async def verify_topic(topic: TopicName, metadata: MetadataStore, blobstore: BlobStore,
                        reader: TierReader, source: SourceView | None,
                        referenced: set[uuid.UUID],
                        on_progress: Callable[[str], None] | None = None) -> TopicReport:
     rep = TopicReport(str(topic))
+    await _offload_failing(metadata, topic, rep)
     try:
         info, _ = await managed_ledger.load(metadata, topic.managed_ledger)
     except OffloaddError as exc:

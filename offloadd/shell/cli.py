@@ -1,7 +1,8 @@
 """offloadd: stream Pulsar managed ledgers into object storage, read them back, check them.
 
 Every command takes --config FILE (a TOML file; without it, the embedded standalone set-up
-under ./data) and --log-level. Exit codes: 0 ok, 1 failure, 2 bad usage or configuration.
+under ./data) and --log-level. Exit codes: 0 ok, 1 failure, 2 bad usage or configuration,
+75 the daemon's metrics port stayed in use ([metrics] bind_retry_s; a restart may work).
 Run `offloadd COMMAND --help` for a command's options and examples."""
 
 from __future__ import annotations
@@ -289,7 +290,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except OffloaddError as exc:
         print(f"offloadd: error: {exc}", file=sys.stderr)
-        return 1
+        # 1, or a failure's own code (75: a busy metrics port, which a restart may fix)
+        code = getattr(exc, "exit_code", 1)
+        return code if isinstance(code, int) else 1
     except KeyboardInterrupt:
         return 130
 

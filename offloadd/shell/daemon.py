@@ -106,6 +106,7 @@ class Daemon:
         self.tier = tier
         self.blobstore = tier.store
         self.metrics = metrics
+        self.fence_probe_interval_s = 30.0  # an unanswered conditional-write probe's retry
         if metrics is not None:
             metrics.throttle_limit(settings.offload.flow_permits_per_second)
         self.state = Lifecycle.NEW
@@ -381,10 +382,11 @@ class Daemon:
                 log.error("gc pass failed (retried next interval): %s", exc)
 
     async def _fence_probe_loop(self, fence: WriteFence) -> None:
-        """The store did not answer the start-up probe of its create-only writes (an outage):
-        ask again every 30 s until it does (docs/s3.md, "Conditional writes")."""
+        """The store did not answer the start-up probe of its create-only writes (an outage,
+        a bucket not created yet, credentials not granted yet): ask again every
+        ``fence_probe_interval_s`` until it does (docs/s3.md, "Conditional writes")."""
         while not fence.conditional.answered:
-            await asyncio.sleep(30.0)
+            await asyncio.sleep(self.fence_probe_interval_s)
             try:
                 async with asyncio.timeout(2 * self.settings.blobstore.request_timeout_s):
                     found = await fence.probe_conditional_writes()
@@ -393,6 +395,8 @@ class Daemon:
             if found.answered:
                 log.info("blob store: conditional writes %s", found.how)
                 await record_conditional_writes(self.metadata, found, "daemon")
+                if self.metrics is not None:
+                    self.metrics.conditional_writes(found.on)
 
     async def _compact_loop(self) -> None:
         """Merge small segments of the topics this daemon runs, every ``[compact] interval_s``

@@ -84,6 +84,8 @@ class Runtime:
         if tier.fence is not None:
             await record_conditional_writes(metadata, tier.fence.conditional,
                                             owner_id or "standalone")
+            if settings.blobstore.conditional_writes != "off":
+                metrics.conditional_writes(tier.fence.conditional.on)
         _watch_circuits(metrics, conn.sessions, tier)
         local: LocalLedgerStore | None = None
         if with_writer:
@@ -110,7 +112,8 @@ class Runtime:
         self.server = MetricsServer(self.settings.metrics.bind, metrics=self.metrics,
                                     ready=self.ready, status=self.daemon.status,
                                     offload_now=self.offload_now,
-                                    control_token=token.get_secret_value() if token else None)
+                                    control_token=token.get_secret_value() if token else None,
+                                    bind_retry_s=self.settings.metrics.bind_retry_s)
         await self.server.start()
         self.extras.append(self.server)
         log.info("metrics on %s/metrics", self.server.url)

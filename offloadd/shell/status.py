@@ -19,7 +19,9 @@ attempts are current.
 
 Exit codes (:func:`exit_code`): 0 every topic offloads; 1 a topic is failing (its last attempt
 or its recovery failed and nothing succeeded since, per the daemon or the persisted record), or
-its metadata cannot be read; 3 data was lost to retention; 2 is left to configuration errors.
+its metadata cannot be read, or a member of this host is a dead process (killed: its record
+still says what it last wrote); 3 data was lost to retention; 2 is left to configuration
+errors.
 Never shows a secret.
 """
 
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import time
 import urllib.request
 from collections.abc import Sequence
@@ -118,7 +121,7 @@ def _merge_live(t: dict[str, Any], live: dict[str, Any]) -> None:
 def failing(t: dict[str, Any]) -> bool:
     """The topic's last attempt (or recovery) failed and nothing succeeded since; or its
     metadata cannot be read."""
-    if "error" in t:
+    if "error" in t or t.get("owner_alive") is False:
         return True
     live = t.get("live")
     if live is not None:
@@ -131,7 +134,8 @@ def exit_code(st: dict[str, Any]) -> int:
     topics = st["topics"]
     if any(t.get("data_lost") for t in topics):
         return EXIT_DATA_LOST
-    if any(failing(t) for t in topics):
+    if any(failing(t) for t in topics) or any(
+            m.get("alive") is False for m in st.get("members", ())):
         return EXIT_FAILING
     return EXIT_OK
 
@@ -153,12 +157,16 @@ async def collect(settings: Settings, topics: Sequence[TopicName] | None = None
         c = settings.cost
         prices = Prices(c.storage_per_gb_month, c.put_per_1000, c.get_per_1000)
         out_topics = [await topic_status(md, src, n, now_ms, prices) for n in names]
-        members = [asdict(m) for m in await cluster.read_members(md)]
+        members = [_liveness(asdict(m)) for m in await cluster.read_members(md)]
         fence = await _conditional_writes(md)
         source = wiring.source_status(settings, src.source)
     finally:
         await src.source.close()
         await md.close()
+    dead = {m["owner"] for m in members if m.get("alive") is False}
+    for t in out_topics:
+        if t.get("owner") in dead:  # its record says what the owner last wrote: stale now
+            t["owner_alive"] = False
     out: dict[str, Any] = {"metadata": wiring.deployment(settings),
                            "driver": settings.blobstore.driver, "members": members,
                            "currency": settings.cost.currency, "topics": out_topics}
@@ -179,6 +187,19 @@ async def collect(settings: Settings, topics: Sequence[TopicName] | None = None
             if isinstance(live.get(t["topic"]), dict):
                 _merge_live(t, live[t["topic"]])
     return out
+
+
+def _liveness(member: dict[str, Any]) -> dict[str, Any]:
+    """``alive``: whether a member of this host still runs (its pid, not a zombie). A member
+    outlives its process where nothing ends its session: the embedded store reaps it only on
+    its next write, which a read-only status never makes. Other hosts' members are left as
+    they are (ZooKeeper ends their sessions)."""
+    from offloadd.metadata.embedded.owners import alive
+
+    pid = member.get("pid")
+    if member.get("host") == socket.gethostname() and isinstance(pid, int):
+        member["alive"] = alive(pid, None)
+    return member
 
 
 def _daemon_status(bind: str) -> dict[str, Any] | None:
@@ -249,7 +270,9 @@ def render_text(st: dict[str, Any]) -> str:
     if cw:
         lines.append(f"conditional writes {'on' if cw.get('on') else 'off'}: {cw.get('how')}")
     if st.get("members"):
-        lines.append("members " + ", ".join(m["owner"] for m in st["members"]))
+        lines.append("members " + ", ".join(
+            m["owner"] + (f" (DEAD: pid {m['pid']} is not running)" if m.get("alive") is False
+                          else "") for m in st["members"]))
     bookies = ((d or {}).get("source") or st.get("source") or {}).get("bookies")
     if bookies:  # the daemon's view when it answers: it is the one reading them
         lines.append("bookies " + ", ".join(
@@ -286,7 +309,9 @@ def _topic_lines(t: dict[str, Any], owner: str, currency: str = "USD") -> list[s
     seg = t["segments"]
     live, rec = t.get("live"), t.get("status") or {}
     attempts = (live or rec).get("failed_attempts") or 0
-    if failing(t):
+    if t.get("owner_alive") is False:
+        state = f"OWNER DEAD ({t.get('owner')} is not running; nothing offloads this topic)"
+    elif failing(t):
         since = f" since {_when(rec.get('failing_since_ms'))}" if rec.get(
             "failing_since_ms") else ""
         state = f"FAILING ({attempts} failed attempt{'s' if attempts != 1 else ''}{since})"
