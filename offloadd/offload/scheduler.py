@@ -139,9 +139,11 @@ class Scheduler:
             log.warning("topic %s: previous offload status unreadable (%s)", topic, exc)
             previous = None
         owner = self.ownership.owner_id or default_owner_id()
+        commits = self.env.commits
         recorder = StatusRecorder(self.env.metadata, ml, fence, owner,
                                   interval_s=self._settings().status_interval_s,
-                                  initial=previous)
+                                  initial=previous,
+                                  multi=commits.multi if commits is not None else None)
         recorder.start()
         return recorder
 

@@ -28,6 +28,7 @@ from typing import Any
 from offloadd import wiring
 from offloadd.aio import first_of
 from offloadd.blobstore.base import ConditionalWrites, StoreView, WriteFence
+from offloadd.commit.batch import CommitBatcher
 from offloadd.commit.ownership import Ownership
 from offloadd.config import Settings
 from offloadd.errors import OffloaddError
@@ -119,7 +120,8 @@ class Daemon:
             source=piped, metadata=metadata, blobstore=self.blobstore, buffer=self.buffer,
             acquire=self._acquire, blocks_in_flight=off.blocks_in_flight,
             part_size=settings.blobstore.part_size_bytes,
-            retry=Backoff(off.retry_base_s, off.retry_max_s))
+            retry=Backoff(off.retry_base_s, off.retry_max_s),
+            commits=CommitBatcher(metadata))
         self.scheduler = Scheduler(
             env, ownership=ownership or Ownership(), wanted=self.wanted, policy=self._policy_fn,
             probe=probe_factory or (lambda topic: None), settings=self._scheduler_settings,
