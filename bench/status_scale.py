@@ -110,12 +110,12 @@ enabled = false
 _ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
 
 
-def _timed(args: list[str]) -> tuple[float, float, int, int]:
+def _timed(args: list[str], cwd: Path) -> tuple[float, float, int, int]:
     """Wall seconds, CPU seconds (user + system) of the command, its exit code, stdout size."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     res = subprocess.run([sys.executable, "-m", "offloadd", "status", *args],
-                         capture_output=True, text=True, timeout=900, env=_ENV)
+                         capture_output=True, text=True, timeout=900, env=_ENV, cwd=cwd)
     wall = time.perf_counter() - t0
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
@@ -137,11 +137,11 @@ def main() -> None:
         cfg = root / "offloadd.toml"
         cfg.write_text(CONFIG.format(root=root))
         one = str(topic_name(1, args.namespaces))
-        _timed(["--config", str(cfg), "--topic", one])  # warm-up: writes the bytecode
+        _timed(["--config", str(cfg), "--topic", one], root)  # warm-up: writes the bytecode
         for label, extra in (("summary_text", []), ("json", ["--json"]),
                              ("namespace", ["--namespace", "tenant-1/ns-1"]),
                              ("one_topic", ["--topic", one])):
-            runs = [_timed(["--config", str(cfg), *extra]) for _ in range(args.repeats)]
+            runs = [_timed(["--config", str(cfg), *extra], root) for _ in range(args.repeats)]
             out[label] = {"seconds": [round(r[0], 2) for r in runs],
                           "cpu_seconds": [round(r[1], 2) for r in runs], "exit_code": runs[0][2],
                           "stdout_bytes": runs[0][3]}
