@@ -15,7 +15,15 @@ from offloadd.commit.batch import CommitBatcher
 from offloadd.commit.fence import EpochFence, take
 from offloadd.errors import Conflict, Fatal, Fenced, NotFound
 from offloadd.metadata import managed_ledger
-from offloadd.metadata.base import BatchedMulti, CheckOp, CreateOp, MetadataStore, SetOp
+from offloadd.metadata.base import (
+    BatchedMulti,
+    BatchedReads,
+    CheckOp,
+    CreateOp,
+    MetadataStore,
+    SetOp,
+    Versioned,
+)
 from offloadd.model.keys import managed_ledger_path
 from tests.metadata.conftest import Opener
 
@@ -155,3 +163,13 @@ class TestBatcher:
             assert await _ledgers(store, ml) == [7]
         if batcher.batching:
             assert batcher.batches == 2
+
+
+async def test_get_many_reads_every_node_and_none_for_the_absent(store: MetadataStore) -> None:
+    if not isinstance(store, BatchedReads):
+        pytest.skip("this store has no batched reads (status reads one by one)")
+    await store.create("/r/a", b"A", make_parents=True)
+    await store.create("/r/b", b"B")
+    await store.set("/r/b", b"B2")
+    got = await store.get_many(["/r/a", "/r/missing", "/r/b", "/r"])
+    assert got == [Versioned(b"A", 0), None, Versioned(b"B2", 1), Versioned(b"", 0)]
