@@ -36,10 +36,8 @@ os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 CONFIG = """
 [source]
 rollover_minutes = 600
-rollover_bytes = 1073741824
 [offload]
 max_segment_rollover_time_minutes = 600
-max_size_per_segment_mbytes = 1024
 [blobstore]
 path = "data/tier"
 [metrics]
@@ -75,6 +73,19 @@ def _status(port: int) -> dict[str, Any] | None:
         return None
 
 
+RSS_LIMIT = 6 << 30
+
+
+def _rss(pid: int) -> int:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
 def _wait_open(port: int, topics: int, timeout: float, proc: subprocess.Popen[bytes]) -> float:
     """Until every topic has an open segment and what they hold stopped growing (read all)."""
     t0 = time.monotonic()
@@ -82,6 +93,9 @@ def _wait_open(port: int, topics: int, timeout: float, proc: subprocess.Popen[by
     while time.monotonic() - t0 < timeout:
         if proc.poll() is not None:
             raise SystemExit(f"offloadd run exited {proc.returncode}")
+        if _rss(proc.pid) > RSS_LIMIT:  # a shared machine: do not wake the OOM killer
+            proc.kill()
+            raise SystemExit(f"offloadd run over {RSS_LIMIT >> 30} GiB RSS: killed")
         st = _status(port)
         if st is not None:
             ts = st.get("topics") or {}
@@ -105,6 +119,7 @@ def run(topics: int, per_topic: int) -> dict[str, Any]:
                                 stdout=subprocess.DEVNULL, stderr=log)
         try:
             ready_s = _wait_open(port, topics, 600, proc)
+            rss = _rss(proc.pid)
             # what `offloadd offload-now --wait` sends, timed from the request to the answer
             # (not the command's own start-up)
             body = json.dumps({"topics": None, "wait": True, "timeout_s": 600}).encode()
@@ -135,7 +150,7 @@ def run(topics: int, per_topic: int) -> dict[str, Any]:
         closed_on_stop = sum(1 for t, last in before.items() if after.get(t) != last)
         return {"topics": topics, "bytes_per_topic": per_topic,
                 "topics_with_open_segments": len(before),
-                "segments_open_after_s": round(ready_s, 1),
+                "segments_open_after_s": round(ready_s, 1), "rss_mib": rss >> 20,
                 "offload_now_s": round(close_s, 2), "offload_now_committed": committed,
                 "commits_per_s": round(committed / close_s) if close_s else None,
                 "stop_s": round(stop_s, 2), "stop_exit_code": rc,
