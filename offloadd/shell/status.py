@@ -17,6 +17,10 @@ When the daemon answers on its metrics endpoint, its live view of the topics it 
 (``/status``): its lag is the figure its ``/metrics`` exports at the same moment, and its failing
 attempts are current.
 
+Over many topics (issue 22): the nodes are read in batches (:func:`topics_status`), and the
+summary view (:func:`summarize`) gives counts by state, the worst lags and every failing topic;
+``--topic`` and ``--namespace`` narrow the set.
+
 Exit codes (:func:`exit_code`): 0 every topic offloads; 1 a topic is failing (its last attempt
 or its recovery failed and nothing succeeded since, per the daemon or the persisted record), or
 its metadata cannot be read; 3 data was lost to retention; 2 is left to configuration errors.
@@ -173,8 +177,6 @@ async def collect(settings: Settings, topics: Sequence[TopicName] | None = None,
     src = wiring.connect_source(settings, md, read_only=True)
     try:
         names = [TopicName.from_managed_ledger(n) for n in await managed_ledger.list_names(md)]
-        if namespaces:
-            names = in_namespaces(names, namespaces)
         if topics:
             wanted = set(topics)
             missing = [str(t) for t in topics if t not in set(names)]
@@ -182,6 +184,8 @@ async def collect(settings: Settings, topics: Sequence[TopicName] | None = None,
                 raise OffloaddError(f"no such topic in the metadata store: "
                                     f"{', '.join(missing)}")
             names = [n for n in names if n in wanted]
+        if namespaces:
+            names = in_namespaces(names, namespaces)
         now_ms = int(time.time() * 1000)
         c = settings.cost
         prices = Prices(c.storage_per_gb_month, c.put_per_1000, c.get_per_1000)
