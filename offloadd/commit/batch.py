@@ -94,11 +94,13 @@ class CommitBatcher:
         # not land, as with a request already sent on its own.
         return await write.future
 
-    async def close(self) -> None:
-        """Send what is queued; later writes go on their own."""
+    async def close(self, timeout_s: float | None = None) -> None:
+        """Send what is queued (waiting at most ``timeout_s``: a hung store must not hold a
+        stop up; what is then still in flight may or may not land, like any write whose answer
+        never came); later writes go on their own."""
         self._closed = True
         if self._flusher is not None:
-            await asyncio.gather(self._flusher, return_exceptions=True)
+            await asyncio.wait({self._flusher}, timeout=timeout_s)
 
     async def _flush(self) -> None:
         assert self._batched is not None

@@ -355,6 +355,8 @@ class Daemon:
                 t.cancel()
             await asyncio.gather(*duties, return_exceptions=True)
             await self.scheduler.shutdown()
+            if self.env.commits is not None:  # the last status records' batch, if in flight
+                await self.env.commits.close(timeout_s=5.0)
         finally:
             for t in (*duties, lag_task):
                 t.cancel()
