@@ -125,18 +125,36 @@ async def _zookeeper(hostport: str) -> AsyncIterator[MetadataStore]:
         await store.close()
 
 
+async def _release_all(fences: list[fence.EpochFence], at_once: int) -> float:
+    """Give every topic back as a stopping daemon does (``at_once`` releases in flight)."""
+    gate = asyncio.Semaphore(at_once)
+
+    async def one(f: fence.EpochFence) -> None:
+        async with gate:
+            assert await fence.give_back(f)
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(one(f) for f in fences))
+    return time.perf_counter() - t0
+
+
 async def _run(kind: str, args: argparse.Namespace, zk: str | None) -> dict[str, Any]:
     rates: list[float] = []
-    for _ in range(args.repeats):
+    releases: dict[str, list[float]] = {"one_by_one": [], "64_at_once": []}
+    for r in range(args.repeats):
         opener = _embedded() if kind == "embedded" else _zookeeper(zk or "")
         async with opener as store:
             fences = await _setup(store, args.topics, args.segments)
             elapsed = await _commit_all(store, fences, args.segments, not args.no_batch)
+            # the stop's last step, before (one by one) and after (64 at once), in turn
+            how = "one_by_one" if r % 2 == 0 else "64_at_once"
+            releases[how].append(await _release_all(fences, 1 if how == "one_by_one" else 64))
         rates.append(args.topics * args.segments / elapsed)
     return {"store": kind, "topics": args.topics, "segments_per_topic": args.segments,
             "batched": not args.no_batch and CommitBatcher is not None,
             "commits_per_s": [round(r) for r in rates],
-            "commits_per_s_median": round(statistics.median(rates))}
+            "commits_per_s_median": round(statistics.median(rates)),
+            "release_all_s": {k: [round(x, 2) for x in v] for k, v in releases.items()}}
 
 
 def main() -> None:
