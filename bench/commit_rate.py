@@ -7,6 +7,8 @@ Each of ``--topics`` topics owns itself with an epoch fence (what ``offloadd run
 ASSIGN (``catalog.add_assigned``), then OFFLOADED (``catalog.mark_offloaded``), each a fenced
 compare-and-set through :func:`offloadd.commit.edits.apply`. All topics start together (as after
 ``offload-now`` closes every open segment); the figure is committed segments / wall seconds.
+Then every topic is given back as a stopping daemon does (``release_all_s``): one by one on even
+repeats (as before), 64 at once on odd ones (as now).
 
 The commit path is the daemon's: when the tree has a commit batcher (:mod:`offloadd.commit.
 batch`) the topics share one, as the daemon's topic tasks do; ``--no-batch`` commits one by one
