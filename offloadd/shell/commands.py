@@ -151,18 +151,33 @@ def cmd_produce(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from offloadd.shell.status import collect, exit_code, render_text
+    from offloadd.shell.status import (
+        SUMMARY_OVER,
+        collect,
+        exit_code,
+        render_summary,
+        render_text,
+        summarize,
+    )
 
     settings = _settings(args)
     setup_logs(settings, args)
 
     async def go() -> int:
-        st = await collect(settings, args.topic)
+        st = await collect(settings, args.topic, getattr(args, "namespace", None))
+        code = exit_code(st)
+        summary = getattr(args, "summary", False)
         if args.json:
+            if summary:  # the summary instead of the (long) list
+                st = {**{k: v for k, v in st.items() if k != "topics"},
+                      "summary": summarize(st)}
             print(json.dumps(st, indent=2))
+        elif summary or (len(st["topics"]) > SUMMARY_OVER and not args.topic
+                         and not getattr(args, "all_topics", False)):
+            print(render_summary(st))
         else:
             print(render_text(st))
-        return exit_code(st)
+        return code
 
     return _run(go())
 

@@ -28,6 +28,7 @@ from typing import Any
 from offloadd import wiring
 from offloadd.aio import first_of
 from offloadd.blobstore.base import ConditionalWrites, StoreView, WriteFence
+from offloadd.commit.batch import CommitBatcher
 from offloadd.commit.ownership import Ownership
 from offloadd.config import Settings
 from offloadd.errors import OffloaddError
@@ -120,7 +121,8 @@ class Daemon:
             source=piped, metadata=metadata, blobstore=self.blobstore, buffer=self.buffer,
             acquire=self._acquire, blocks_in_flight=off.blocks_in_flight,
             part_size=settings.blobstore.part_size_bytes,
-            retry=Backoff(off.retry_base_s, off.retry_max_s))
+            retry=Backoff(off.retry_base_s, off.retry_max_s),
+            commits=CommitBatcher(metadata))
         self.scheduler = Scheduler(
             env, ownership=ownership or Ownership(), wanted=self.wanted, policy=self._policy_fn,
             probe=probe_factory or (lambda topic: None), settings=self._scheduler_settings,
@@ -354,6 +356,8 @@ class Daemon:
                 t.cancel()
             await asyncio.gather(*duties, return_exceptions=True)
             await self.scheduler.shutdown()
+            if self.env.commits is not None:  # the last status records' batch, if in flight
+                await self.env.commits.close(timeout_s=5.0)
         finally:
             for t in (*duties, lag_task):
                 t.cancel()
