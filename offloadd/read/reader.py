@@ -212,9 +212,11 @@ class TierReader:
         return f"{ref.data_key} (block {ref.block.part_id} at byte {ref.block.offset})"
 
     @staticmethod
-    def _header(buf: bytes | memoryview, ref: _BlockRef, where: str) -> BlockHeader:
-        """The block's header, checked against what the index says of the block."""
-        hdr = parse_block_header(buf, 0, where)
+    def _header(buf: bytes | memoryview, ref: _BlockRef, where: str, *, whole: bool = True
+                ) -> BlockHeader:
+        """The block's header, checked against what the index says of the block; ``whole``:
+        ``buf`` holds the whole block, not only its head."""
+        hdr = parse_block_header(buf, 0, where, whole=whole)
         if hdr.block_len != ref.end - ref.block.offset:
             raise FormatError(where, 12, f"block length {hdr.block_len} disagrees with the "
                               f"index ({ref.end - ref.block.offset})")
@@ -258,7 +260,9 @@ class TierReader:
             if len(data) != end - ref.block.offset:
                 raise FormatError(where, len(data), f"got {len(data)} of "
                                   f"{end - ref.block.offset} bytes")
-            self._header(data, ref, where)
+            # only the head was fetched: a block longer than that is the normal case (production
+            # blocks are up to 64 MiB), so the block's length is checked against the index only
+            self._header(data, ref, where, whole=False)
         except FormatError:
             self.probe.read_error()
             raise
