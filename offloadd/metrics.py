@@ -170,6 +170,7 @@ class TopicProbe:
         for counter in (
             metrics._offload_error,
             metrics._read_offload_error,
+            metrics._read_rereads,
             metrics._write_storage_error,
             metrics._read_bytes,
             metrics._offload_limited,
@@ -266,6 +267,11 @@ class TopicProbe:
         """A read from the tier failed."""
         self._child(self._m._read_offload_error).inc()
 
+    def reread(self) -> None:
+        """An answer from the tier failed its checks and is read again (damage in transit is
+        retried before an object is called corrupt)."""
+        self._child(self._m._read_rereads).inc()
+
     def index_read(self, seconds: float) -> None:
         """An index object was fetched and parsed in ``seconds``."""
         self._child(self._m._index_latency).observe(seconds * _MICROS)
@@ -335,6 +341,12 @@ class Metrics:
         self._read_offload_error = Counter(
             "brk_ledgeroffloader_read_offload_error",
             "Failed reads from the tier.",
+            _TOPIC_LABELS,
+            registry=r,
+        )
+        self._read_rereads = Counter(
+            "offloadd_read_rereads",
+            "Answers from the tier that failed their checks and were read again.",
             _TOPIC_LABELS,
             registry=r,
         )

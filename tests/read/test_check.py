@@ -31,11 +31,13 @@ class Errors:
     def __init__(self) -> None:
         self.errors = 0
         self.data_reads = 0
+        self.rereads = 0
 
     def index_read(self, seconds: float) -> None: pass
     def data_read(self, seconds: float) -> None: self.data_reads += 1
     def read_offload(self, nbytes: int) -> None: pass
     def read_error(self) -> None: self.errors += 1
+    def reread(self) -> None: self.rereads += 1
 
 
 async def offload_one_big_block(tmp: Path) -> tuple[Rig, Segment]:
@@ -83,4 +85,5 @@ async def test_check_still_refuses_a_head_that_disagrees_with_the_index(tmp_path
     probe = Errors()
     with pytest.raises(FormatError, match="disagrees with the index"):
         await TierReader(rig.metadata, blob, probe=probe).check_segment(seg)
-    assert probe.errors == 1
+    # read again once, the same bytes came back: the stored block is what is wrong
+    assert (probe.errors, probe.rereads) == (1, 1)
