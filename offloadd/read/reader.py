@@ -11,9 +11,12 @@ is one part of an object offloadd wrote, and small blocks do not cost a request 
 Every block is checked before any of its entries is returned: magic,
 lengths, ledger and first entry against the index, the per-block CRC32C, and the consecutive
 entry ids inside — wrong bytes raise ``FormatError`` naming the object and block, never a wrong
-entry. Whether a block must carry a CRC32C comes from the index object's user metadata (every
-block of an object offloadd wrote does), never from the block's own possibly damaged bytes; only
-objects without offloadd's metadata (Pulsar's own) may have blocks without one.
+entry. Whether a block must carry a CRC32C comes from the index — its user metadata, or the
+record in its own bytes that a copy cannot drop apart from the pair (``format/checksum.py``;
+every block of an object offloadd wrote carries one) — never from the block's own possibly
+damaged bytes. Only pairs with neither (Pulsar's own) may have blocks without one, and then all
+of them: an object some of whose blocks carry the mark and one does not is refused (before any
+entry of a ranged read holding both is returned).
 
 An answer that fails those checks is read again (at most ``rereads`` times, each counted in
 ``ReadProbe.reread``) before the object is called corrupt: a short, padded or bit-flipped answer
@@ -46,7 +49,7 @@ from offloadd.format import (
     iter_block_entries,
     parse_block_header,
 )
-from offloadd.format.checksum import verify_block_checksum
+from offloadd.format.checksum import CHECKSUM_OFFSET, verify_block_checksum
 from offloadd.metadata import managed_ledger
 from offloadd.metadata.base import MetadataStore
 from offloadd.model import Position, TopicName, catalog
@@ -86,7 +89,8 @@ class _BlockRef:
 
 
 # A block and its checked entries (id, payload)
-_Checked = tuple[_BlockRef, list[tuple[int, memoryview]]]
+# A block, its checked entries (id, payload), and whether it carries the checksum mark
+_Checked = tuple[_BlockRef, list[tuple[int, memoryview]], bool]
 
 
 def _ranges(refs: list[_BlockRef], range_bytes: int) -> list[list[_BlockRef]]:
@@ -178,12 +182,15 @@ class TierReader:
         groups = _ranges(await self._block_refs(seg, start), self.range_bytes)
         pending: collections.deque[asyncio.Task[list[_Checked]]] = collections.deque()
         i = 0
+        marks: dict[str, tuple[_BlockRef, bool]] = {}  # see _same_marks
         try:
             while i < len(groups) or pending:
                 while i < len(groups) and len(pending) <= self.prefetch:
                     pending.append(asyncio.create_task(self._fetch(groups[i])))
                     i += 1
-                for ref, entries in await pending.popleft():
+                checked = await pending.popleft()
+                self._same_marks(checked, marks)
+                for ref, entries, _ in checked:
                     rng = next(r for r in seg.ranges if r.ledger_id == ref.ledger_id)
                     for entry_id, payload in entries:
                         pos = Position(ref.ledger_id, entry_id)
@@ -255,7 +262,7 @@ class TierReader:
                                   f"{first.block.part_id}..{group[-1].block.part_id})")
             buf = memoryview(data)
             base = first.block.offset
-            return [(ref, self._entries(ref, buf[ref.block.offset - base:ref.end - base]))
+            return [(ref, *self._entries(ref, buf[ref.block.offset - base:ref.end - base]))
                     for ref in group]
 
         return await self._checked(
@@ -283,17 +290,35 @@ class TierReader:
                               f"{ref.ledger_id}")
         return hdr
 
+    def _same_marks(self, checked: list[_Checked],
+                    first: dict[str, tuple[_BlockRef, bool]]) -> None:
+        """A pair nothing says is checksummed (Pulsar's own) has no block with the mark, or
+        all of its blocks have it (offloadd's, whose records were lost): one block without it
+        among marked ones is a damaged mark, refused as the trusted record would refuse it.
+        ``first``: per data object, its first block read and whether that one had the mark."""
+        for ref, _, marked in checked:
+            if ref.checksummed:
+                continue
+            seen, seen_marked = first.setdefault(ref.data_key, (ref, marked))
+            if seen_marked != marked:
+                bad = seen if marked else ref
+                self.probe.read_error()
+                raise FormatError(self._where(bad), CHECKSUM_OFFSET, "block checksum mark "
+                                  f"damaged: block {bad.block.part_id} lacks the mark (header "
+                                  "bytes 36..39) that other blocks of the object carry, so it "
+                                  "cannot be checked and is not trusted")
+
     def _entries(self, ref: _BlockRef, buf: bytes | memoryview
-                 ) -> list[tuple[int, memoryview]]:
+                 ) -> tuple[list[tuple[int, memoryview]], bool]:
         where = self._where(ref)
         hdr = self._header(buf, ref, where)
-        verify_block_checksum(buf, 0, hdr.block_len, where, required=ref.checksummed)
+        marked = verify_block_checksum(buf, 0, hdr.block_len, where, required=ref.checksummed)
         out = list(iter_block_entries(buf, 0, where))
         if not out:
             raise FormatError(where, HEADER_LEN, "block holds no entry")
         if out[0][0] != ref.block.first_entry_id:
             raise FormatError(where, HEADER_LEN, "first entry id disagrees with the header")
-        return out
+        return out, marked
 
     async def check_segment(self, seg: Segment, head_bytes: int = 64 * 1024) -> None:
         """Read ``seg``'s index and the head of its last block back from the tier: proof that a
@@ -321,7 +346,8 @@ class TierReader:
         return (await self._index(key))[0]
 
     async def _index(self, key: str) -> tuple[StreamingIndex | LedgerIndex, bool]:
-        """The decoded index and whether its metadata says every block carries a CRC32C."""
+        """The decoded index and whether its metadata or its own bytes say every block carries
+        a CRC32C."""
         cached = self._cache.get(key)
         if cached is not None:
             self._cache.move_to_end(key)
@@ -355,7 +381,8 @@ class TierReader:
         raw = await fetch()
         self.probe.index_read(self._clock() - t0)
         idx = await self._checked(key, fetch, check, raw)
-        entry = (idx, blocks_checksummed(info.metadata))
+        # the metadata, or the record in the index's own bytes (which a copy cannot drop)
+        entry = (idx, blocks_checksummed(info.metadata) or idx.records_checksums)
         self._cache[key] = entry
         if len(self._cache) > self._cache_size:
             self._cache.popitem(last=False)
