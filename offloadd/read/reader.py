@@ -85,10 +85,9 @@ class _BlockRef:
     ledger_id: int
     block: IndexEntry
     end: int
-    checksummed: bool  # the pair's trusted metadata says every block carries a CRC32C
+    checksummed: bool  # the index (metadata or own bytes) says every block carries a CRC32C
 
 
-# A block and its checked entries (id, payload)
 # A block, its checked entries (id, payload), and whether it carries the checksum mark
 _Checked = tuple[_BlockRef, list[tuple[int, memoryview]], bool]
 
