@@ -28,7 +28,7 @@ from offloadd.model.catalog import Segment
 from offloadd.model.keys import streaming_data_key, streaming_index_key
 from offloadd.offload.roller import RollPolicy
 from offloadd.read.reader import TierReader
-from tests.offload.test_pipeline import Rig, _has_position, stop, until
+from tests.offload.test_pipeline import TOPIC, Rig, _has_position, stop, until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -161,3 +161,35 @@ async def test_an_object_without_marks_reads_unchecked_as_pulsar_s_own(tmp_path:
         data[b.offset + CHECKSUM_OFFSET:b.offset + CHECKSUM_OFFSET + 8] = bytes(8)
     blob.objects[key] = dataclasses.replace(blob.objects[key], data=bytes(data))
     assert await read(rig, seg) == rig.payloads
+
+
+async def test_verify_reports_a_ledger_object_without_its_metadata(tmp_path: Path) -> None:
+    """Ledger-based pairs too: the index records the checksum (the ledger metadata's custom
+    metadata), and verify names an object whose user metadata is gone."""
+    from offloadd import wiring
+    from offloadd.read.verify import verify
+
+    rig = Rig(tmp_path, RolloverPolicy(max_entries=9), RollPolicy(1 << 20, 600, 4 * KiB))
+    rig.mode = "ledger"
+    await rig.write(20)
+    off = rig.offloader()
+    task = asyncio.create_task(off.run())
+
+    async def two() -> bool:
+        return sum(s.complete for s in await rig.segments()) >= 2
+
+    await until(two)
+    await stop(task, off)
+    await rig.verify_ok()
+    blob = rig.blob
+    assert isinstance(blob, MemoryBlobStore)
+    seg = next(s for s in await rig.segments() if s.complete)
+    ikey = f"{seg.uid}-ledger-{seg.ranges[0].ledger_id}-index"
+    idx = await TierReader(rig.metadata, blob).index(ikey)
+    assert isinstance(idx, LedgerIndex) and idx.records_checksums
+    blob.objects[ikey] = dataclasses.replace(blob.objects[ikey], metadata={})
+    rep = await verify(rig.metadata, blob, wiring.local_view(rig.store.source),
+                       [TOPIC], grace_s=0)
+    assert not rep.ok
+    assert any(e.startswith(f"{ikey}: its user metadata is missing") for t in rep.topics
+               for e in t.errors), rep.to_json()
