@@ -103,6 +103,7 @@ _LAST_ENTRY = T["offloadd_last_offloaded_entry"]
 _READING_MAX = T["brk_ledgeroffloader_ledger_reading_max_bytes"]
 _SEGMENTS = T["offloadd_segments"]
 _READ_ERROR = N["brk_ledgeroffloader_read_offload_error"]
+_REREAD = N["offloadd_read_rereads"]
 _READ_BYTES = N["brk_ledgeroffloader_read_bytes"]
 _DELETES = N["brk_ledgeroffloader_delete_offload_ops"]
 
@@ -208,6 +209,12 @@ class TopicProbe(probes.TopicProbe):
         """A read from the tier failed."""
         with self._lock:
             self._ns.counters[_READ_ERROR] += 1
+
+    def reread(self) -> None:
+        """An answer from the tier failed its checks and is read again (damage in transit is
+        retried before an object is called corrupt)."""
+        with self._lock:
+            self._ns.counters[_REREAD] += 1
 
     def index_read(self, seconds: float) -> None:
         """An index object was fetched and parsed in ``seconds``."""

@@ -89,6 +89,8 @@ TABLE: tuple[Series, ...] = (
            rate_of="offloadd_offloaded_bytes"),
     Series("brk_ledgeroffloader_read_offload_error", C, N, "Failed reads from the tier."),
     Series("brk_ledgeroffloader_read_bytes", C, N, "Bytes read back from the tier."),
+    Series("offloadd_read_rereads", C, N, "Answers from the tier that failed their checks and "
+           "were read again."),
     Series("brk_ledgeroffloader_read_offload_rate", G, N,
            "Bytes per second read back from the tier, averaged over the stats period.",
            rate_of="brk_ledgeroffloader_read_bytes"),

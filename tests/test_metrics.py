@@ -151,6 +151,7 @@ class TestTopicProbe:
             "brk_ledgeroffloader_read_offload_error_total",
             "offloadd_offloaded_bytes_total",
             "offloadd_throttle_wait_seconds_total",
+            "offloadd_read_rereads_total",
         ):
             assert topic_value(m, name) == 0.0, name
         assert topic_value(m, "brk_ledgeroffloader_delete_offload_ops_total", status="failed") == 0
@@ -170,6 +171,7 @@ class TestTopicProbe:
             ("write_storage_error", "brk_ledgeroffloader_write_storage_error_total"),
             ("read_error", "brk_ledgeroffloader_read_offload_error_total"),
             ("ledger_offload_limited", "brk_ledgeroffloader_ledger_offload_limited_total"),
+            ("reread", "offloadd_read_rereads_total"),
         ],
     )
     def test_each_error_goes_to_its_own_pulsar_counter(
@@ -185,6 +187,7 @@ class TestTopicProbe:
             "brk_ledgeroffloader_write_storage_error_total",
             "brk_ledgeroffloader_read_offload_error_total",
             "brk_ledgeroffloader_ledger_offload_limited_total",
+            "offloadd_read_rereads_total",
         } - {series}
         assert all(topic_value(m, other) == 0 for other in others)
 
