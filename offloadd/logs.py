@@ -151,24 +151,13 @@ def secret_pattern(secrets: Iterable[str]) -> re.Pattern[str] | None:
     return re.compile("|".join(alternatives))
 
 
-class RedactFilter(logging.Filter):
-    """Replaces known secrets in a record's message and traceback with ``***``, in whatever
-    form they appear (literal, repr/ascii-escaped, JSON-escaped, URL-encoded, bytes repr,
-    base64: see :func:`secret_pattern`). Without that, a password holding ``\\`` or ``'``
-    would slip through as soon as a library logs the repr of an object that holds it (kazoo's
-    ``Auth(...)`` request at DEBUG does).
-    """
-
-    def __init__(self, secrets: Iterable[str]) -> None:
-        super().__init__()
-        self.pattern = secret_pattern(secrets)
+class _RewriteFilter(logging.Filter):
+    """Rewrites a record's message, traceback and stack with :meth:`_redact`."""
 
     def _redact(self, text: str) -> str:
-        return self.pattern.sub("***", text) if self.pattern is not None else text
+        raise NotImplementedError
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if self.pattern is None:
-            return True
         try:
             msg = record.getMessage()
         except Exception:  # a malformed record: let logging report it as usual
@@ -185,14 +174,79 @@ class RedactFilter(logging.Filter):
         return True
 
 
-def configure(fmt: str = "auto", level: str = "INFO", secrets: Iterable[str] = ()) -> None:
+# kazoo's connection logs its ZooKeeper session's id and password at DEBUG and below (the
+# Connect request's repr on every reconnect, "session_id: ... session_passwd: ..."): the two
+# together let whoever reads the log resume the session, and so close it or act as its owner.
+_SESSION_CREDENTIALS = re.compile(
+    r"(?P<key>(?:session_id|passwd)(?:'|\\?\")?\s*[=:]\s*)"
+    r"(?:b?'(?:[^'\\]|\\.)*'|b?\"(?:[^\"\\]|\\.)*\"|0x[0-9a-fA-F]+|-?[0-9a-fA-F]+)")
+
+
+class SessionRedactFilter(_RewriteFilter):
+    """Replaces a ZooKeeper session's id and password in kazoo's records with ``***``."""
+
+    def _redact(self, text: str) -> str:
+        if "session_id" not in text and "passwd" not in text:
+            return text
+        return _SESSION_CREDENTIALS.sub(lambda m: m.group("key") + "***", text)
+
+
+class RedactFilter(_RewriteFilter):
+    """Replaces known secrets in a record's message and traceback with ``***``, in whatever
+    form they appear (literal, repr/ascii-escaped, JSON-escaped, URL-encoded, bytes repr,
+    base64: see :func:`secret_pattern`). Without that, a password holding ``\\`` or ``'``
+    would slip through as soon as a library logs the repr of an object that holds it (kazoo's
+    ``Auth(...)`` request at DEBUG does).
+    """
+
+    def __init__(self, secrets: Iterable[str]) -> None:
+        super().__init__()
+        self.pattern = secret_pattern(secrets)
+
+    def _redact(self, text: str) -> str:
+        return self.pattern.sub("***", text) if self.pattern is not None else text
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return True if self.pattern is None else super().filter(record)
+
+
+# The client libraries' own loggers: chatty at INFO and DEBUG (kazoo logs every request, and a
+# line per connect and close), so they stay at WARNING whatever the level unless
+# $OFFLOADD_LIBRARY_LOG_LEVEL asks for more. kazoo logs through one logger per client, a child
+# of the "...zookeeper.kazoo" one (offloadd.metadata.zookeeper.acl.kazoo_logger).
+LIBRARY_LOGGERS = ("botocore", "aiobotocore", "kazoo", "offloadd.metadata.zookeeper.kazoo",
+                   "aiohttp.access", "urllib3")
+LIBRARY_LEVEL_ENV = "OFFLOADD_LIBRARY_LOG_LEVEL"
+
+
+def library_level(root_level: int, environ: Mapping[str, str] | None = None) -> int:
+    """The client libraries' level: WARNING (or the root's, when higher), or what
+    ``$OFFLOADD_LIBRARY_LOG_LEVEL`` names (DEBUG, INFO, WARNING, ERROR; anything else is
+    ignored)."""
+    import os
+
+    asked = (environ if environ is not None else os.environ).get(LIBRARY_LEVEL_ENV, "")
+    level = logging.getLevelName(asked.strip().upper()) if asked.strip() else None
+    if isinstance(level, int):
+        return level
+    return max(logging.WARNING, root_level)
+
+
+def configure(fmt: str = "auto", level: str = "INFO", secrets: Iterable[str] = (),
+              quiet: Iterable[str] = ()) -> None:
+    """Log to stderr at ``level``. ``quiet``: loggers kept at WARNING unless ``level`` is DEBUG
+    (a one-shot command's connection chatter, which would bury its answer)."""
     use_json = fmt == "json" or (fmt == "auto" and not sys.stderr.isatty())
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter() if use_json else logging.Formatter(
         "%(asctime)s %(levelname)-7s %(name)s: %(message)s", "%H:%M:%S"))
     handler.addFilter(RedactFilter(secrets))
+    handler.addFilter(SessionRedactFilter())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)
-    for noisy in ("botocore", "aiobotocore", "kazoo", "aiohttp.access", "urllib3"):
-        logging.getLogger(noisy).setLevel(max(logging.WARNING, root.level))
+    for noisy in LIBRARY_LOGGERS:
+        logging.getLogger(noisy).setLevel(library_level(root.level))
+    for name in quiet:
+        logging.getLogger(name).setLevel(
+            logging.NOTSET if root.level <= logging.DEBUG else max(logging.WARNING, root.level))

@@ -6,10 +6,12 @@ Business code asks for a probe and reports what happened, in natural units (byte
     probe.offload_bytes(nbytes, entries)
     probe.upload_latency(seconds)
 
-Registration, label values, unit conversion and rate windows live here and nowhere else
-(STYLE.md item 11). Everything is registered in the :class:`Metrics` object's own
-``CollectorRegistry``, never the process-global one, so two daemons or tests in one process do
-not collide. ``docs/metrics.md`` is the operator's table of every series.
+The series are declared in :data:`offloadd.metrics_table.TABLE` (name, type, labels, help,
+level); where their values live and how a scrape reads them is :mod:`offloadd.metrics_cells`;
+probes, unit conversion and the topic-level switch are here. Nothing else registers a series.
+Everything is served by the :class:`Metrics` object's own ``CollectorRegistry``, never the
+process-global one, so two daemons or tests in one process do not collide. ``docs/metrics.md``
+is the operator's table of every series.
 
 Two families of names
 ---------------------
@@ -17,16 +19,25 @@ Two families of names
     Apache Pulsar's offloader series, with Pulsar's types, units and labels (``namespace`` =
     ``tenant/ns``, ``topic`` = ``persistent://tenant/ns/name``), so existing Pulsar dashboards
     keep working. Pulsar builds them with the Prometheus Java client 0.15+ (Pulsar 2.11 and
-    later), which exposes a counter ``X`` as the series ``X_total`` (plus ``X_created``); the
-    Python client does the same, so the series names on the wire are identical. Pulsar 2.10
-    exposed the counters without ``_total``; dashboards from that release need the suffix
-    added. Pulsar's latency summaries are in microseconds and carry no quantiles (``_count``
-    and ``_sum`` only); its ``*_rate`` gauges are bytes per second averaged over a stats period
-    (60 s here, the default of Pulsar's ``managedLedgerStatsPeriodSeconds``), recomputed when
-    scraped after the period has passed. PIP-211's three series follow the same conventions.
+    later), which exposes a counter ``X`` as the series ``X_total``; the series names on the
+    wire are identical here. Pulsar 2.10 exposed the counters without ``_total``; dashboards
+    from that release need the suffix added. Pulsar's latency summaries are in microseconds and
+    carry no quantiles (``_count`` and ``_sum`` only); its ``*_rate`` gauges are bytes per
+    second averaged over a stats period (60 s here, the default of Pulsar's
+    ``managedLedgerStatsPeriodSeconds``), recomputed when scraped after the period has passed.
 ``offloadd_*``
     Ours, following Prometheus conventions: counters end in ``_total``, durations are
     histograms in ``_seconds``, sizes are in ``_bytes``.
+
+The topic-level switch
+----------------------
+With ``topic_level`` on, TOPIC-level series carry ``namespace`` and ``topic`` (14 series per
+topic); off, they are summed (or maxed) per namespace and no series has a ``topic`` label.
+Latency distributions are per namespace in both modes. ``None`` ("auto") decides at each
+scrape: per topic while fewer than :data:`AUTO_TOPIC_LIMIT` topics are served. Every topic's
+values are kept the same way in both modes (a few floats per topic, no Prometheus child
+objects), so the mode is only a view and may change between scrapes; counters of topics that
+went away stay in their namespace's totals, so the aggregated counters never go down.
 
 Labels only ever carry topic and namespace names and a few fixed enumerations (``state``,
 ``status``, ``store``, ``object``, ``version``): no endpoint, bucket, path or credential.
@@ -37,37 +48,34 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
-from typing import TypeVar, cast
+from typing import Any, Protocol
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, Summary
+from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
-from prometheus_client.metrics import MetricWrapperBase
-from prometheus_client.metrics_core import GaugeMetricFamily, Metric
+from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from offloadd import __version__
 from offloadd.errors import ConfigError
+from offloadd.metrics_cells import COUNTER_SLOTS, FRESH, N, Namespace, Snapshot, T, Window, family
+from offloadd.metrics_table import TABLE, Level, Series, series
 from offloadd.model import TopicName
+from offloadd.offload import probes
 
-__all__ = ["CIRCUIT_STATES", "SEGMENT_STATES", "Metrics", "TopicProbe", "namespace_of"]
+__all__ = ["AUTO_TOPIC_LIMIT", "CIRCUIT_STATES", "SEGMENT_STATES", "Metrics", "TopicProbe",
+           "namespace_of"]
 
 SEGMENT_STATES = ("assigned", "offloaded", "failed")
 CIRCUIT_STATES = ("closed", "open", "half_open")
 
-_TOPIC_LABELS = ("namespace", "topic")
-_DELETE_STATUSES = ("succeed", "failed")  # Pulsar's label values
+# "auto": per-topic series below this many topics. Once there, per namespace until the count
+# falls below 90 % of it, so a count hovering at the limit does not flip the series each scrape.
+AUTO_TOPIC_LIMIT = 1000
+_AUTO_BACK = 900
+
 _MICROS = 1_000_000.0
 _UNKNOWN = "unknown"  # Pulsar's label value when a topic name does not parse
-
-# Block uploads range from a few ms (small blocks, nearby store) to minutes (64 MiB over a slow
-# link); reads of one block or index are usually well under a second.
-_UPLOAD_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
-_READ_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
-
 _DEFAULT_RATE_PERIOD = 60.0
-
-_M = TypeVar("_M", bound=MetricWrapperBase)
 
 
 def namespace_of(topic: str) -> str:
@@ -78,485 +86,263 @@ def namespace_of(topic: str) -> str:
         return _UNKNOWN
 
 
-@dataclass
-class _RateWindow:
-    offload_total: int = 0
-    read_total: int = 0
-    since: float = 0.0
-    offload_mark: int = 0
-    read_mark: int = 0
-    offload_rate: float = 0.0
-    read_rate: float = 0.0
+# where each report lands: a topic's slot (T) or its namespace's counter (N)
+_OFFLOAD_ERROR = T["brk_ledgeroffloader_offload_error"]
+_WRITE_ERROR = T["brk_ledgeroffloader_write_storage_error"]
+_LIMITED = T["brk_ledgeroffloader_ledger_offload_limited"]
+_OFFLOADED_BYTES = T["offloadd_offloaded_bytes"]
+_OFFLOADED_ENTRIES = T["offloadd_offloaded_entries"]
+_THROTTLE_WAIT = T["offloadd_throttle_wait_seconds"]
+_LOST = T["offloadd_ledgers_lost_to_retention"]
+_LAG_ENTRIES = T["offloadd_lag_entries"]
+_LAG_BYTES = T["offloadd_lag_bytes"]
+_LAG_SECONDS = T["offloadd_lag_seconds"]
+_LAST_COMMIT = T["offloadd_last_commit_timestamp_seconds"]
+_LAST_LEDGER = T["offloadd_last_offloaded_ledger"]
+_LAST_ENTRY = T["offloadd_last_offloaded_entry"]
+_READING_MAX = T["brk_ledgeroffloader_ledger_reading_max_bytes"]
+_SEGMENTS = T["offloadd_segments"]
+_READ_ERROR = N["brk_ledgeroffloader_read_offload_error"]
+_REREAD = N["offloadd_read_rereads"]
+_READ_BYTES = N["brk_ledgeroffloader_read_bytes"]
+_DELETES = N["brk_ledgeroffloader_delete_offload_ops"]
+
+_UPLOAD = series("offloadd_upload_duration_seconds")
+_READ = series("offloadd_read_duration_seconds")
+_SOURCE_READ = series("offloadd_source_read_duration_seconds")
+_INDEX_LATENCY = series("brk_ledgeroffloader_read_offload_index_latency")
+_DATA_LATENCY = series("brk_ledgeroffloader_read_offload_data_latency")
+_LEDGER_LATENCY = series("brk_ledgeroffloader_read_ledger_latency")
+_OFFLOAD_TIME = series("brk_ledgeroffloader_ledger_offload_time")
 
 
-class _PulsarRates(Collector):
-    """``brk_ledgeroffloader_offload_rate`` and ``_read_offload_rate``: bytes/s per period.
+class TopicProbe(probes.TopicProbe):
+    """The one implementation of :class:`offloadd.offload.probes.TopicProbe` (whose methods
+    say what each report means), plus the calls of the daemon and gc. Get it from
+    :meth:`Metrics.topic`; a report is a few float operations under one lock."""
 
-    Pulsar resets byte adders every stats period and publishes bytes/period as a gauge. Here the
-    running totals stay, and a scrape that finds the period over publishes the average since
-    the previous mark; scrapes inside a period see the last published value. Probes update it
-    from the event loop while /metrics may collect from a worker thread, hence the lock.
-    """
+    __slots__ = ("_cells", "_lock", "_m", "_ns", "_window", "namespace", "topic")
 
-    def __init__(self, clock: Callable[[], float], period: float) -> None:
-        self._clock = clock
-        self._period = period
-        self._lock = threading.Lock()
-        self._windows: dict[tuple[str, str], _RateWindow] = {}
-
-    def add(self, key: tuple[str, str], *, offload: int = 0, read: int = 0) -> None:
-        with self._lock:
-            window = self._windows.get(key)
-            if window is None:
-                window = self._windows[key] = _RateWindow(since=self._clock())
-            window.offload_total += offload
-            window.read_total += read
-
-    def forget(self, key: tuple[str, str]) -> None:
-        with self._lock:
-            self._windows.pop(key, None)
-
-    def describe(self) -> Iterable[Metric]:
-        return self._families()
-
-    def collect(self) -> Iterable[Metric]:
-        now = self._clock()
-        with self._lock:
-            for window in self._windows.values():
-                elapsed = now - window.since
-                if elapsed >= self._period:
-                    window.offload_rate = (window.offload_total - window.offload_mark) / elapsed
-                    window.read_rate = (window.read_total - window.read_mark) / elapsed
-                    window.offload_mark = window.offload_total
-                    window.read_mark = window.read_total
-                    window.since = now
-            rows = [(k, w.offload_rate, w.read_rate) for k, w in self._windows.items()]
-        offload, read = self._families()
-        for key, offload_rate, read_rate in rows:
-            offload.add_metric(list(key), offload_rate)
-            read.add_metric(list(key), read_rate)
-        return [offload, read]
-
-    @staticmethod
-    def _families() -> list[GaugeMetricFamily]:
-        return [
-            GaugeMetricFamily(
-                "brk_ledgeroffloader_offload_rate",
-                "Bytes per second offloaded to the tier, averaged over the stats period.",
-                labels=_TOPIC_LABELS,
-            ),
-            GaugeMetricFamily(
-                "brk_ledgeroffloader_read_offload_rate",
-                "Bytes per second read back from the tier, averaged over the stats period.",
-                labels=_TOPIC_LABELS,
-            ),
-        ]
-
-
-class TopicProbe:
-    """Everything one topic reports. Get it from :meth:`Metrics.topic`; cheap to call often."""
-
-    def __init__(self, metrics: Metrics, namespace: str, topic: str) -> None:
-        self._m = metrics
-        self.namespace = namespace
+    def __init__(self, metrics: Metrics, ns: Namespace, topic: str, *,
+                 served: bool = True) -> None:
+        self.namespace = ns.name
         self.topic = topic
-        self._key = (namespace, topic)
-        # Children are cached here (a dict hit instead of prometheus_client's label lookup on
-        # every call) and remembered, so forget() can remove exactly this topic's series.
-        self._children: dict[tuple[int, tuple[str, ...]], MetricWrapperBase] = {}
-        self._owned: list[tuple[MetricWrapperBase, tuple[str, ...]]] = []
-        # Counters exist from the start at 0, so rate() and "no progress" alerts work for a
-        # topic that has not offloaded anything yet.
-        for counter in (
-            metrics._offload_error,
-            metrics._read_offload_error,
-            metrics._write_storage_error,
-            metrics._read_bytes,
-            metrics._offload_limited,
-            metrics._offloaded_bytes,
-            metrics._offloaded_entries,
-            metrics._throttle_wait,
-            # at 0 from the start, so increase() sees the first loss (OffloaddDataLost)
-            metrics._ledgers_lost,
-        ):
-            self._child(counter)
-        for status in _DELETE_STATUSES:
-            self._child(metrics._delete_ops, status)
-        self._child(metrics._upload_seconds)
+        self._m = metrics
+        self._lock = metrics._lock
+        self._ns = ns
+        self._cells = list(FRESH) if served else ns.retired
+        self._window = Window(metrics._clock())
 
-    def _child(self, metric: _M, *extra: str) -> _M:
-        key = (id(metric), extra)
-        child = self._children.get(key)
-        if child is None:
-            child = self._children[key] = metric.labels(*self._key, *extra)
-            self._owned.append((metric, extra))
-        return cast(_M, child)
+    def _add(self, slot: int, amount: float) -> None:
+        with self._lock:
+            self._cells[slot] += amount
 
-    def _forget(self) -> None:
-        for metric, extra in self._owned:
-            metric.remove(*self._key, *extra)
-        self._owned.clear()
-        self._children.clear()
+    def _set(self, slot: int, value: float) -> None:
+        with self._lock:
+            self._cells[slot] = value
+
+    def _observe(self, series: Series, value: float, label: str = "") -> None:
+        with self._lock:
+            self._ns.observe(series, value, label)
 
     # -- writing to the tier --------------------------------------------------------------------
-
     def offload_bytes(self, nbytes: int, entries: int = 0) -> None:
         """Bytes (and entries) written to the tier. The topic task reports each data block's
         bytes as it lands (so rates move smoothly) and the entries in
         :meth:`segment_committed`."""
-        self._child(self._m._offloaded_bytes).inc(nbytes)
-        if entries:
-            self._child(self._m._offloaded_entries).inc(entries)
-        self._m._rates.add(self._key, offload=nbytes)
+        with self._lock:
+            self._cells[_OFFLOADED_BYTES] += nbytes
+            self._cells[_OFFLOADED_ENTRIES] += entries
 
     def offload_error(self) -> None:
         """An offload attempt (a segment) failed."""
-        self._child(self._m._offload_error).inc()
+        self._add(_OFFLOAD_ERROR, 1)
 
     def write_storage_error(self) -> None:
         """A write to the blob store failed."""
-        self._child(self._m._write_storage_error).inc()
+        self._add(_WRITE_ERROR, 1)
 
     def upload_latency(self, seconds: float) -> None:
         """One object or part upload finished after ``seconds``."""
-        self._child(self._m._upload_seconds).observe(seconds)
+        self._observe(_UPLOAD, seconds)
 
     def ledger_offload_time(self, seconds: float) -> None:
         """A segment (PIP-211: a ledger) took ``seconds`` from start to commit."""
-        self._child(self._m._offload_time).observe(seconds * _MICROS)
+        self._observe(_OFFLOAD_TIME, seconds * _MICROS)
 
     def ledger_offload_limited(self) -> None:
         """The offload was held back once; :meth:`throttle_wait` already counts throttle waits."""
-        self._child(self._m._offload_limited).inc()
+        self._add(_LIMITED, 1)
 
     def ledger_reading_max_bytes(self, nbytes: int) -> None:
         """The most bytes this topic may read from its ledger in one go."""
-        self._child(self._m._reading_max_bytes).set(nbytes)
+        self._set(_READING_MAX, nbytes)
 
     def segment_committed(self, entries: int, nbytes: int, seconds: float) -> None:
         """A segment was committed; ``seconds`` from closing it to its commit (PIP-211's
-        ledger offload time). Its bytes were already counted block by block
-        (:meth:`offload_bytes`); its entries are counted here."""
-        if entries:
-            self._child(self._m._offloaded_entries).inc(entries)
+        ledger offload time). Its bytes were already counted block by block."""
+        self._add(_OFFLOADED_ENTRIES, entries)
         self.ledger_offload_time(seconds)
 
     def metadata_write(self) -> None:
-        """One compare-and-set write on this topic's behalf."""
+        """One compare-and-set write on this topic's behalf (counted per process)."""
         self._m.metadata_writes()
 
     def data_lost(self, ledger_id: int) -> None:
         """A ledger vanished from the source before it was offloaded (retention)."""
-        self._child(self._m._ledgers_lost).inc()
+        self._add(_LOST, 1)
 
     def throttle_wait(self, seconds: float) -> None:
         """Report each throttle acquire's wait; a non-zero wait also counts as 'limited'."""
-        self._child(self._m._throttle_wait).inc(seconds)
-        if seconds > 0:
-            self._child(self._m._offload_limited).inc()
+        with self._lock:
+            self._cells[_THROTTLE_WAIT] += seconds
+            if seconds > 0:
+                self._cells[_LIMITED] += 1
 
     # -- reading ----------------------------------------------------------------------------
-
     def read_offload(self, nbytes: int) -> None:
         """Bytes read back from the tier."""
-        self._child(self._m._read_bytes).inc(nbytes)
-        self._m._rates.add(self._key, read=nbytes)
+        with self._lock:
+            self._ns.counters[_READ_BYTES] += nbytes
 
     def read_error(self) -> None:
         """A read from the tier failed."""
-        self._child(self._m._read_offload_error).inc()
+        with self._lock:
+            self._ns.counters[_READ_ERROR] += 1
+
+    def reread(self) -> None:
+        """An answer from the tier failed its checks and is read again (damage in transit is
+        retried before an object is called corrupt)."""
+        with self._lock:
+            self._ns.counters[_REREAD] += 1
 
     def index_read(self, seconds: float) -> None:
         """An index object was fetched and parsed in ``seconds``."""
-        self._child(self._m._index_latency).observe(seconds * _MICROS)
-        self._child(self._m._read_seconds, "index").observe(seconds)
+        with self._lock:
+            self._ns.observe(_INDEX_LATENCY, seconds * _MICROS)
+            self._ns.observe(_READ, seconds, "index")
 
     def data_read(self, seconds: float) -> None:
         """A ranged read of data blocks took ``seconds``."""
-        self._child(self._m._data_latency).observe(seconds * _MICROS)
-        self._child(self._m._read_seconds, "data").observe(seconds)
+        with self._lock:
+            self._ns.observe(_DATA_LATENCY, seconds * _MICROS)
+            self._ns.observe(_READ, seconds, "data")
 
     def ledger_read(self, seconds: float) -> None:
         """Reading entries from the source ledger (to offload them) took ``seconds``."""
-        self._child(self._m._ledger_latency).observe(seconds * _MICROS)
-        self._child(self._m._source_read_seconds).observe(seconds)
+        with self._lock:
+            self._ns.observe(_LEDGER_LATENCY, seconds * _MICROS)
+            self._ns.observe(_SOURCE_READ, seconds)
 
     # -- state --------------------------------------------------------------------------------
-
     def delete_op(self, succeeded: bool = True) -> None:
-        """One deletion of offloaded objects was attempted."""
-        self._child(self._m._delete_ops, "succeed" if succeeded else "failed").inc()
+        """One deletion of offloaded objects was attempted (counted per namespace)."""
+        with self._lock:
+            self._ns.counters[_DELETES + (0 if succeeded else 1)] += 1
 
     def segment_states(self, assigned: int, offloaded: int, failed: int) -> None:
         """How many of this topic's segments are in each state right now."""
-        for state, n in zip(SEGMENT_STATES, (assigned, offloaded, failed), strict=True):
-            self._child(self._m._segments, state).set(n)
+        with self._lock:
+            self._cells[_SEGMENTS:_SEGMENTS + 3] = [assigned, offloaded, failed]
 
     def lag(self, entries: int, nbytes: int, seconds: float) -> None:
         """How far the tier trails the topic: from the last committed position to the source's
         LAC (measured by the daemon's lag loop, :mod:`offloadd.offload.lag`)."""
-        self._child(self._m._lag_entries).set(entries)
-        self._child(self._m._lag_bytes).set(nbytes)
-        self._child(self._m._lag_seconds).set(seconds)
+        with self._lock:
+            self._cells[_LAG_ENTRIES] = entries
+            self._cells[_LAG_BYTES] = nbytes
+            self._cells[_LAG_SECONDS] = seconds
 
     def last_offloaded(self, ledger: int, entry: int) -> None:
         """The last position committed to the tier."""
-        self._child(self._m._last_ledger).set(ledger)
-        self._child(self._m._last_entry).set(entry)
+        with self._lock:
+            self._cells[_LAST_LEDGER] = ledger
+            self._cells[_LAST_ENTRY] = entry
 
     def last_commit_time(self, seconds: float) -> None:
         """Wall-clock time (seconds since the epoch) of the topic's last commit to the tier."""
-        self._child(self._m._last_commit_ts).set(seconds)
+        self._set(_LAST_COMMIT, seconds)
 
 
 class Metrics:
     """The process's registry and its probes.
 
-    ``clock`` and ``rate_period`` drive Pulsar's ``*_rate`` gauges (see :class:`_PulsarRates`).
+    ``topic_level``: True per topic, False per namespace, None "auto" (per topic below
+    :data:`AUTO_TOPIC_LIMIT` served topics). ``clock`` and ``rate_period`` drive Pulsar's
+    ``*_rate`` gauges.
     """
 
     def __init__(
         self,
         *,
+        topic_level: bool | None = None,
         clock: Callable[[], float] = time.monotonic,
         rate_period: float = _DEFAULT_RATE_PERIOD,
     ) -> None:
-        self.registry = CollectorRegistry(auto_describe=True)
-        r = self.registry
+        self.topic_level = topic_level
+        self._clock = clock
+        self._period = rate_period
+        self._lock = threading.Lock()
         self._topics: dict[tuple[str, str], TopicProbe] = {}
-
-        # Pulsar's offloader series (LedgerOffloaderStatsImpl) and PIP-211's.
-        self._offload_error = Counter(
-            "brk_ledgeroffloader_offload_error",
-            "Failed offload attempts.",
-            _TOPIC_LABELS,
-            registry=r,
-        )
-        self._read_offload_error = Counter(
-            "brk_ledgeroffloader_read_offload_error",
-            "Failed reads from the tier.",
-            _TOPIC_LABELS,
-            registry=r,
-        )
-        self._write_storage_error = Counter(
-            "brk_ledgeroffloader_write_storage_error",
-            "Failed writes to the blob store.",
-            _TOPIC_LABELS,
-            registry=r,
-        )
-        self._read_bytes = Counter(
-            "brk_ledgeroffloader_read_bytes",
-            "Bytes read back from the tier.",
-            _TOPIC_LABELS,
-            registry=r,
-        )
-        self._index_latency = Summary(
-            "brk_ledgeroffloader_read_offload_index_latency",
-            "Latency of reading an index object from the tier, in microseconds.",
-            _TOPIC_LABELS,
-            registry=r,
-        )
-        self._data_latency = Summary(
-            "brk_ledgeroffloader_read_offload_data_latency",
-            "Latency of reading data blocks from the tier, in microseconds.",
-            _TOPIC_LABELS,
-            registry=r,
-        )
-        self._ledger_latency = Summary(
-            "brk_ledgeroffloader_read_ledger_latency",
-            "Latency of reading entries from the source ledger, in microseconds.",
-            _TOPIC_LABELS,
-            registry=r,
-        )
-        self._delete_ops = Counter(
-            "brk_ledgeroffloader_delete_offload_ops",
-            "Deletions of offloaded objects, by outcome.",
-            (*_TOPIC_LABELS, "status"),
-            registry=r,
-        )
-        self._offload_limited = Counter(
-            "brk_ledgeroffloader_ledger_offload_limited",
-            "Times the offload had to wait for the broker-wide byte budget (PIP-211).",
-            _TOPIC_LABELS,
-            registry=r,
-        )
-        self._offload_time = Summary(
-            "brk_ledgeroffloader_ledger_offload_time",
-            "Time from starting a segment's offload to its commit, in microseconds (PIP-211).",
-            _TOPIC_LABELS,
-            registry=r,
-        )
-        self._reading_max_bytes = Gauge(
-            "brk_ledgeroffloader_ledger_reading_max_bytes",
-            "Most bytes the topic may read from its ledger in one go (PIP-211).",
-            _TOPIC_LABELS,
-            registry=r,
-        )
-        self._rates = _PulsarRates(clock, rate_period)
-        r.register(self._rates)
-
-        # Ours.
-        self._offloaded_bytes = Counter(
-            "offloadd_offloaded_bytes",
-            "Bytes written to the tier's data objects, counted as each block lands.",
-            _TOPIC_LABELS,
-            registry=r,
-        )
-        self._offloaded_entries = Counter(
-            "offloadd_offloaded_entries",
-            "Entries committed to the tier.",
-            _TOPIC_LABELS,
-            registry=r,
-        )
-        self._lag_entries = Gauge(
-            "offloadd_lag_entries",
-            "Entries confirmed in the topic (up to its LAC) but not yet committed to the tier.",
-            _TOPIC_LABELS,
-            registry=r,
-        )
-        self._lag_bytes = Gauge(
-            "offloadd_lag_bytes",
-            "Bytes confirmed in the topic but not yet committed to the tier.",
-            _TOPIC_LABELS,
-            registry=r,
-        )
-        self._lag_seconds = Gauge(
-            "offloadd_lag_seconds",
-            "Age of the oldest entry not yet committed to the tier (an upper bound; 0 when "
-            "nothing is uncommitted).",
-            _TOPIC_LABELS,
-            registry=r,
-        )
-        self._segments = Gauge(
-            "offloadd_segments",
-            "Offload segments by state.",
-            (*_TOPIC_LABELS, "state"),
-            registry=r,
-        )
-        self._last_ledger = Gauge(
-            "offloadd_last_offloaded_ledger",
-            "Ledger id of the last position committed to the tier.",
-            _TOPIC_LABELS,
-            registry=r,
-        )
-        self._last_entry = Gauge(
-            "offloadd_last_offloaded_entry",
-            "Entry id of the last position committed to the tier.",
-            _TOPIC_LABELS,
-            registry=r,
-        )
-        self._last_commit_ts = Gauge(
-            "offloadd_last_commit_timestamp_seconds",
-            "Unix time of the topic's last commit to the tier (from the catalog after a "
-            "restart).",
-            _TOPIC_LABELS,
-            registry=r,
-        )
-        self._upload_seconds = Histogram(
-            "offloadd_upload_duration_seconds",
-            "Duration of one object or part upload.",
-            _TOPIC_LABELS,
-            buckets=_UPLOAD_BUCKETS,
-            registry=r,
-        )
-        self._read_seconds = Histogram(
-            "offloadd_read_duration_seconds",
-            "Duration of one read from the tier, by object kind (index or data).",
-            (*_TOPIC_LABELS, "object"),
-            buckets=_READ_BUCKETS,
-            registry=r,
-        )
-        self._source_read_seconds = Histogram(
-            "offloadd_source_read_duration_seconds",
-            "Duration of one read of entries from the source ledger.",
-            _TOPIC_LABELS,
-            buckets=_READ_BUCKETS,
-            registry=r,
-        )
-        self._throttle_wait = Counter(
-            "offloadd_throttle_wait_seconds",
-            "Seconds spent waiting for the broker-wide byte budget (summed over concurrent waits).",
-            _TOPIC_LABELS,
-            registry=r,
-        )
-        self._throttle_limit = Gauge(
-            "offloadd_throttle_limit_bytes_per_second",
-            "The broker-wide offload byte budget; 0 means unlimited.",
-            registry=r,
-        )
-        self._buffer_bytes = Gauge(
-            "offloadd_buffer_bytes",
-            "Bytes held in the offload buffer.",
-            registry=r,
-        )
-        self._buffer_capacity = Gauge(
-            "offloadd_buffer_capacity_bytes",
-            "Capacity of the offload buffer.",
-            registry=r,
-        )
-        self._circuit = Gauge(
-            "offloadd_store_circuit_state",
-            "1 for the store's current circuit-breaker state, 0 for the others.",
-            ("store", "state"),
-            registry=r,
-        )
-        self._circuit_states: dict[str, set[str]] = {}
-        self._ledgers_lost = Counter(
-            "offloadd_ledgers_lost_to_retention",
-            "Ledgers deleted from the source before they were offloaded (data lost).",
-            _TOPIC_LABELS,
-            registry=r,
-        )
-        self._blobstore_requests = Counter(
-            "offloadd_blobstore_requests",
-            "Requests the blob-store driver sent, by S3 operation and result (ok, throttled, "
-            "server, client, io, timeout).",
-            ("driver", "op", "result"),
-            registry=r,
-        )
-        self._metadata_writes = Counter(
-            "offloadd_metadata_writes",
-            "Compare-and-set writes to the metadata store.",
-            registry=r,
-        )
-        topics = Gauge(
-            "offloadd_topics",
-            "Topics with a probe (topics this process offloads or reads).",
-            registry=r,
-        )
-        topics.set_function(lambda: len(self._topics))
-        Info("offloadd_build", "offloadd build.", registry=r).info({"version": __version__})
+        self._namespaces: dict[str, Namespace] = {}
+        self._process: dict[str, dict[tuple[str, ...], float]] = {
+            s.name: {} for s in TABLE if s.level is Level.PROCESS}
+        self._process["offloadd_build"][(__version__,)] = 1.0
+        self._auto_topic_level = True
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.registry.register(_Exposition(self))
 
     # -- probes -------------------------------------------------------------------------------
+    def _namespace(self, name: str) -> Namespace:
+        ns = self._namespaces.get(name)
+        if ns is None:
+            ns = self._namespaces[name] = Namespace(name, self._clock())
+        return ns
+
+    def _probe(self, namespace: str, topic: str, *, served: bool) -> TopicProbe:
+        return TopicProbe(self, self._namespace(namespace), topic, served=served)
 
     def topic(self, namespace: str, topic: str) -> TopicProbe:
-        """The probe for one topic (one per topic; repeated calls return the same probe)."""
+        """The probe for one topic this process serves (one per topic; repeated calls return
+        the same probe) until :meth:`forget_topic`."""
         key = (namespace, topic)
         probe = self._topics.get(key)
         if probe is None:
-            probe = self._topics[key] = TopicProbe(self, namespace, topic)
+            with self._lock:
+                probe = self._topics[key] = self._probe(namespace, topic, served=True)
         return probe
 
     def topic_named(self, topic: str) -> TopicProbe:
-        """The probe for a full topic name; the namespace label is derived from it."""
-        return self.topic(namespace_of(topic), topic)
+        """The probe of a full topic name; the namespace label is derived from it. For a topic
+        this process does not serve (gc deleting a deleted topic's objects, a late report)
+        it is a probe that counts in the namespace's totals only: it creates no per-topic
+        series, so nothing is left behind to forget."""
+        key = (namespace_of(topic), topic)
+        probe = self._topics.get(key)
+        if probe is None:
+            with self._lock:
+                probe = self._probe(*key, served=False)
+        return probe
 
     def forget_topic(self, namespace: str, topic: str) -> None:
-        """Drop every series of a topic this process no longer serves."""
-        key = (namespace, topic)
-        probe = self._topics.pop(key, None)
-        if probe is not None:
-            probe._forget()
-            self._rates.forget(key)
+        """Drop every per-topic series of a topic this process no longer serves; its counters
+        stay in the namespace's totals."""
+        with self._lock:
+            probe = self._topics.pop((namespace, topic), None)
+            if probe is not None:
+                retired = probe._ns.retired
+                for slot in COUNTER_SLOTS:
+                    retired[slot] += probe._cells[slot]
+                probe._cells = list(FRESH)  # later reports of a stale holder count nowhere
 
     def buffer(self, bytes_used: int, cap: int) -> None:
         """Offload buffer fill and capacity."""
-        self._buffer_bytes.set(bytes_used)
-        self._buffer_capacity.set(cap)
+        self._set("offloadd_buffer_bytes", (), bytes_used)
+        self._set("offloadd_buffer_capacity_bytes", (), cap)
 
     def throttle_limit(self, bytes_per_second: float) -> None:
         """The configured broker-wide budget (0 = unlimited); set at start and on reload."""
-        self._throttle_limit.set(bytes_per_second)
+        self._set("offloadd_throttle_limit_bytes_per_second", (), bytes_per_second)
 
     def throttle_wait(self, topic: str, seconds: float) -> None:
         """Same as ``topic_named(topic).throttle_wait(seconds)``."""
@@ -564,20 +350,51 @@ class Metrics:
 
     def store_circuit(self, state_name: str, store: str = "blobstore") -> None:
         """The circuit breaker of ``store`` is now in ``state_name``."""
-        known = self._circuit_states.setdefault(store, set(CIRCUIT_STATES))
-        known.add(state_name)
-        for state in known:
-            self._circuit.labels(store, state).set(1 if state == state_name else 0)
+        with self._lock:
+            cells = self._process["offloadd_store_circuit_state"]
+            known = {s for (st, s) in cells if st == store} | set(CIRCUIT_STATES) | {state_name}
+            for state in known:
+                cells[store, state] = 1.0 if state == state_name else 0.0
+
+    def conditional_writes(self, on: bool) -> None:
+        """The tier's conditional-write fence is now on (or off): at start-up and at each
+        re-probe (docs/s3.md, "Conditional writes")."""
+        self._set("offloadd_conditional_writes", ("blobstore",), 1.0 if on else 0.0)
 
     def blobstore_request(self, driver: str, op: str, result: str) -> None:
         """One request the blob-store driver sent (``offloadd.blobstore.requests``)."""
-        self._blobstore_requests.labels(driver, op, result).inc()
+        self._inc("offloadd_blobstore_requests", (driver, op, result))
 
     def metadata_writes(self, count: int = 1) -> None:
         """Writes (compare-and-set) to the metadata store."""
-        self._metadata_writes.inc(count)
+        self._inc("offloadd_metadata_writes", (), count)
+
+    def _inc(self, name: str, labels: tuple[str, ...], amount: float = 1.0) -> None:
+        with self._lock:
+            cells = self._process[name]
+            cells[labels] = cells.get(labels, 0.0) + amount
+
+    def _set(self, name: str, labels: tuple[str, ...], value: float) -> None:
+        with self._lock:
+            self._process[name][labels] = value
+
+    def adopt(self, source: _Registers) -> None:
+        """Serve a source's own collector (the BookKeeper client's ``source.register(registry)``)
+        through the topic-level switch: with it off, a ``topic`` label of its series becomes
+        ``namespace`` (values summed), so no series of the process has a ``topic`` label."""
+        source.register(_Adopter(self))
 
     # -- exposition ---------------------------------------------------------------------------
+    def topic_level_now(self) -> bool:
+        """Whether the next scrape shows per-topic series (decides "auto" with hysteresis)."""
+        if self.topic_level is not None:
+            return self.topic_level
+        n = len(self._topics)
+        if self._auto_topic_level and n >= AUTO_TOPIC_LIMIT:
+            self._auto_topic_level = False
+        elif not self._auto_topic_level and n < _AUTO_BACK:
+            self._auto_topic_level = True
+        return self._auto_topic_level
 
     def exposition(self, accept: str | None = None) -> tuple[bytes, str]:
         """The registry rendered for a scraper's ``Accept`` header: (body, content type).
@@ -586,3 +403,70 @@ class Metrics:
         """
         encoder, content_type = choose_encoder(accept or "")
         return encoder(self.registry), content_type
+
+
+class _Registers(Protocol):
+    def register(self, registry: Any) -> None: ...
+
+
+class _Adopter:
+    """Registry-shaped: what a source's ``register`` gets from :meth:`Metrics.adopt`."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self._m = metrics
+
+    def register(self, collector: Collector) -> None:
+        self._m.registry.register(_PerNamespace(self._m, collector))
+
+
+class _PerNamespace(Collector):
+    """A collector whose series carry a ``topic`` label, folded per namespace while the
+    metrics are not topic level."""
+
+    def __init__(self, metrics: Metrics, inner: Collector) -> None:
+        self._m, self._inner = metrics, inner
+
+    def describe(self) -> Iterable[Metric]:
+        return []  # the inner collector's names vary with its topics
+
+    def collect(self) -> Iterable[Metric]:
+        with self._m._lock:
+            per_topic = self._m.topic_level_now()
+        for fam in self._inner.collect():
+            if per_topic or not any("topic" in s.labels for s in fam.samples):
+                yield fam
+                continue
+            folded: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+            for sample in fam.samples:
+                labels = dict(sample.labels)
+                if "topic" in labels:
+                    labels["namespace"] = namespace_of(labels.pop("topic"))
+                key = (sample.name, tuple(sorted(labels.items())))
+                folded[key] = folded.get(key, 0.0) + sample.value
+            out = Metric(fam.name, fam.documentation, fam.type, fam.unit)
+            for (name, labels_), v in folded.items():
+                out.add_sample(name, dict(labels_), v)
+            yield out
+
+
+class _Exposition(Collector):
+    """The table's families, filled from the probes' cells at each scrape."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self._m = metrics
+
+    def describe(self) -> Iterable[Metric]:
+        return [family(s, per_topic=s.level is Level.TOPIC) for s in TABLE]
+
+    def collect(self) -> Iterable[Metric]:
+        m = self._m
+        with m._lock:  # copies only: the families are built after it
+            per_topic = m.topic_level_now()
+            m._process["offloadd_topics"][()] = len(m._topics)
+            m._process["offloadd_metrics_topic_level"][()] = 1.0 if per_topic else 0.0
+            snapshot = Snapshot(
+                {key: (list(p._cells), p._window) for key, p in m._topics.items()},
+                {name: ns.copy() for name, ns in m._namespaces.items()},
+                {name: dict(cells) for name, cells in m._process.items()},
+                per_topic=per_topic, now=m._clock(), period=m._period)
+        return list(snapshot.families())

@@ -133,7 +133,7 @@ async def open_tier(settings: Settings,
             await view.store.close()
             raise
         log.info("blob store: conditional writes %s", found.how if found.answered else
-                 "unknown: the store did not answer the probe (asked again later)")
+                 f"unknown, asked again every 30 s: {found.how}")
         if mode == "on" and not (found.put and found.complete):
             await view.store.close()
             raise ConfigError(f'[blobstore] conditional_writes = "on", but the store does not '

@@ -17,9 +17,11 @@ import pytest
 import yaml  # type: ignore[import-untyped]  # PyYAML arrives with moto[server]
 from prometheus_client import REGISTRY
 
+from bench.metrics_scrape import report_all, synthetic
 from offloadd.errors import ConfigError
 from offloadd.metrics import Metrics, namespace_of
-from offloadd.shell.httpserver import MetricsServer, ServerState, parse_bind
+from offloadd.metrics_table import TABLE, Level, Series, series
+from offloadd.shell.httpserver import MetricsServer, PortBusy, ServerState, parse_bind
 
 ROOT = Path(__file__).resolve().parent.parent
 RULES = ROOT / "deploy" / "prometheus" / "offloadd-rules.yml"
@@ -51,37 +53,40 @@ def value(m: Metrics, name: str, **labels: str) -> float | None:
     return m.registry.get_sample_value(name, labels)
 
 
+def declared(sample: str) -> Series:
+    """The table's declaration of a sample name (``X_total``, ``X_sum``, ``X_bucket`` ...)."""
+    for suffix in ("", "_total", "_sum", "_count", "_bucket", "_info"):
+        if sample.endswith(suffix) and (name := sample.removesuffix(suffix) if suffix
+                                        else sample) in {s.name for s in TABLE}:
+            return series(name)
+    raise KeyError(sample)
+
+
 def topic_value(m: Metrics, name: str, topic: str = TOPIC, **labels: str) -> float | None:
-    return value(m, name, namespace=NS, topic=topic, **labels)
+    """A topic's sample where the topic's reports land: its own series at topic level, its
+    namespace's otherwise (and for the series that are always per namespace)."""
+    where = {"namespace": namespace_of(topic)}
+    if declared(name).level is Level.TOPIC and m.topic_level_now():
+        where["topic"] = topic
+    return value(m, name, **where, **labels)
 
 
-def populated() -> Metrics:
+@pytest.fixture(params=[True, False], ids=["topic_level", "namespace_level"])
+def level(request: pytest.FixtureRequest) -> bool:
+    """Both values of ``[metrics] topic_level``: every probe test runs in each."""
+    return bool(request.param)
+
+
+def populated(level: bool | None = None) -> Metrics:
     """A registry where every probe has reported at least once."""
-    m = Metrics()
-    p = m.topic(NS, TOPIC)
-    p.offload_bytes(4096, entries=4)
-    p.offload_error()
-    p.write_storage_error()
-    p.upload_latency(0.2)
-    p.ledger_offload_time(12.5)
-    p.ledger_offload_limited()
-    p.ledger_reading_max_bytes(1 << 20)
-    p.throttle_wait(0.25)
-    p.read_offload(512)
-    p.read_error()
-    p.index_read(0.003)
-    p.data_read(0.02)
-    p.ledger_read(0.001)
-    p.delete_op(True)
-    p.delete_op(False)
-    p.segment_states(1, 10, 0)
-    p.lag(100, 1 << 20, 42.0)
-    p.last_offloaded(7, 99)
+    m = Metrics(topic_level=level)
+    report_all(m.topic(NS, TOPIC))
     m.buffer(1 << 20, 1 << 28)
     m.throttle_limit(50_000_000)
     m.store_circuit("closed")
     m.store_circuit("open", store="metadata")
     m.metadata_writes()
+    m.conditional_writes(True)
     return m
 
 
@@ -137,8 +142,8 @@ def rule_exprs() -> dict[str, str]:
 class TestTopicProbe:
     """A topic probe's calls land in the series named for them, in the documented units."""
 
-    def test_counters_exist_at_zero_before_anything_happens(self) -> None:
-        m = Metrics()
+    def test_counters_exist_at_zero_before_anything_happens(self, level: bool) -> None:
+        m = Metrics(topic_level=level)
         m.topic(NS, TOPIC)
         for name in (
             "brk_ledgeroffloader_offload_error_total",
@@ -146,12 +151,13 @@ class TestTopicProbe:
             "brk_ledgeroffloader_read_offload_error_total",
             "offloadd_offloaded_bytes_total",
             "offloadd_throttle_wait_seconds_total",
+            "offloadd_read_rereads_total",
         ):
             assert topic_value(m, name) == 0.0, name
         assert topic_value(m, "brk_ledgeroffloader_delete_offload_ops_total", status="failed") == 0
 
-    def test_offloaded_bytes_and_entries_are_counted(self) -> None:
-        m = Metrics()
+    def test_offloaded_bytes_and_entries_are_counted(self, level: bool) -> None:
+        m = Metrics(topic_level=level)
         p = m.topic(NS, TOPIC)
         p.offload_bytes(1000, entries=3)
         p.offload_bytes(24)
@@ -165,10 +171,13 @@ class TestTopicProbe:
             ("write_storage_error", "brk_ledgeroffloader_write_storage_error_total"),
             ("read_error", "brk_ledgeroffloader_read_offload_error_total"),
             ("ledger_offload_limited", "brk_ledgeroffloader_ledger_offload_limited_total"),
+            ("reread", "offloadd_read_rereads_total"),
         ],
     )
-    def test_each_error_goes_to_its_own_pulsar_counter(self, method: str, series: str) -> None:
-        m = Metrics()
+    def test_each_error_goes_to_its_own_pulsar_counter(
+        self, level: bool, method: str, series: str
+    ) -> None:
+        m = Metrics(topic_level=level)
         p = m.topic(NS, TOPIC)
         getattr(p, method)()
         getattr(p, method)()
@@ -178,13 +187,14 @@ class TestTopicProbe:
             "brk_ledgeroffloader_write_storage_error_total",
             "brk_ledgeroffloader_read_offload_error_total",
             "brk_ledgeroffloader_ledger_offload_limited_total",
+            "offloadd_read_rereads_total",
         } - {series}
         assert all(topic_value(m, other) == 0 for other in others)
 
     def test_read_latencies_feed_pulsar_summaries_in_microseconds_and_histograms_in_seconds(
         self,
     ) -> None:
-        m = Metrics()
+        m = Metrics(topic_level=level)
         p = m.topic(NS, TOPIC)
         p.index_read(0.003)
         p.data_read(0.5)
@@ -200,8 +210,8 @@ class TestTopicProbe:
         assert topic_value(m, ours, object="data") == pytest.approx(0.5)
         assert topic_value(m, "offloadd_source_read_duration_seconds_count") == 2
 
-    def test_upload_latency_and_offload_time(self) -> None:
-        m = Metrics()
+    def test_upload_latency_and_offload_time(self, level: bool) -> None:
+        m = Metrics(topic_level=level)
         p = m.topic(NS, TOPIC)
         p.upload_latency(0.2)
         p.ledger_offload_time(2.0)
@@ -209,8 +219,10 @@ class TestTopicProbe:
         assert topic_value(m, "offloadd_upload_duration_seconds_bucket", le="0.1") == 0
         assert topic_value(m, "brk_ledgeroffloader_ledger_offload_time_sum") == 2_000_000
 
-    def test_throttle_wait_counts_seconds_and_limited_only_when_it_waited(self) -> None:
-        m = Metrics()
+    def test_throttle_wait_counts_seconds_and_limited_only_when_it_waited(
+        self, level: bool
+    ) -> None:
+        m = Metrics(topic_level=level)
         p = m.topic(NS, TOPIC)
         p.throttle_wait(0.0)
         p.throttle_wait(0.5)
@@ -218,8 +230,8 @@ class TestTopicProbe:
         assert topic_value(m, "offloadd_throttle_wait_seconds_total") == 0.75
         assert topic_value(m, "brk_ledgeroffloader_ledger_offload_limited_total") == 2
 
-    def test_deletions_are_counted_by_outcome(self) -> None:
-        m = Metrics()
+    def test_deletions_are_counted_by_outcome(self, level: bool) -> None:
+        m = Metrics(topic_level=level)
         p = m.topic(NS, TOPIC)
         p.delete_op()
         p.delete_op(succeeded=True)
@@ -228,8 +240,8 @@ class TestTopicProbe:
         assert topic_value(m, series, status="succeed") == 2
         assert topic_value(m, series, status="failed") == 1
 
-    def test_state_gauges_hold_the_latest_report(self) -> None:
-        m = Metrics()
+    def test_state_gauges_hold_the_latest_report(self, level: bool) -> None:
+        m = Metrics(topic_level=level)
         p = m.topic(NS, TOPIC)
         p.segment_states(2, 5, 1)
         p.segment_states(0, 8, 0)
@@ -246,8 +258,8 @@ class TestTopicProbe:
         assert topic_value(m, "offloadd_last_offloaded_entry") == 345
         assert topic_value(m, "brk_ledgeroffloader_ledger_reading_max_bytes") == 4 << 20
 
-    def test_one_probe_per_topic_and_namespace_from_the_name(self) -> None:
-        m = Metrics()
+    def test_one_probe_per_topic_and_namespace_from_the_name(self, level: bool) -> None:
+        m = Metrics(topic_level=level)
         assert m.topic(NS, TOPIC) is m.topic(NS, TOPIC)
         assert m.topic_named(TOPIC) is m.topic(NS, TOPIC)
         assert namespace_of("persistent://t1/ns1/x") == "t1/ns1"
@@ -257,9 +269,9 @@ class TestTopicProbe:
 class TestPulsarRates:
     """Pulsar's *_rate gauges publish bytes/s averaged over each stats period."""
 
-    def test_rate_is_published_once_the_period_has_passed(self) -> None:
+    def test_rate_is_published_once_the_period_has_passed(self, level: bool) -> None:
         clock = FakeClock()
-        m = Metrics(clock=clock, rate_period=60.0)
+        m = Metrics(topic_level=level, clock=clock, rate_period=60.0)
         p = m.topic(NS, TOPIC)
         p.offload_bytes(6000)
         p.read_offload(1200)
@@ -269,9 +281,9 @@ class TestPulsarRates:
         assert topic_value(m, "brk_ledgeroffloader_offload_rate") == pytest.approx(100)
         assert topic_value(m, "brk_ledgeroffloader_read_offload_rate") == pytest.approx(20)
 
-    def test_scrapes_inside_a_period_see_the_last_published_value(self) -> None:
+    def test_scrapes_inside_a_period_see_the_last_published_value(self, level: bool) -> None:
         clock = FakeClock()
-        m = Metrics(clock=clock, rate_period=10.0)
+        m = Metrics(topic_level=level, clock=clock, rate_period=10.0)
         p = m.topic(NS, TOPIC)
         p.offload_bytes(1000)
         clock.now += 10
@@ -286,21 +298,22 @@ class TestPulsarRates:
 class TestProcessProbes:
     """Process-wide probes: buffer, throttle, store circuit, metadata, backfill, topics."""
 
-    def test_buffer_and_throttle_limit(self) -> None:
-        m = Metrics()
+    def test_buffer_and_throttle_limit(self, level: bool) -> None:
+        m = Metrics(topic_level=level)
         m.buffer(100, 1000)
         m.throttle_limit(5e6)
         assert value(m, "offloadd_buffer_bytes") == 100
         assert value(m, "offloadd_buffer_capacity_bytes") == 1000
         assert value(m, "offloadd_throttle_limit_bytes_per_second") == 5e6
 
-    def test_process_throttle_wait_reaches_the_topic_series(self) -> None:
-        m = Metrics()
+    def test_process_throttle_wait_reaches_the_topic_series(self, level: bool) -> None:
+        m = Metrics(topic_level=level)
+        m.topic(NS, TOPIC)
         m.throttle_wait(TOPIC, 1.5)
         assert topic_value(m, "offloadd_throttle_wait_seconds_total") == 1.5
 
-    def test_exactly_one_circuit_state_is_set_per_store(self) -> None:
-        m = Metrics()
+    def test_exactly_one_circuit_state_is_set_per_store(self, level: bool) -> None:
+        m = Metrics(topic_level=level)
         m.store_circuit("open")
         m.store_circuit("half_open")
         m.store_circuit("closed", store="metadata")
@@ -311,14 +324,14 @@ class TestProcessProbes:
         assert states == {"closed": 0, "open": 0, "half_open": 1}
         assert value(m, "offloadd_store_circuit_state", store="metadata", state="closed") == 1
 
-    def test_metadata_writes(self) -> None:
-        m = Metrics()
+    def test_metadata_writes(self, level: bool) -> None:
+        m = Metrics(topic_level=level)
         m.metadata_writes()
         m.metadata_writes(4)
         assert value(m, "offloadd_metadata_writes_total") == 5
 
-    def test_topics_gauge_and_build_info(self) -> None:
-        m = Metrics()
+    def test_topics_gauge_and_build_info(self, level: bool) -> None:
+        m = Metrics(topic_level=level)
         m.topic(NS, TOPIC)
         m.topic(NS, OTHER)
         assert value(m, "offloadd_topics") == 2
@@ -379,13 +392,151 @@ class TestRegistry:
         assert used <= allowed
 
 
+class TestTopicLevel:
+    """``[metrics] topic_level``: what a scrape holds per topic and per namespace at many topics
+    (issue 22: <= 15 series per topic, no ``topic`` label when off, histograms per namespace)."""
+
+    TOPICS = 300
+
+    @staticmethod
+    def scrape(level: bool | None, topics: int = TOPICS) -> tuple[Metrics, list[str]]:
+        m = synthetic(topics, namespaces=10, topic_level=level)
+        lines = [ln for ln in exposition_text(m).splitlines() if ln and not ln.startswith("#")]
+        return m, lines
+
+    def test_on_each_topic_has_at_most_15_series_and_distributions_are_per_namespace(
+        self,
+    ) -> None:
+        _, lines = self.scrape(True)
+        per_topic: dict[str, int] = {}
+        for line in lines:
+            if (t := re.search(r'topic="([^"]*)"', line)) is not None:
+                per_topic[t.group(1)] = per_topic.get(t.group(1), 0) + 1
+                assert not re.match(r"\w+_(bucket|sum|count|created)\{", line), line
+        assert len(per_topic) == self.TOPICS
+        assert max(per_topic.values()) <= 15
+        # every series declared per topic is there for each topic
+        assert min(per_topic.values()) == sum(1 for s in TABLE if s.level is Level.TOPIC)
+        assert any(ln.startswith("offloadd_upload_duration_seconds_bucket{")
+                   and 'namespace="tenant-0/ns-0"' in ln for ln in lines)
+
+    def test_off_no_series_has_a_topic_label_and_the_size_does_not_grow_with_topics(
+        self,
+    ) -> None:
+        _, few = self.scrape(False, topics=20)
+        m, many = self.scrape(False)
+        assert not [ln for ln in many if "topic=" in ln]
+        assert len(many) == len(few)
+        # the namespace totals are the sums of the topics' reports
+        assert value(m, "offloadd_offloaded_entries_total", namespace="tenant-0/ns-0") == (
+            8 * self.TOPICS / 10)
+        assert value(m, "offloadd_lag_seconds", namespace="tenant-0/ns-0") == 42.0
+
+    def test_auto_is_per_topic_below_1000_topics_and_per_namespace_from_1000(self) -> None:
+        m, lines = self.scrape(None, topics=999)
+        assert m.topic_level_now() and any("topic=" in ln for ln in lines)
+        assert value(m, "offloadd_metrics_topic_level") == 1
+        m.topic("tenant-0/ns-0", "persistent://tenant-0/ns-0/one-more")
+        assert not [ln for ln in exposition_text(m).splitlines() if "topic=" in ln]
+        assert value(m, "offloadd_metrics_topic_level") == 0
+        # back per topic only well below the limit: a count hovering there does not flap
+        for i in range(50):
+            m.forget_topic("tenant-0/ns-0", f"persistent://tenant-0/ns-0/topic-{i * 10:05d}")
+        assert not m.topic_level_now()
+        for i in range(500, 560):
+            m.forget_topic(f"tenant-{i % 10}/ns-{i % 10}",
+                           f"persistent://tenant-{i % 10}/ns-{i % 10}/topic-{i:05d}")
+        assert m.topic_level_now()
+
+    def test_a_topic_that_goes_away_leaves_no_series_and_its_counts_in_the_namespace(
+        self, level: bool
+    ) -> None:
+        m = Metrics(topic_level=level)
+        for t in (TOPIC, OTHER):
+            p = m.topic(NS, t)
+            p.offload_bytes(100, entries=1)
+            p.lag(1, 2, 3.0)
+        m.forget_topic(NS, TOPIC)
+        text = exposition_text(m)
+        assert f'topic="{TOPIC}"' not in text
+        total = value(m, "offloadd_offloaded_bytes_total", namespace=NS)
+        assert total == (None if level else 200)  # counters never go down per namespace
+        assert value(m, "offloadd_lag_bytes", namespace=NS, **({"topic": OTHER} if level
+                                                               else {})) == 2
+        m.forget_topic(NS, OTHER)
+        assert "topic=" not in exposition_text(m)
+
+    def test_gc_of_a_topic_not_served_creates_no_topic_series(self, level: bool) -> None:
+        m = Metrics(topic_level=level)
+        m.topic_named(TOPIC).delete_op(False)
+        m.throttle_wait(TOPIC, 0.5)
+        assert "topic=" not in exposition_text(m)
+        assert value(m, "offloadd_topics") == 0
+        series_ = "brk_ledgeroffloader_delete_offload_ops_total"
+        assert value(m, series_, namespace=NS, status="failed") == 1
+
+
+class TestAdoptedSourceSeries:
+    """The BookKeeper source's own series go through the same switch."""
+
+    @pytest.mark.parametrize("level", [True, False], ids=["topic_level", "namespace_level"])
+    def test_their_topic_label_becomes_the_namespace_when_off(self, level: bool) -> None:
+        from offloadd.ledger.bookkeeper.metrics import BookKeeperMetrics
+
+        m = Metrics(topic_level=level)
+        bk = BookKeeperMetrics()
+        m.adopt(bk)
+        bk.set_lac_lag(TOPIC, 5)
+        bk.set_lac_lag(OTHER, 7)
+        bk.data_lost(TOPIC, 1, 10)
+        bk.entries_read("bookie-1:3181", 3, 300, 0.01)
+        text = exposition_text(m)
+        lag = "offloadd_bookkeeper_lac_lag_entries"
+        if level:
+            assert value(m, lag, topic=TOPIC) == 5
+        else:
+            assert "topic=" not in text
+            assert value(m, lag, namespace=NS) == 12
+            assert value(m, "offloadd_bookkeeper_data_lost_entries_total", namespace=NS) == 10
+        assert value(m, "offloadd_bookkeeper_entries_read_total", bookie="bookie-1:3181") == 3
+
+
+class TestTopicLevelSetting:
+    """``[metrics] topic_level``: a boolean or "auto" (the default), Pulsar's name accepted."""
+
+    @pytest.mark.parametrize(("text", "expected"), [
+        ("", "auto"),
+        ('topic_level = "auto"', "auto"),
+        ("topic_level = false", False),
+        ("exposeTopicLevelMetricsInPrometheus = true", True),
+    ])
+    def test_file_values(self, tmp_path: Path, text: str, expected: bool | str) -> None:
+        from offloadd import config
+
+        path = tmp_path / "offloadd.toml"
+        path.write_text(f"[metrics]\n{text}\n")
+        assert config.load(path).metrics.topic_level == expected
+
+    def test_environment_and_a_wrong_value(self, tmp_path: Path,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+        from offloadd import config
+
+        path = tmp_path / "offloadd.toml"
+        path.write_text("")
+        monkeypatch.setenv("OFFLOADD_METRICS__TOPIC_LEVEL", "false")
+        assert config.load(path).metrics.topic_level is False
+        monkeypatch.setenv("OFFLOADD_METRICS__TOPIC_LEVEL", "sometimes")
+        with pytest.raises(ConfigError, match="topic_level"):
+            config.load(path)
+
+
 class TestExposition:
     """The text exposition lints clean; OpenMetrics is served when asked for."""
 
     @needs_promtool
     @pytest.mark.integration
-    def test_promtool_check_metrics_passes(self) -> None:
-        result = promtool("check", "metrics", stdin=exposition_text(populated()))
+    def test_promtool_check_metrics_passes(self, level: bool) -> None:
+        result = promtool("check", "metrics", stdin=exposition_text(populated(level)))
         assert result.returncode == 0, result.stdout + result.stderr
 
     def test_openmetrics_on_request_names_counters_like_pulsar(self) -> None:
@@ -534,6 +685,45 @@ class TestDeployFiles:
         result = promtool("test", "rules", str(test_file))
         assert result.returncode == 0, result.stdout + result.stderr
 
+    @needs_promtool
+    @pytest.mark.integration
+    def test_alerts_fire_per_namespace_when_topic_series_are_off(self, tmp_path: Path) -> None:
+        """topic_level = false: the same rules, over series with no topic label."""
+        exprs = rule_exprs()
+
+        def ns(name: str, extra: str = "") -> str:
+            return f'{name}{{namespace="ns"{extra}}}'
+
+        series = [
+            (ns("offloadd_offloaded_bytes_total"), "5x30"),
+            (ns("offloadd_lag_bytes"), "0+100x30"),
+            (ns("offloadd_lag_seconds"), "2000x30"),
+            (ns("offloadd_segments", ',state="failed"'), "1x30"),
+            (ns("offloadd_ledgers_lost_to_retention_total"), "0x5 1x25"),
+            (ns("brk_ledgeroffloader_offload_error_total"), "0+6x30"),
+        ]
+        expected = (("OffloaddOffloadStalled", 0), ("OffloaddLagHigh", 2000),
+                    ("OffloaddSegmentsFailed", 1), ("OffloaddDataLost", 1),
+                    ("OffloaddOffloadErrors", 0.1))
+        case = {"rule_files": [], "evaluation_interval": "1m", "tests": [{
+            "interval": "1m",
+            "input_series": [{"series": name, "values": v} for name, v in series],
+            "promql_expr_test": [
+                {"expr": exprs[alert], "eval_time": "20m",
+                 "exp_samples": [{"labels": '{namespace="ns"}', "value": v}]}
+                for alert, v in expected],
+        }]}
+        test_file = tmp_path / "namespace-test.yml"
+        test_file.write_text(yaml.safe_dump(case))
+        result = promtool("test", "rules", str(test_file))
+        assert result.returncode == 0, result.stdout + result.stderr
+
+    @pytest.mark.parametrize("level", [True, False], ids=["topic_level", "namespace_level"])
+    def test_dashboard_and_rules_query_series_that_exist_in_both_modes(self, level: bool) -> None:
+        names = sample_names(exposition_text(populated(level))) | backfill_names()
+        for query in dashboard_queries() + list(rule_exprs().values()):
+            assert set(_METRIC_NAME.findall(query)) <= names, query
+
     def test_dashboard_parses_and_has_the_required_panels(self) -> None:
         titles = {p["title"] for p in dashboard()["panels"] if p["type"] != "row"}
         for wanted in (
@@ -681,7 +871,8 @@ class TestMetricsServer:
         try:
             bind = f"127.0.0.1:{first.port}"
             second = MetricsServer(bind, metrics=Metrics(), ready=ready_with((True, "")))
-            with pytest.raises(ConfigError, match=re.escape(bind)):
+            # a port in use is not a configuration error: the daemon exits 75, restarted
+            with pytest.raises(PortBusy, match=re.escape(bind)):
                 await second.start()
             assert second.state is ServerState.CLOSED
         finally:
@@ -709,3 +900,64 @@ class TestMetricsServer:
         assert parse_bind("127.0.0.1:9105") == ("127.0.0.1", 9105)
         assert parse_bind("[::1]:0") == ("::1", 0)
         assert parse_bind("0.0.0.0:80") == ("0.0.0.0", 80)
+
+
+# -- a daemon that stops serving a topic ---------------------------------------------------------
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("level", [True, False], ids=["topic_level", "namespace_level"])
+async def test_a_topic_the_daemon_stops_serving_leaves_no_series(
+        tmp_path: Path, level: bool) -> None:
+    """A real daemon offloads two topics; one stops being served (its task ends as in a handover
+    to another daemon, and the configuration no longer names it, so it is not picked up again):
+    none of its series stays behind, and its counts stay in the namespace's."""
+    from offloadd import wiring
+    from offloadd.blobstore.base import StoreView
+    from offloadd.blobstore.memory import MemoryBlobStore
+    from offloadd.config import Settings
+    from offloadd.ledger.local import LocalLedgerStore, RolloverPolicy
+    from offloadd.metadata.memory import MemoryMetadataStore
+    from offloadd.model import TopicName
+    from offloadd.shell.daemon import Daemon
+
+    kept, dropped = TopicName.parse(OTHER), TopicName.parse(TOPIC)
+    md = MemoryMetadataStore()
+    store = LocalLedgerStore(tmp_path / "ledgers", md, RolloverPolicy(max_entries=20))
+    for topic in (kept, dropped):
+        for _ in range(50):
+            await store.writer.append(topic, [b"x" * 100])
+    settings = Settings(metrics={"enabled": False},
+                        offload={"max_segment_rollover_time_minutes": 0.005},
+                        daemon={"lag_interval_s": 0.1, "status_interval_s": 0.2})
+    metrics = Metrics(topic_level=level)
+    daemon = Daemon(settings, source=wiring.local_view(store.source), metadata=md,
+                    tier=StoreView(MemoryBlobStore()), discovery_interval_s=0.1,
+                    probe_factory=lambda t: metrics.topic(t.ns, str(t)), metrics=metrics)
+    running = asyncio.create_task(daemon.run(install_signals=False))
+
+    def entries() -> float:  # the namespace's, in either mode
+        return sum(s.value for fam in metrics.registry.collect() for s in fam.samples
+                   if s.name == "offloadd_offloaded_entries_total")
+
+    try:
+        async with asyncio.timeout(40):
+            while entries() < 80:
+                await asyncio.sleep(0.05)
+            assert (f'topic="{TOPIC}"' in exposition_text(metrics)) is level
+            before = entries()
+            daemon.reload(settings.model_copy(update={
+                "source": settings.source.model_copy(update={"topics": (OTHER,)})}))
+            daemon.topics[dropped].offloader.request_stop()
+            while dropped in daemon.topics:
+                await asyncio.sleep(0.05)
+        text = exposition_text(metrics)
+        assert f'topic="{TOPIC}"' not in text
+        assert (f'topic="{OTHER}"' in text) is level
+        assert value(metrics, "offloadd_topics") == 1
+        if not level:
+            assert entries() >= before  # the dropped topic's entries still count
+    finally:
+        daemon.request_stop()
+        await asyncio.wait_for(running, 30)
+        await store.close()

@@ -5,6 +5,7 @@
 ``epochs.py``       topic ownership epochs: acquire (owner node + epoch bump), release, the fence op
 ``fence.py``        ``Fence``: ``EpochFence`` (one acquisition's guard), ``NoFence``; take/give back
 ``edits.py``        ``apply``: a pure catalog edit under compare-and-set with the fence's guard
+``batch.py``        ``CommitBatcher``: many topics' writes in one store request, each fenced
 ``ownership.py``    the scheduler's ownership hook (``Ownership``, ``Revoke``): owns everything
 ``cluster.py``      ``ClusterOwnership``: members, rendezvous hashing, fenced acquisition, sessions
 ==================  =============================================================================

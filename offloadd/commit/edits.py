@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from offloadd._proto import mldataformats_pb2 as pb
+from offloadd.commit.batch import CommitBatcher
 from offloadd.commit.fence import Fence
 from offloadd.errors import NotFound
 from offloadd.metadata import managed_ledger
@@ -26,13 +27,16 @@ __all__ = ["apply"]
 async def apply(store: MetadataStore, ml_name: str,
                 edit: Callable[[pb.ManagedLedgerInfo], bool], fence: Fence, *,
                 on_write: Callable[[], None] | None = None,
-                also: Sequence[Op] = ()) -> pb.ManagedLedgerInfo:
+                also: Sequence[Op] = (),
+                batcher: CommitBatcher | None = None) -> pb.ManagedLedgerInfo:
     """Apply ``edit`` to ``ml_name``'s ``ManagedLedgerInfo`` under ``fence``; the stored value.
 
     An edit that no longer applies (``ValueError``/``KeyError``: a ledger deleted, a record
     replaced meanwhile) raises ``NotFound``: the caller redoes its work from a fresh read.
     ``on_write`` runs once the write landed (not when the edit changed nothing). ``also``: ops
-    made in the same transaction (a merge's pending-deletion records).
+    made in the same transaction (a merge's pending-deletion records). ``batcher``: the write
+    goes in a batch with other topics' (:mod:`offloadd.commit.batch`), still fenced and
+    compare-and-set on its own.
     """
     wrote = False
 
@@ -46,7 +50,8 @@ async def apply(store: MetadataStore, ml_name: str,
 
     info = await managed_ledger.update(store, ml_name, guarded,
                                        guard=[*fence.guard_ops(), *also],
-                                       on_conflict=fence.verify)
+                                       on_conflict=fence.verify,
+                                       multi=batcher.multi if batcher is not None else None)
     if wrote and on_write is not None:
         on_write()
     return info

@@ -187,7 +187,10 @@ def _type_text(f: Any) -> str:
     ann = f.annotation
     args = [a for a in get_args(ann) if a is not type(None)]
     base = args[0] if len(args) == 1 and get_origin(ann) is not tuple else ann
-    if get_origin(base) is Literal:
+    if len(args) == 2 and args[0] is bool and get_origin(args[1]) is Literal:
+        # bool | Literal["auto"]: a switch with a named third choice
+        text = "boolean or " + ", ".join(f"`{json.dumps(a)}`" for a in get_args(args[1]))
+    elif get_origin(base) is Literal:
         text = "one of " + ", ".join(f"`{json.dumps(a)}`" for a in get_args(base))
     elif get_origin(base) is tuple:
         text = "array of strings"

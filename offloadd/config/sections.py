@@ -175,6 +175,16 @@ class BlobstoreSettings(Section):
 class MetricsSettings(Section):
     enabled: bool = True
     bind: str = "127.0.0.1:9105"
+    topic_level: bool | Literal["auto"] = Field(
+        "auto", validation_alias=alias("topic_level", "exposeTopicLevelMetricsInPrometheus"),
+        description="true: counters and gauges per topic (labels namespace and topic, 14 "
+        "series a topic); false: every series per namespace, no topic label; \"auto\": true "
+        "while the process serves fewer than 1,000 topics (docs/metrics.md, \"Topic-level "
+        "series\")")
+    bind_retry_s: float = Field(
+        60.0, ge=0, description="while the bind port is in use (the previous daemon still "
+        "exiting, another exporter), retry for this long, then exit 75, which systemd "
+        "restarts (docs/operations.md)")
     control_token: SecretStr | None = Field(
         None, description="bearer token for POST /offload-now from other hosts (a secret); "
         "unset: only loopback clients may call it")

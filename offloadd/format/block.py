@@ -95,11 +95,13 @@ class BlockHeader:
 
 
 def parse_block_header(
-    buf: Buffer, offset: int, obj: str, *, magic: int | None = None
+    buf: Buffer, offset: int, obj: str, *, magic: int | None = None, whole: bool = True
 ) -> BlockHeader:
     """Parse the block header at ``buf[offset:]``; the whole block must lie inside ``buf``.
 
     ``magic`` restricts the accepted block kind; by default either kind is accepted.
+    ``whole=False`` parses a header fetched without its block (a check that reads only the
+    head of a block): then only the 128 header bytes must lie inside ``buf``.
     Raises :class:`FormatError` naming ``obj`` and the offending byte offset.
     """
     if offset < 0 or offset + HEADER_LEN > len(buf):
@@ -120,7 +122,7 @@ def parse_block_header(
             obj, offset + 12,
             f"block length {block_len} is shorter than its {HEADER_LEN}-byte header",
         )
-    if offset + block_len > len(buf):
+    if whole and offset + block_len > len(buf):
         raise FormatError(
             obj, offset + 12, f"truncated block: length {block_len} runs past the end of the "
             f"data at byte {len(buf)}"

@@ -14,6 +14,20 @@ metadata it trusts (offloadd writes every block of its objects with the mark, an
 objects' user metadata, see ``model/objects.py``): then a block without the mark is an error.
 Only for objects nothing marks as ours (Pulsar's own, or the conformance vectors) is a block
 without the mark accepted unchecked.
+
+That trusted record is kept twice. In the objects' user metadata (``offloadd-block-checksum``,
+``model/objects.py``), and in the index object's own bytes, where a copy cannot drop it apart from
+the pair (``cp -r tier/*`` leaves the filesystem tier's hidden ``.meta`` sidecars behind; a tool
+that copies objects without their metadata does the same on S3)::
+
+    streaming index   the first section's LedgerInfo carries offloadContext.driverMetadata
+                      {name: "offloadd", properties: [offloadd-block-checksum = crc32c]}
+    ledger index      LedgerMetadataFormat.customMetadata offloadd-block-checksum = crc32c
+
+Both are fields of the protobufs Pulsar already parses there (Pulsar reads ledgerId, entries and
+size of the LedgerInfo, and copies the custom metadata), so Pulsar still reads the index.
+Without either record (Pulsar's own objects; offloadd's older ones with their metadata lost) the
+reader still refuses an object some of whose blocks carry the mark and one does not.
 """
 
 from __future__ import annotations
@@ -30,6 +44,10 @@ from offloadd.format.layout import Part
 
 CHECKSUM_MARK = 0x4F464443
 CHECKSUM_OFFSET = 36
+# The record, in an index's bytes, that every block of the pair carries the checksum
+RECORD_KEY = "offloadd-block-checksum"
+RECORD_VALUE = "crc32c"
+RECORD_DRIVER = "offloadd"
 _FIELD = struct.Struct(">II")
 
 Buffer = bytes | bytearray | memoryview

@@ -37,6 +37,7 @@ from offloadd.errors import FormatError, NotFound
 from offloadd.format import _index
 from offloadd.format._index import IndexEntry
 from offloadd.format.block import HEADER_LEN, MIN_PADDING, pack_ledger_header
+from offloadd.format.checksum import RECORD_KEY, RECORD_VALUE
 from offloadd.format.layout import ObjectPair, Part, make_part, plan_blocks
 from offloadd.model.frames import EntryRun
 
@@ -63,6 +64,13 @@ class LedgerIndex:
     @cached_property
     def metadata(self) -> LedgerMetadataFormat:
         return LedgerMetadataFormat.FromString(self.ledger_metadata)
+
+    @cached_property
+    def records_checksums(self) -> bool:
+        """The ledger metadata records that every block carries a CRC32C
+        (``format/checksum.py``)."""
+        return any(kv.key == RECORD_KEY and kv.value == RECORD_VALUE.encode()
+                   for kv in self.metadata.customMetadata)
 
     @property
     def last_entry_id(self) -> int:

@@ -40,6 +40,7 @@ from offloadd.errors import FormatError, NotFound
 from offloadd.format import _index
 from offloadd.format._index import IndexEntry
 from offloadd.format.block import HEADER_LEN, pack_streaming_header
+from offloadd.format.checksum import RECORD_DRIVER, RECORD_KEY, RECORD_VALUE
 from offloadd.format.layout import ObjectPair, Part, make_part, plan_blocks
 from offloadd.model.frames import FRAME_OVERHEAD, EntryRun
 
@@ -65,6 +66,16 @@ class LedgerSection:
     @property
     def last_entry_id(self) -> int:
         return self.entries - 1
+
+    @cached_property
+    def records_checksums(self) -> bool:
+        """The LedgerInfo records that every block carries a CRC32C (``format/checksum.py``)."""
+        info = ManagedLedgerInfo.LedgerInfo.FromString(self.ledger_info)
+        if not info.HasField("offloadContext"):
+            return False
+        driver = info.offloadContext.driverMetadata
+        return driver.name == RECORD_DRIVER and any(
+            kv.key == RECORD_KEY and kv.value == RECORD_VALUE for kv in driver.properties)
 
     @cached_property
     def _firsts(self) -> tuple[int, ...]:
@@ -93,6 +104,12 @@ class StreamingIndex:
     def _offsets(self) -> tuple[int, ...]:
         return tuple(sorted(b.offset for s in self.sections for b in s.blocks))
 
+    @property
+    def records_checksums(self) -> bool:
+        """The index records that every block of the object carries a CRC32C (any section
+        saying so is enough: never a reason to check less)."""
+        return any(s.records_checksums for s in self.sections)
+
     def section(self, ledger_id: int) -> LedgerSection:
         """The section of ``ledger_id``; :class:`NotFound` if the object holds none of it."""
         try:
@@ -120,13 +137,21 @@ class SectionInput:
     blocks: Sequence[IndexEntry]
 
 
-def encode_streaming_index(data_object_length: int, sections: Sequence[SectionInput]) -> bytes:
-    """The index object's bytes for a data object of ``data_object_length`` bytes."""
+def encode_streaming_index(data_object_length: int, sections: Sequence[SectionInput], *,
+                           checksummed: bool = False) -> bytes:
+    """The index object's bytes for a data object of ``data_object_length`` bytes;
+    ``checksummed``: record in the first section that every block carries a CRC32C (once is
+    enough: it is read from any section, and the index is one object)."""
     pieces: list[bytes] = [b""]  # the header, once the total length is known
-    for s in sections:
-        info = ManagedLedgerInfo.LedgerInfo(
+    for n, s in enumerate(sections):
+        msg = ManagedLedgerInfo.LedgerInfo(
             ledgerId=s.ledger_id, entries=s.entries, size=s.size, timestamp=s.timestamp
-        ).SerializeToString()
+        )
+        if checksummed and n == 0:
+            driver = msg.offloadContext.driverMetadata
+            driver.name = RECORD_DRIVER
+            driver.properties.add(key=RECORD_KEY, value=RECORD_VALUE)
+        info = msg.SerializeToString()
         pieces.append(_SECTION.pack(s.ledger_id, len(s.blocks), len(info)))
         pieces.append(info)
         pieces.append(_index.pack_rows(s.blocks))
@@ -293,8 +318,11 @@ class StreamingObjectBuilder:
         self._sections.append(section)
         return section
 
-    def finish(self, timestamps: Mapping[int, int] | None = None) -> bytes:
-        """The index bytes; ``timestamps``: ledger id → LedgerInfo timestamp (ms; default 0)."""
+    def finish(self, timestamps: Mapping[int, int] | None = None, *,
+               checksummed: bool = False) -> bytes:
+        """The index bytes; ``timestamps``: ledger id → LedgerInfo timestamp (ms; default 0);
+        ``checksummed``: the blocks were stamped (``format/checksum.py``), and the index
+        records it."""
         if not self._sections:
             raise ValueError("a streaming object needs at least one entry")
         self._finished = True
@@ -307,6 +335,7 @@ class StreamingObjectBuilder:
                 )
                 for s in self._sections
             ],
+            checksummed=checksummed,
         )
 
 

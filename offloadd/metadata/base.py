@@ -10,9 +10,13 @@ every ``set``. ``set``/``delete`` with ``version >= 0`` are compare-and-set: the
 Implementations: ``embedded.py`` (SQLite, several processes on one machine),
 ``zookeeper/`` (kazoo), ``memory.py`` (unit tests).
 
-Optional capability: :class:`Sessions`, a store whose ephemeral nodes live in a session that can
-be suspended and lost (ZooKeeper). :mod:`offloadd.wiring` hands it to cluster ownership and the
-circuit gauge; the embedded and memory stores end a session only when the process ends.
+Optional capabilities: :class:`Sessions`, a store whose ephemeral nodes live in a session that
+can be suspended and lost (ZooKeeper). :mod:`offloadd.wiring` hands it to cluster ownership and
+the circuit gauge; the embedded and memory stores end a session only when the process ends.
+:class:`BatchedMulti`, a store that applies many independent ``multi`` groups in one request
+(one SQLite transaction, one ZooKeeper ``multi``) with a refusal failing only its own group;
+:class:`offloadd.commit.batch.CommitBatcher` uses it to commit many topics at once.
+:class:`BatchedReads`, a store that reads many nodes in one go (``offloadd status``).
 """
 
 from __future__ import annotations
@@ -21,6 +25,8 @@ import enum
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
+
+from offloadd.errors import OffloaddError
 
 
 @dataclass(frozen=True)
@@ -101,6 +107,32 @@ class MetadataStore(Protocol):
         ...
 
     async def close(self) -> None: ...
+
+
+# One group's outcome in :meth:`BatchedMulti.multi_batch`: what ``multi`` would have returned,
+# or the error it would have raised (``Conflict``, ``NotFound``, ``Fatal``).
+GroupResult = list[int | str | None] | OffloaddError
+
+
+@runtime_checkable
+class BatchedMulti(Protocol):
+    async def multi_batch(self, groups: Sequence[Sequence[Op]]) -> list[GroupResult]:
+        """Apply each group as its own ``multi`` (all its ops or none), in order, in one request.
+
+        A group whose op is refused (a stale version, a failed check, a node absent or already
+        there) gets that error in its slot and changes nothing; the other groups still apply,
+        seeing the effects of the groups before them as if each had been its own ``multi``. An
+        error of the request itself (``Retriable``: the store busy or unreachable, and then any
+        group may or may not have been applied) raises for all.
+        """
+        ...
+
+
+@runtime_checkable
+class BatchedReads(Protocol):
+    async def get_many(self, paths: Sequence[str]) -> list[Versioned | None]:
+        """The nodes at ``paths`` (None where absent), read together; not one snapshot."""
+        ...
 
 
 class Sessions(Protocol):

@@ -13,6 +13,10 @@ update`, :func:`offloadd.commit.edits.apply`), topic ownership epochs
         └── back off ◀── lost ── one transaction: guard ops, extra ops, set (CAS on the
            (retry.CAS)   race     node's version) or create ── ok: return the new node
 
+``multi``, when given, carries every write instead of the store's own calls (always as one
+``multi``, a single op too): the commit batcher's (:class:`offloadd.commit.batch.CommitBatcher`),
+which sends many topics' writes in one request; a refused write comes back to this loop alone.
+
 ``guard`` ops ride in the same transaction (a fence's version check on the topic's epoch, so a
 stale owner's write fails as a whole); when the transaction fails, ``on_conflict`` runs before
 the retry and may raise to end the loop (the fence's ``verify`` raises ``Fenced`` when it was
@@ -33,10 +37,12 @@ from offloadd.errors import Conflict, NotFound
 from offloadd.metadata.base import CreateOp, MetadataStore, Op, SetOp, Versioned
 from offloadd.retry import CAS, Backoff
 
-__all__ = ["Edit", "read", "update"]
+__all__ = ["Edit", "Multi", "read", "update"]
 
 # node as read (None: absent) -> the bytes to store, or None to leave the node as it is
 Edit = Callable[[Versioned | None], bytes | None]
+# what carries a write's ops, all or none (store.multi, or a batcher's)
+Multi = Callable[[Sequence[Op]], Awaitable[list[int | str | None]]]
 
 ATTEMPTS = 100
 
@@ -45,7 +51,8 @@ async def update(store: MetadataStore, path: str, edit: Edit, *, create: bool = 
                  guard: Sequence[Op] = (), also: Sequence[Op] = (),
                  on_conflict: Callable[[], Awaitable[None]] | None = None,
                  attempts: int = ATTEMPTS, backoff: Backoff = CAS,
-                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> Versioned | None:
+                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+                 multi: Multi | None = None) -> Versioned | None:
     """Apply ``edit`` to ``path`` under compare-and-set; the node as stored afterwards (None if
     it is absent and ``edit`` left it so).
 
@@ -69,7 +76,9 @@ async def update(store: MetadataStore, path: str, edit: Edit, *, create: bool = 
             else:
                 write = SetOp(path, data, node.version)
             ops = [*guard, *also, write]
-            if len(ops) > 1:
+            if multi is not None:
+                await multi(ops)
+            elif len(ops) > 1:
                 await store.multi(ops)
             elif node is None:
                 await store.create(path, data)

@@ -49,10 +49,12 @@ async def update(
     create: bool = False,
     guard: Sequence[Op] = (),
     on_conflict: Callable[[], Awaitable[None]] | None = None,
+    multi: cas.Multi | None = None,
 ) -> pb.ManagedLedgerInfo:
     """Apply ``edit`` (mutates in place; returns False for "no change") under compare-and-set
     (:func:`offloadd.metadata.cas.update`: lost races re-read and re-apply). With ``create`` a
-    missing node starts empty; ``guard`` and ``on_conflict`` as there. Returns the stored value.
+    missing node starts empty; ``guard``, ``on_conflict`` and ``multi`` as there. Returns the
+    stored value.
     """
     path = managed_ledger_path(ml_name)
     stored = pb.ManagedLedgerInfo()
@@ -63,7 +65,8 @@ async def update(
         stored = info
         return info.SerializeToString() if edit(info) else None
 
-    await cas.update(store, path, apply, create=create, guard=guard, on_conflict=on_conflict)
+    await cas.update(store, path, apply, create=create, guard=guard, on_conflict=on_conflict,
+                     multi=multi)
     return stored
 
 

@@ -49,6 +49,10 @@ class ReadOnlyMetadataStore(MetadataStore):
     async def multi(self, ops: Sequence[Op]) -> list[int | str | None]:
         raise self._refuse("multi", ops[0].path if ops else "/")
 
+    async def multi_batch(self, groups: Sequence[Sequence[Op]]) -> list[Any]:
+        # explicit: __getattr__ would otherwise hand out the inner store's batched writes
+        raise self._refuse("multi_batch", groups[0][0].path if groups and groups[0] else "/")
+
     async def close(self) -> None:
         await self.inner.close()
 

@@ -230,7 +230,9 @@ def mark_offloaded(info: pb.ManagedLedgerInfo, uid: uuid.UUID, now_ms: int,
                        "was assigned)")
     found = False
     for seg in _records(info, uid):
-        if usage is not None and not found:  # the first record: the one segments() reads
+        # on every record, not only the first one segments() reads: retention deletes a
+        # segment's ledgers one at a time, and the segment, still readable, keeps its usage
+        if usage is not None:
             _record_usage(seg.driverMetadata, usage)
         found = True
         seg.complete = True
@@ -309,7 +311,6 @@ def merge_segments(info: pb.ManagedLedgerInfo, old: Sequence[Segment], new: uuid
     gone = {uuid_to_msb_lsb(s.uid) for s in old}
     n_msb, n_lsb = uuid_to_msb_lsb(new)
     offloaded = max(s.offloaded_ms for s in old)
-    first_record = True
     for li in info.ledgerInfo:
         if not li.HasField("offloadContext"):
             continue
@@ -329,9 +330,8 @@ def merge_segments(info: pb.ManagedLedgerInfo, old: Sequence[Segment], new: uuid
         keep.offloadedTimestamp = offloaded
         keep.endEntryId = segs[idx[-1]].endEntryId
         _forget_usage(keep.driverMetadata)
-        if usage is not None and first_record:
+        if usage is not None:  # on every record, as mark_offloaded does
             _record_usage(keep.driverMetadata, usage)
-        first_record = False
         copies = []
         for i, s in enumerate(segs):
             if i == idx[0]:

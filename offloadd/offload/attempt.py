@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 from offloadd.blobstore.base import BlobStore
 from offloadd.errors import Conflict, Fenced, OffloaddError
-from offloadd.format.checksum import stamp_parts
+from offloadd.format.checksum import RECORD_KEY, RECORD_VALUE, stamp_parts
 from offloadd.format.layout import Part
 from offloadd.format.ledger import LedgerObjectBuilder, build_ledger_metadata
 from offloadd.format.streaming import StreamingObjectBuilder
@@ -212,7 +212,8 @@ async def open_streaming(uploads: Uploads, *, max_block_size: int, min_block_siz
     builder = StreamingObjectBuilder(max_block_size=max_block_size,
                                      min_block_size=min_block_size)
     return SegmentAttempt(uid, upload, uploads, streaming_index_key(uid), builder.add_run,
-                          lambda att: builder.finish(att.ledger_ts),
+                          # every block is stamped (feed): the index records it
+                          lambda att: builder.finish(att.ledger_ts, checksummed=True),
                           time.monotonic() if opened_at is None else opened_at, redo_of)
 
 
@@ -230,7 +231,9 @@ async def open_ledger(uploads: Uploads, desc: LedgerDesc, uid: uuid.UUID, *,
         return builder.finish(build_ledger_metadata(
             last_entry_id=desc.last_entry_id, length=desc.size, ctime_ms=desc.ctime_ms,
             custom_metadata={"application": b"pulsar", "component": b"managed-ledger",
-                             "pulsar/managed-ledger": uploads.ml_name.encode()}))
+                             "pulsar/managed-ledger": uploads.ml_name.encode(),
+                             # every block is stamped (feed): the index records it
+                             RECORD_KEY: RECORD_VALUE}))
 
     return SegmentAttempt(uid, upload, uploads, ledger_index_key(uid, desc.ledger_id), add,
                           finish, opened_at)

@@ -20,6 +20,7 @@ from offloadd._proto import mldataformats_pb2 as pb
 from offloadd.aio import first_of
 from offloadd.blobstore.base import BlobStore
 from offloadd.commit import edits
+from offloadd.commit.batch import CommitBatcher
 from offloadd.commit.fence import Fence
 from offloadd.commit.state import SegmentState, Tracked, transition
 from offloadd.ledger.base import LedgerSource
@@ -63,6 +64,9 @@ class OffloadEnv:
     part_size: int = DEFAULT_PART_SIZE  # [blobstore] part_size_bytes
     retry: Backoff = DEFAULT_RETRY  # a failing topic's retries (and its recovery's)
     idle_poll_s: float = 1.0
+    # every topic's commits and status writes go through it: many topics' in one request
+    # (offloadd.commit.batch); None: each on its own
+    commits: CommitBatcher | None = None
 
 
 class TopicContext:
@@ -107,19 +111,21 @@ class TopicContext:
 
     # ---- the two commit steps ------------------------------------------------------------
     async def assign(self, edit: Callable[[pb.ManagedLedgerInfo], bool],
-                     segment: Tracked) -> None:
-        """Record the segment's range (ASSIGNED, ``complete = false``)."""
+                     segment: Tracked) -> pb.ManagedLedgerInfo:
+        """Record the segment's range (ASSIGNED, ``complete = false``); the stored catalog."""
         self.segment = segment
         transition(segment.state, SegmentState.ASSIGNED)  # an illegal change is never written
-        await self.commit(edit)
+        info = await self.commit(edit)
         segment.to(SegmentState.ASSIGNED)
+        return info
 
     async def offloaded(self, edit: Callable[[pb.ManagedLedgerInfo], bool], segment: Tracked,
                         uid: uuid.UUID, end: Position, entries: int, nbytes: int, t0: float,
-                        done_ms: int) -> None:
-        """Record the segment OFFLOADED (``complete = true``) and report the commit."""
+                        done_ms: int) -> pb.ManagedLedgerInfo:
+        """Record the segment OFFLOADED (``complete = true``) and report the commit; the stored
+        catalog."""
         transition(segment.state, SegmentState.OFFLOADED)
-        await self.commit(edit)
+        info = await self.commit(edit)
         segment.to(SegmentState.OFFLOADED)
         self.last_committed = end
         self.committed_segments += 1
@@ -131,10 +137,14 @@ class TopicContext:
         if self.status_sink is not None:
             self.status_sink.succeeded(end, str(uid), done_ms)
         self.probe.segment_committed(entries, nbytes, self.env.clock() - t0)
+        return info
 
-    async def commit(self, edit: Callable[[pb.ManagedLedgerInfo], bool]) -> None:
-        await edits.apply(self.env.metadata, self.topic.managed_ledger, edit, self.fence,
-                          on_write=self.probe.metadata_write)
+    async def commit(self, edit: Callable[[pb.ManagedLedgerInfo], bool]
+                     ) -> pb.ManagedLedgerInfo:
+        """``edit`` committed (fenced compare-and-set, batched with other topics' commits when
+        the env has a batcher); the catalog as stored."""
+        return await edits.apply(self.env.metadata, self.topic.managed_ledger, edit, self.fence,
+                                 on_write=self.probe.metadata_write, batcher=self.env.commits)
 
     def driver(self) -> pb.OffloadDriverMetadata:
         """What the catalog records of the blob store a segment is written to."""

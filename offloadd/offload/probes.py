@@ -32,6 +32,7 @@ class TopicProbe(Protocol):
     def data_read(self, seconds: float) -> None: ...
     def read_offload(self, nbytes: int) -> None: ...
     def read_error(self) -> None: ...
+    def reread(self) -> None: ...
 
 
 class NullProbe:
@@ -52,6 +53,7 @@ class NullProbe:
     def data_read(self, seconds: float) -> None: pass
     def read_offload(self, nbytes: int) -> None: pass
     def read_error(self) -> None: pass
+    def reread(self) -> None: pass
 
 
 class StatusSink(Protocol):

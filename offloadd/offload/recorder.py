@@ -25,7 +25,7 @@ from collections.abc import Callable
 
 from offloadd.commit.fence import Fence
 from offloadd.errors import Fenced, OffloaddError
-from offloadd.metadata import offload_status
+from offloadd.metadata import cas, offload_status
 from offloadd.metadata.base import MetadataStore
 from offloadd.metadata.offload_status import OffloadStatus
 from offloadd.model import Position
@@ -40,7 +40,8 @@ class StatusRecorder:
                  interval_s: float = 30.0, close_timeout_s: float = 5.0,
                  wall_ms: Callable[[], int] = lambda: int(time.time() * 1000),
                  clock: Callable[[], float] = time.monotonic,
-                 initial: OffloadStatus | None = None) -> None:
+                 initial: OffloadStatus | None = None,
+                 multi: cas.Multi | None = None) -> None:
         self._store = store
         self._ml = ml_name
         self._fence = fence
@@ -48,6 +49,7 @@ class StatusRecorder:
         self._close_timeout = close_timeout_s
         self._wall_ms = wall_ms
         self._clock = clock
+        self._multi = multi  # a commit batcher's: the write goes with other topics'
         base = initial or OffloadStatus()
         # A new owner keeps what is known of the past (the last success, a failing streak: as
         # far as anyone knows the topic is still failing until an attempt says otherwise).
@@ -138,7 +140,8 @@ class StatusRecorder:
         snapshot = dataclasses.replace(snapshot, updated_ms=self._wall_ms())
         try:
             await offload_status.write(self._store, self._ml, snapshot,
-                                       list(self._fence.guard_ops()), self._fence.verify)
+                                       list(self._fence.guard_ops()), self._fence.verify,
+                                       multi=self._multi)
         except Fenced:
             log.info("topic %s: another owner keeps its status now", self._ml)
             self._fenced = True

@@ -36,6 +36,7 @@ __all__ = ["Running", "Scheduler", "SchedulerSettings", "default_owner_id"]
 log = logging.getLogger(__name__)
 
 ABANDON_GRACE_S = 10.0
+RELEASE_CONCURRENCY = 64  # ownership releases in flight at once when stopping
 
 
 @dataclass(frozen=True)
@@ -159,9 +160,11 @@ class Scheduler:
             log.warning("topic %s: previous offload status unreadable (%s)", topic, exc)
             previous = None
         owner = self.ownership.owner_id or default_owner_id()
+        commits = self.env.commits
         recorder = StatusRecorder(self.env.metadata, ml, fence, owner,
                                   interval_s=self._settings().status_interval_s,
-                                  initial=previous)
+                                  initial=previous,
+                                  multi=commits.multi if commits is not None else None)
         recorder.start()
         return recorder
 
@@ -214,6 +217,13 @@ class Scheduler:
             self._let_go(r)
         if self._bg:  # status records are written before ownership is given up
             await asyncio.wait(list(self._bg), timeout=ABANDON_GRACE_S)
-        for topic in list(self.topics):
-            await self.ownership.release(topic)
+        # many at once: one after the other, 10,000 topics' releases took longer than the
+        # stop may (a ZooKeeper round trip or an SQLite commit each); release never raises
+        gate = asyncio.Semaphore(RELEASE_CONCURRENCY)
+
+        async def release(topic: TopicName) -> None:
+            async with gate:
+                await self.ownership.release(topic)
+
+        await asyncio.gather(*(release(t) for t in list(self.topics)), return_exceptions=True)
         self.topics.clear()

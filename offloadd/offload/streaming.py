@@ -136,14 +136,15 @@ class StreamingMode:
         log.debug("segment %s: index written; committing", att.uid)
         done_ms = ctx.env.wall_ms()
         end = Position(ranges[-1].ledger_id, ranges[-1].last)
-        await ctx.offloaded(lambda info: catalog.mark_offloaded(
-                                info, att.uid, done_ms, [r.ledger_id for r in ranges],
-                                att.usage),
-                            segment, att.uid, end, att.entries, att.length, t0, done_ms)
+        info = await ctx.offloaded(lambda info: catalog.mark_offloaded(
+                                       info, att.uid, done_ms, [r.ledger_id for r in ranges],
+                                       att.usage),
+                                   segment, att.uid, end, att.entries, att.length, t0, done_ms)
         ctx.attempt = None
         log.info("topic %s: segment %s offloaded: %s..%s (%d ledgers, %d bytes)", ctx.topic,
                  att.uid, ranges[0].ledger_id, end, len(ranges), att.length)
-        ctx.publish_states(catalog.segments(await ctx.load()))
+        # the catalog as the commit stored it: no second read per segment
+        ctx.publish_states(catalog.segments(info))
 
     async def upload_ranges(self, ranges: Sequence[LedgerRange], redo_of: uuid.UUID | None,
                             segment: Tracked | None = None) -> None:

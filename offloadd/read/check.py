@@ -52,6 +52,9 @@ class _Counting:
         self.errors += 1
         self._probe.read_error()
 
+    def reread(self) -> None:
+        self._probe.reread()
+
 
 async def read_back(metadata: MetadataStore, blobstore: BlobStore, topic: TopicName,
                     probe: ReadProbe, *, head_bytes: int = 64 * 1024,

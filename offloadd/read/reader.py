@@ -11,19 +11,29 @@ is one part of an object offloadd wrote, and small blocks do not cost a request 
 Every block is checked before any of its entries is returned: magic,
 lengths, ledger and first entry against the index, the per-block CRC32C, and the consecutive
 entry ids inside — wrong bytes raise ``FormatError`` naming the object and block, never a wrong
-entry. Whether a block must carry a CRC32C comes from the index object's user metadata (every
-block of an object offloadd wrote does), never from the block's own possibly damaged bytes; only
-objects without offloadd's metadata (Pulsar's own) may have blocks without one.
+entry. Whether a block must carry a CRC32C comes from the index — its user metadata, or the
+record in its own bytes that a copy cannot drop apart from the pair (``format/checksum.py``;
+every block of an object offloadd wrote carries one) — never from the block's own possibly
+damaged bytes. Only pairs with neither (Pulsar's own) may have blocks without one, and then all
+of them: an object some of whose blocks carry the mark and one does not is refused (before any
+entry of a ranged read holding both is returned).
+
+An answer that fails those checks is read again (at most ``rereads`` times, each counted in
+``ReadProbe.reread``) before the object is called corrupt: a short, padded or bit-flipped answer
+is most often the transport's (a proxy, a connection cut and re-framed, a bad NIC), and one such
+answer must not fail a whole ``read``, ``verify``, compaction or lakehouse sync. An answer
+byte-identical to the last damaged one is what the store holds: no further re-read.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import logging
 import time
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 import crc32c
 
@@ -39,7 +49,7 @@ from offloadd.format import (
     iter_block_entries,
     parse_block_header,
 )
-from offloadd.format.checksum import verify_block_checksum
+from offloadd.format.checksum import CHECKSUM_OFFSET, verify_block_checksum
 from offloadd.metadata import managed_ledger
 from offloadd.metadata.base import MetadataStore
 from offloadd.model import Position, TopicName, catalog
@@ -59,8 +69,14 @@ class Entry:
     payload: memoryview
 
 
+log = logging.getLogger(__name__)
+
 # A ranged GET's size: [blobstore] part_size_bytes' default
 DEFAULT_RANGE_BYTES = 8 * 1024 * 1024
+# Re-reads of an answer that fails its checks before the object is called corrupt
+DEFAULT_REREADS = 2
+
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True)
@@ -69,7 +85,11 @@ class _BlockRef:
     ledger_id: int
     block: IndexEntry
     end: int
-    checksummed: bool  # the pair's trusted metadata says every block carries a CRC32C
+    checksummed: bool  # the index (metadata or own bytes) says every block carries a CRC32C
+
+
+# A block, its checked entries (id, payload), and whether it carries the checksum mark
+_Checked = tuple[_BlockRef, list[tuple[int, memoryview]], bool]
 
 
 def _ranges(refs: list[_BlockRef], range_bytes: int) -> list[list[_BlockRef]]:
@@ -98,6 +118,7 @@ class ReadProbe(Protocol):
     def data_read(self, seconds: float) -> None: ...
     def read_offload(self, nbytes: int) -> None: ...
     def read_error(self) -> None: ...
+    def reread(self) -> None: ...
 
 
 class NullReadProbe:
@@ -105,6 +126,7 @@ class NullReadProbe:
     def data_read(self, seconds: float) -> None: pass
     def read_offload(self, nbytes: int) -> None: pass
     def read_error(self) -> None: pass
+    def reread(self) -> None: pass
 
 
 class TierReader:
@@ -112,11 +134,13 @@ class TierReader:
                  index_cache: int = 256,
                  probe: ReadProbe | None = None,
                  clock: Callable[[], float] = time.perf_counter,
-                 range_bytes: int = DEFAULT_RANGE_BYTES) -> None:
+                 range_bytes: int = DEFAULT_RANGE_BYTES,
+                 rereads: int = DEFAULT_REREADS) -> None:
         self.metadata = metadata
         self.blobstore = blobstore
         self.prefetch = max(prefetch, 0)
         self.range_bytes = max(range_bytes, 1)
+        self.rereads = max(rereads, 0)
         self.probe: ReadProbe = probe or NullReadProbe()
         self._clock = clock
         self._cache: collections.OrderedDict[str, tuple[StreamingIndex | LedgerIndex, bool]] = (
@@ -155,20 +179,19 @@ class TierReader:
     async def read_segment(self, seg: Segment, start: Position | None = None
                            ) -> AsyncGenerator[Entry, None]:
         groups = _ranges(await self._block_refs(seg, start), self.range_bytes)
-        pending: collections.deque[asyncio.Task[bytes]] = collections.deque()
+        pending: collections.deque[asyncio.Task[list[_Checked]]] = collections.deque()
         i = 0
+        marks: dict[str, tuple[_BlockRef, bool]] = {}  # see _same_marks
         try:
             while i < len(groups) or pending:
                 while i < len(groups) and len(pending) <= self.prefetch:
                     pending.append(asyncio.create_task(self._fetch(groups[i])))
                     i += 1
-                group = groups[i - len(pending)]
-                buf = memoryview(await pending.popleft())
-                base = group[0].block.offset
-                for ref in group:
+                checked = await pending.popleft()
+                self._same_marks(checked, marks)
+                for ref, entries, _ in checked:
                     rng = next(r for r in seg.ranges if r.ledger_id == ref.ledger_id)
-                    block = buf[ref.block.offset - base:ref.end - base]
-                    for entry_id, payload in self._entries(ref, block):
+                    for entry_id, payload in entries:
                         pos = Position(ref.ledger_id, entry_id)
                         if entry_id < rng.first or entry_id > rng.last:
                             continue
@@ -193,28 +216,68 @@ class TierReader:
         self.probe.read_offload(len(data))
         return data
 
-    async def _fetch(self, group: list[_BlockRef]) -> bytes:
-        """One ranged GET of the consecutive blocks of ``group``."""
+    async def _checked(self, what: str, fetch: Callable[[], Awaitable[bytes]],
+                       check: Callable[[bytes], _T], data: bytes | None = None) -> _T:
+        """``check(await fetch())``, fetched again (at most ``rereads`` times) while ``check``
+        raises ``FormatError``: damage in transit is not called corruption of the stored object
+        before a re-read shows it again. The last error is raised (and counted) when every
+        answer failed, or at once when an answer repeats the last one byte for byte (the store
+        holds those bytes: reading them again changes nothing). ``data``: the first answer,
+        when the caller already has it."""
+        if data is None:
+            data = await fetch()
+        tries = 0
+        while True:
+            try:
+                return check(data)
+            except FormatError as exc:
+                if tries >= self.rereads:
+                    self.probe.read_error()
+                    raise
+                tries += 1
+                self.probe.reread()
+                log.warning("%s failed its checks (%s); reading it again (%d of %d) before "
+                            "calling the stored object corrupt", what, exc, tries, self.rereads)
+                again = await fetch()
+                if again == data:
+                    self.probe.read_error()
+                    raise
+                data = again
+
+    async def _fetch(self, group: list[_BlockRef]) -> list[_Checked]:
+        """One ranged GET of the consecutive blocks of ``group``, every block checked (a GET
+        whose answer fails the checks is made again, see :meth:`_checked`)."""
         first, end = group[0], group[-1].end
         want = end - first.block.offset
-        data = await self._get(first, end)
-        if len(data) != want:
-            self.probe.read_error()
-            bad = next(r for r in group if r.end - first.block.offset > len(data))
-            raise FormatError(first.data_key, first.block.offset + len(data),
-                              f"block {bad.block.part_id} is truncated: got {len(data)} of "
-                              f"{want} bytes (one ranged read of blocks "
-                              f"{first.block.part_id}..{group[-1].block.part_id})")
-        return data
+
+        def check(data: bytes) -> list[_Checked]:
+            if len(data) != want:
+                bad = next((r for r in group if r.end - first.block.offset > len(data)),
+                           group[-1])
+                how = "truncated" if len(data) < want else "followed by extra bytes"
+                raise FormatError(first.data_key, first.block.offset + min(len(data), want),
+                                  f"block {bad.block.part_id} is {how}: got {len(data)} of "
+                                  f"{want} bytes (one ranged read of blocks "
+                                  f"{first.block.part_id}..{group[-1].block.part_id})")
+            buf = memoryview(data)
+            base = first.block.offset
+            return [(ref, *self._entries(ref, buf[ref.block.offset - base:ref.end - base]))
+                    for ref in group]
+
+        return await self._checked(
+            f"{first.data_key} (blocks {first.block.part_id}..{group[-1].block.part_id})",
+            lambda: self._get(first, end), check)
 
     @staticmethod
     def _where(ref: _BlockRef) -> str:
         return f"{ref.data_key} (block {ref.block.part_id} at byte {ref.block.offset})"
 
     @staticmethod
-    def _header(buf: bytes | memoryview, ref: _BlockRef, where: str) -> BlockHeader:
-        """The block's header, checked against what the index says of the block."""
-        hdr = parse_block_header(buf, 0, where)
+    def _header(buf: bytes | memoryview, ref: _BlockRef, where: str, *, whole: bool = True
+                ) -> BlockHeader:
+        """The block's header, checked against what the index says of the block; ``whole``:
+        ``buf`` holds the whole block, not only its head."""
+        hdr = parse_block_header(buf, 0, where, whole=whole)
         if hdr.block_len != ref.end - ref.block.offset:
             raise FormatError(where, 12, f"block length {hdr.block_len} disagrees with the "
                               f"index ({ref.end - ref.block.offset})")
@@ -226,21 +289,35 @@ class TierReader:
                               f"{ref.ledger_id}")
         return hdr
 
+    def _same_marks(self, checked: list[_Checked],
+                    first: dict[str, tuple[_BlockRef, bool]]) -> None:
+        """A pair nothing says is checksummed (Pulsar's own) has no block with the mark, or
+        all of its blocks have it (offloadd's, whose records were lost): one block without it
+        among marked ones is a damaged mark, refused as the trusted record would refuse it.
+        ``first``: per data object, its first block read and whether that one had the mark."""
+        for ref, _, marked in checked:
+            if ref.checksummed:
+                continue
+            seen, seen_marked = first.setdefault(ref.data_key, (ref, marked))
+            if seen_marked != marked:
+                bad = seen if marked else ref
+                self.probe.read_error()
+                raise FormatError(self._where(bad), CHECKSUM_OFFSET, "block checksum mark "
+                                  f"damaged: block {bad.block.part_id} lacks the mark (header "
+                                  "bytes 36..39) that other blocks of the object carry, so it "
+                                  "cannot be checked and is not trusted")
+
     def _entries(self, ref: _BlockRef, buf: bytes | memoryview
-                 ) -> list[tuple[int, memoryview]]:
+                 ) -> tuple[list[tuple[int, memoryview]], bool]:
         where = self._where(ref)
-        try:
-            hdr = self._header(buf, ref, where)
-            verify_block_checksum(buf, 0, hdr.block_len, where, required=ref.checksummed)
-            out = list(iter_block_entries(buf, 0, where))
-        except FormatError:
-            self.probe.read_error()
-            raise
+        hdr = self._header(buf, ref, where)
+        marked = verify_block_checksum(buf, 0, hdr.block_len, where, required=ref.checksummed)
+        out = list(iter_block_entries(buf, 0, where))
         if not out:
             raise FormatError(where, HEADER_LEN, "block holds no entry")
         if out[0][0] != ref.block.first_entry_id:
             raise FormatError(where, HEADER_LEN, "first entry id disagrees with the header")
-        return out
+        return out, marked
 
     async def check_segment(self, seg: Segment, head_bytes: int = 64 * 1024) -> None:
         """Read ``seg``'s index and the head of its last block back from the tier: proof that a
@@ -252,22 +329,24 @@ class TierReader:
             raise FormatError(str(seg.uid), 0, "the segment's index lists no block")
         ref = refs[-1]
         end = min(ref.end, ref.block.offset + max(head_bytes, HEADER_LEN))
-        data = await self._get(ref, end)
         where = self._where(ref)
-        try:
+
+        def check(data: bytes) -> None:
             if len(data) != end - ref.block.offset:
                 raise FormatError(where, len(data), f"got {len(data)} of "
                                   f"{end - ref.block.offset} bytes")
-            self._header(data, ref, where)
-        except FormatError:
-            self.probe.read_error()
-            raise
+            # only the head was fetched: a block longer than that is the normal case (production
+            # blocks are up to 64 MiB), so the block's length is checked against the index only
+            self._header(data, ref, where, whole=False)
+
+        await self._checked(where, lambda: self._get(ref, end), check)
 
     async def index(self, key: str) -> StreamingIndex | LedgerIndex:
         return (await self._index(key))[0]
 
     async def _index(self, key: str) -> tuple[StreamingIndex | LedgerIndex, bool]:
-        """The decoded index and whether its metadata says every block carries a CRC32C."""
+        """The decoded index and whether its metadata or its own bytes say every block carries
+        a CRC32C."""
         cached = self._cache.get(key)
         if cached is not None:
             self._cache.move_to_end(key)
@@ -280,21 +359,29 @@ class TierReader:
             self.probe.read_error()
             raise FormatError(key, 0, f"unknown object format version {version!r} "
                               f"({FORMAT_VERSION_KEY}); this offloadd reads version 1")
-        raw = await self.blobstore.get_range(key, 0, info.size)
-        self.probe.index_read(self._clock() - t0)
-        try:
-            idx = decode_index(raw, key)  # structural damage: an error naming the byte
-        except FormatError:
-            self.probe.read_error()
-            raise
         want = info.metadata.get("offloadd-crc32c")
-        if want is not None and f"{crc32c.crc32c(raw):08x}" != want.lower():
-            # damage the structure cannot show (a part id, a timestamp)
-            self.probe.read_error()
-            raise FormatError(key, 0, f"index checksum mismatch: CRC32C "
-                              f"{crc32c.crc32c(raw):08x}, recorded {want} (the stored index is "
-                              "corrupt)")
-        entry = (idx, blocks_checksummed(info.metadata))
+
+        def check(raw: bytes) -> StreamingIndex | LedgerIndex:
+            idx = decode_index(raw, key)  # structural damage: an error naming the byte
+            if want is not None and f"{crc32c.crc32c(raw):08x}" != want.lower():
+                # damage the structure cannot show (a part id, a timestamp)
+                raise FormatError(key, 0, f"index checksum mismatch: CRC32C "
+                                  f"{crc32c.crc32c(raw):08x}, recorded {want} (the stored index "
+                                  "is corrupt)")
+            return idx
+
+        async def fetch() -> bytes:
+            try:
+                return await self.blobstore.get_range(key, 0, info.size)
+            except Exception:
+                self.probe.read_error()
+                raise
+
+        raw = await fetch()
+        self.probe.index_read(self._clock() - t0)
+        idx = await self._checked(key, fetch, check, raw)
+        # the metadata, or the record in the index's own bytes (which a copy cannot drop)
+        entry = (idx, blocks_checksummed(info.metadata) or idx.records_checksums)
         self._cache[key] = entry
         if len(self._cache) > self._cache_size:
             self._cache.popitem(last=False)

@@ -3,14 +3,20 @@
 Per topic: committed segments are contiguous from the topic's first entry to the last offloaded
 one (no gap, no overlap, no duplicate entry); every object reads back and every block passes its
 checks (see :mod:`offloadd.read.reader`: magic, lengths, the CRC32C stamped in every block);
-each data object has the length its index recorded; and, while the source still holds the
+each data object has the length its index recorded; every object carries its user metadata
+(Pulsar's readers refuse an object without ``s3managedledgeroffloaderformatversion``, and an
+object offloadd wrote — its index records that — also needs offloadd's keys: a copy of a
+filesystem tier that left the hidden ``.meta`` sidecars behind is an error, not an OK); and,
+while the source still holds the
 entries, every payload's CRC32C equals the source's. The catalog is also checked against the
 source itself, not only against itself: every closed ledger must hold exactly the entries the
 catalog recorded when it was closed (more means a second writer kept appending after another
 process closed it — entries no segment will ever cover), and every committed segment's range
 must be entries the source holds. Across the tier: no orphan objects (keys of
 ours that no topic references and no retention record tracks), ignoring objects younger than
-a grace period that a running daemon may be about to commit.
+a grace period that a running daemon may be about to commit. And the topic's offload must not
+be stuck failing (its owner's status record, as ``offloadd status`` shows it): sound objects
+are not a healthy topic when nothing new reaches the tier.
 """
 
 from __future__ import annotations
@@ -26,11 +32,18 @@ import crc32c
 from offloadd.blobstore.base import BlobStore
 from offloadd.errors import NotFound, OffloaddError
 from offloadd.ledger.base import EntryChecksums, SourceView, StoredEntries
-from offloadd.metadata import managed_ledger
+from offloadd.metadata import managed_ledger, offload_status
 from offloadd.metadata.base import MetadataStore
 from offloadd.model import Position, TopicName, catalog
 from offloadd.model.catalog import Segment, SegmentKind
-from offloadd.model.keys import parse_key, streaming_data_key, streaming_index_key
+from offloadd.model.keys import (
+    ledger_data_key,
+    ledger_index_key,
+    parse_key,
+    streaming_data_key,
+    streaming_index_key,
+)
+from offloadd.model.objects import BLOCK_CHECKSUM_KEY, FORMAT_VERSION_KEY
 from offloadd.read.reader import TierReader
 from offloadd.retention.gc import retained_uids
 
@@ -139,11 +152,29 @@ def _expected_begin(prev: Position | None, ledgers: Sequence[int],
     return None
 
 
+async def _offload_failing(metadata: MetadataStore, topic: TopicName,
+                           rep: TopicReport) -> None:
+    """A topic whose offload is stuck failing is not well, however sound what it committed is:
+    its owner's record (``offloadd status``'s source) says so until an attempt succeeds."""
+    try:
+        rec = await offload_status.read(metadata, topic.managed_ledger)
+    except OffloaddError as exc:
+        rep.errors.append(f"offload status unreadable: {exc}")
+        return
+    if rec is None or not rec.failed_attempts:
+        return
+    since = (time.strftime(" since %Y-%m-%dT%H:%M:%SZ", time.gmtime(rec.failing_since_ms / 1000))
+             if rec.failing_since_ms else "")
+    rep.errors.append(f"offload is failing: {rec.failed_attempts} failed attempt(s){since}, "
+                      f"nothing offloaded since; last error: {rec.last_error or '-'}")
+
+
 async def verify_topic(topic: TopicName, metadata: MetadataStore, blobstore: BlobStore,
                        reader: TierReader, source: SourceView | None,
                        referenced: set[uuid.UUID],
                        on_progress: Callable[[str], None] | None = None) -> TopicReport:
     rep = TopicReport(str(topic))
+    await _offload_failing(metadata, topic, rep)
     try:
         info, _ = await managed_ledger.load(metadata, topic.managed_ledger)
     except OffloaddError as exc:
@@ -196,6 +227,7 @@ async def verify_topic(topic: TopicName, metadata: MetadataStore, blobstore: Blo
 async def _verify_segment(seg: Segment, rep: TopicReport, blobstore: BlobStore,
                           reader: TierReader, crcs: _SourceCrcs,
                           held: dict[int, int | None]) -> None:
+    await _verify_objects(seg, rep, blobstore, reader)
     got: dict[int, list[int]] = {}  # ledger -> payload crcs in order
     expect_pos: Position | None = None
     count = 0
@@ -234,23 +266,45 @@ async def _verify_segment(seg: Segment, rep: TopicReport, blobstore: BlobStore,
             rep.checksum_mismatches += bad + abs(len(have) - len(want))
             rep.errors.append(f"segment {seg.uid}: {bad} entries of ledger {r.ledger_id} differ "
                               f"from the source")
+
+
+# The user metadata every object needs (Pulsar's readers refuse one without it), and what an
+# object offloadd wrote carries besides (model/objects.py)
+_PULSAR_KEYS = (FORMAT_VERSION_KEY,)
+_OUR_KEYS = (FORMAT_VERSION_KEY, BLOCK_CHECKSUM_KEY)
+_OUR_INDEX_KEYS = (*_OUR_KEYS, "offloadd-data-length", "offloadd-crc32c")
+
+
+async def _verify_objects(seg: Segment, rep: TopicReport, blobstore: BlobStore,
+                          reader: TierReader) -> None:
+    """Each object of ``seg`` carries its user metadata, and a streaming data object has the
+    length its index's metadata records (every byte of it is checked block by block, CRC32C
+    included, by the read)."""
     if seg.kind is SegmentKind.STREAMING:
-        await _verify_object_length(seg.uid, rep, blobstore)
-
-
-async def _verify_object_length(uid: uuid.UUID, rep: TopicReport, blobstore: BlobStore
-                                ) -> None:
-    """The data object's length equals the one recorded in its index object's metadata (every
-    byte of it was already checked block by block, CRC32C included, by the read)."""
-    idx_key = streaming_index_key(uid)
-    data_key = streaming_data_key(uid)
-    try:
-        want = (await blobstore.head(idx_key)).metadata.get("offloadd-data-length")
-        size = (await blobstore.head(data_key)).size
-        if want is not None and int(want) != size:
-            rep.errors.append(f"{data_key}: {size} bytes, the index records {want}")
-    except (OffloaddError, ValueError) as exc:
-        rep.errors.append(f"{data_key}: {exc}")
+        pairs = [(streaming_index_key(seg.uid), streaming_data_key(seg.uid))]
+    else:
+        pairs = [(ledger_index_key(seg.uid, r.ledger_id), ledger_data_key(seg.uid, r.ledger_id))
+                 for r in seg.ranges]
+    for idx_key, data_key in pairs:
+        try:
+            ours = (await reader.index(idx_key)).records_checksums
+            idx_meta = (await blobstore.head(idx_key)).metadata
+            data = await blobstore.head(data_key)
+        except OffloaddError as exc:
+            rep.errors.append(f"{idx_key}: {exc}")  # the read names it too, in detail
+            continue
+        for key, meta, needed in ((idx_key, idx_meta, _OUR_INDEX_KEYS if ours else _PULSAR_KEYS),
+                                  (data_key, data.metadata, _OUR_KEYS if ours else _PULSAR_KEYS)):
+            missing = [k for k in needed if k not in meta]
+            if missing:
+                rep.errors.append(
+                    f"{key}: its user metadata is missing ({', '.join(missing)}): Pulsar's "
+                    "readers refuse the object, and what it records (checksums, lengths) cannot "
+                    "be checked. On a filesystem tier: was it copied without its hidden .meta "
+                    "directory (cp -r tier/*)? Copy .meta back, or the whole directory")
+        want = idx_meta.get("offloadd-data-length")
+        if seg.kind is SegmentKind.STREAMING and want is not None and want != str(data.size):
+            rep.errors.append(f"{data_key}: {data.size} bytes, the index records {want}")
 
 
 async def find_orphans(blobstore: BlobStore, referenced: set[uuid.UUID], grace_s: float

@@ -1,7 +1,8 @@
 """offloadd: stream Pulsar managed ledgers into object storage, read them back, check them.
 
 Every command takes --config FILE (a TOML file; without it, the embedded standalone set-up
-under ./data) and --log-level. Exit codes: 0 ok, 1 failure, 2 bad usage or configuration.
+under ./data) and --log-level. Exit codes: 0 ok, 1 failure, 2 bad usage or configuration,
+75 the daemon's metrics port stayed in use ([metrics] bind_retry_s; a restart may work).
 Run `offloadd COMMAND --help` for a command's options and examples."""
 
 from __future__ import annotations
@@ -156,6 +157,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp = cmd("status", "per topic: failing or not, last error, lag, segments by state",
              "  offloadd status --config /etc/offloadd/offloadd.toml\n"
              "  offloadd status --topic persistent://public/default/orders\n"
+             "  offloadd status --namespace public/default --summary\n"
              "  offloadd status --json | jq '.topics[] | {topic, lag}'\n",
              description="Per topic: failing or not and the last error, lag (entries, bytes, "
              "seconds), segments by state, last offloaded position, owner. Reads the metadata "
@@ -166,6 +168,16 @@ def build_parser() -> argparse.ArgumentParser:
                     help="one JSON document on stdout instead of text (for scripts)")
     sp.add_argument("--topic", type=_topic, action="append", metavar="TOPIC",
                     help="only this topic (repeatable), e.g. persistent://public/default/orders")
+    sp.add_argument("--namespace", action="append", metavar="TENANT/NS",
+                    help="only the topics of this namespace (repeatable; TENANT/* for a whole "
+                    "tenant), e.g. public/default")
+    view = sp.add_mutually_exclusive_group()
+    view.add_argument("--summary", action="store_true",
+                      help="counts of topics by state, the 20 with the most lag and every "
+                      "failing topic, instead of every topic (the default in text above 50 "
+                      "topics; with --json: a summary object and no topic list)")
+    view.add_argument("--all-topics", action="store_true",
+                      help="every topic in text, however many")
 
     sp = cmd("read", "print offloaded entries: LEDGER:ENTRY<TAB>base64 per line",
              "  offloadd read --topic persistent://public/default/orders --count 5\n"
@@ -289,7 +301,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except OffloaddError as exc:
         print(f"offloadd: error: {exc}", file=sys.stderr)
-        return 1
+        # 1, or a failure's own code (75: a busy metrics port, which a restart may fix)
+        code = getattr(exc, "exit_code", 1)
+        return code if isinstance(code, int) else 1
     except KeyboardInterrupt:
         return 130
 

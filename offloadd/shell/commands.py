@@ -56,7 +56,15 @@ def setup_logs(settings: Any, args: argparse.Namespace | None = None) -> None:
     from offloadd.config import secret_values
 
     level = getattr(args, "log_level", None) or settings.daemon.log_level
-    logs.configure(settings.daemon.log_format, level, secret_values(settings))
+    # a one-shot command prints its answer: the store connection's own lines (connecting,
+    # connected, closing) only bury it, so they show at DEBUG only; the daemons keep them
+    command = getattr(args, "command", None)
+    quiet = () if command in DAEMON_COMMANDS else QUIET_FOR_COMMANDS
+    logs.configure(settings.daemon.log_format, level, secret_values(settings), quiet=quiet)
+
+
+DAEMON_COMMANDS = ("run", "standalone")
+QUIET_FOR_COMMANDS = ("offloadd.metadata.zookeeper",)
 
 
 def cmd_standalone(args: argparse.Namespace) -> int:
@@ -69,7 +77,8 @@ def cmd_standalone(args: argparse.Namespace) -> int:
                                        config_path=args.config, payload=args.payload,
                                        shape=_shape(args)))
     print(json.dumps(summary))
-    return 1 if summary.get("drained") is False else 0
+    # 1: not everything written was offloaded in time, or nothing was (summary["problem"])
+    return 1 if summary.get("drained") is False or summary.get("problem") else 0
 
 
 def _run_dict(coro: Coroutine[Any, Any, dict[str, Any]]) -> dict[str, Any]:
@@ -142,18 +151,33 @@ def cmd_produce(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from offloadd.shell.status import collect, exit_code, render_text
+    from offloadd.shell.status import (
+        SUMMARY_OVER,
+        collect,
+        exit_code,
+        render_summary,
+        render_text,
+        summarize,
+    )
 
     settings = _settings(args)
     setup_logs(settings, args)
 
     async def go() -> int:
-        st = await collect(settings, args.topic)
+        st = await collect(settings, args.topic, getattr(args, "namespace", None))
+        code = exit_code(st)
+        summary = getattr(args, "summary", False)
         if args.json:
+            if summary:  # the summary instead of the (long) list
+                st = {**{k: v for k, v in st.items() if k != "topics"},
+                      "summary": summarize(st)}
             print(json.dumps(st, indent=2))
+        elif summary or (len(st["topics"]) > SUMMARY_OVER and not args.topic
+                         and not getattr(args, "all_topics", False)):
+            print(render_summary(st))
         else:
             print(render_text(st))
-        return exit_code(st)
+        return code
 
     return _run(go())
 
@@ -370,14 +394,20 @@ def _offload_now_http(settings: Any, args: argparse.Namespace) -> int:
         if host in ("0.0.0.0", "::", ""):
             host = "127.0.0.1"
         url = f"http://{'[' + host + ']' if ':' in host else host}:{port}"
+    from offloadd import wiring
+
+    ours = wiring.deployment(settings)
+    token = settings.metrics.control_token
+    auth = {"Authorization": f"Bearer {token.get_secret_value()}"} if token is not None else {}
+    # whatever answers on the port may be another deployment's daemon (a shared host, a copied
+    # config): check whose it is first (as status does), and let the daemon check again (the
+    # body's metadata; 409 if not its own) so one that took the port meanwhile refuses too
+    _same_deployment(url.rstrip("/"), ours, auth)
     endpoint = url.rstrip("/") + "/offload-now"
     body = {"topics": [str(t) for t in args.topic] if args.topic else None,
-            "wait": bool(args.wait), "timeout_s": args.timeout}
+            "wait": bool(args.wait), "timeout_s": args.timeout, "metadata": ours}
     req = urllib.request.Request(endpoint, data=json.dumps(body).encode(), method="POST",
-                                 headers={"Content-Type": "application/json"})
-    token = settings.metrics.control_token
-    if token is not None:
-        req.add_header("Authorization", f"Bearer {token.get_secret_value()}")
+                                 headers={"Content-Type": "application/json", **auth})
     try:
         with urllib.request.urlopen(req, timeout=args.timeout + 30) as resp:
             answer = json.loads(resp.read())
@@ -406,6 +436,26 @@ def _offload_now_http(settings: Any, args: argparse.Namespace) -> int:
         if not results:
             print("no topic to close")
     return 0 if answer.get("ok") else 1
+
+
+def _same_deployment(base: str, ours: str, auth: dict[str, str]) -> None:
+    """``OffloaddError`` unless the daemon at ``base`` says (``/status``) it serves ``ours``."""
+    import urllib.request
+
+    try:
+        req = urllib.request.Request(base + "/status", headers=auth)
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            st = json.loads(resp.read())
+    except (OSError, ValueError) as exc:
+        raise OffloaddError(f"{base}/status: no answer from offloadd ({exc}); is it running, "
+                            "with its metrics endpoint there?") from None
+    theirs = st.get("metadata") if isinstance(st, dict) else None
+    if theirs != ours:
+        pid = st.get("pid") if isinstance(st, dict) else None
+        raise OffloaddError(
+            f"the daemon answering on {base} (pid {pid}) serves another deployment: {theirs}; "
+            f"this configuration's is {ours}. Nothing was asked of it: check --url or "
+            "[metrics] bind")
 
 
 def cmd_config(args: argparse.Namespace) -> int:

@@ -28,6 +28,7 @@ from typing import Any
 from offloadd import wiring
 from offloadd.aio import first_of
 from offloadd.blobstore.base import ConditionalWrites, StoreView, WriteFence
+from offloadd.commit.batch import CommitBatcher
 from offloadd.commit.ownership import Ownership
 from offloadd.config import Settings
 from offloadd.errors import OffloaddError
@@ -106,6 +107,7 @@ class Daemon:
         self.tier = tier
         self.blobstore = tier.store
         self.metrics = metrics
+        self.fence_probe_interval_s = 30.0  # an unanswered conditional-write probe's retry
         if metrics is not None:
             metrics.throttle_limit(settings.offload.flow_permits_per_second)
         self.state = Lifecycle.NEW
@@ -119,7 +121,8 @@ class Daemon:
             source=piped, metadata=metadata, blobstore=self.blobstore, buffer=self.buffer,
             acquire=self._acquire, blocks_in_flight=off.blocks_in_flight,
             part_size=settings.blobstore.part_size_bytes,
-            retry=Backoff(off.retry_base_s, off.retry_max_s))
+            retry=Backoff(off.retry_base_s, off.retry_max_s),
+            commits=CommitBatcher(metadata))
         self.scheduler = Scheduler(
             env, ownership=ownership or Ownership(), wanted=self.wanted, policy=self._policy_fn,
             probe=probe_factory or (lambda topic: None), settings=self._scheduler_settings,
@@ -354,6 +357,8 @@ class Daemon:
                 t.cancel()
             await asyncio.gather(*duties, return_exceptions=True)
             await self.scheduler.shutdown()
+            if self.env.commits is not None:  # the last status records' batch, if in flight
+                await self.env.commits.close(timeout_s=5.0)
         finally:
             for t in (*duties, lag_task):
                 t.cancel()
@@ -382,10 +387,11 @@ class Daemon:
                 log.error("gc pass failed (retried next interval): %s", exc)
 
     async def _fence_probe_loop(self, fence: WriteFence) -> None:
-        """The store did not answer the start-up probe of its create-only writes (an outage):
-        ask again every 30 s until it does (docs/s3.md, "Conditional writes")."""
+        """The store did not answer the start-up probe of its create-only writes (an outage,
+        a bucket not created yet, credentials not granted yet): ask again every
+        ``fence_probe_interval_s`` until it does (docs/s3.md, "Conditional writes")."""
         while not fence.conditional.answered:
-            await asyncio.sleep(30.0)
+            await asyncio.sleep(self.fence_probe_interval_s)
             try:
                 async with asyncio.timeout(2 * self.settings.blobstore.request_timeout_s):
                     found = await fence.probe_conditional_writes()
@@ -394,6 +400,8 @@ class Daemon:
             if found.answered:
                 log.info("blob store: conditional writes %s", found.how)
                 await record_conditional_writes(self.metadata, found, "daemon")
+                if self.metrics is not None:
+                    self.metrics.conditional_writes(found.on)
 
     async def _compact_loop(self) -> None:
         """Merge small segments of the topics this daemon runs, every ``[compact] interval_s``

@@ -13,7 +13,9 @@ path        answer
             ``status`` callable is given; ``offloadd status`` merges it in
 POST        close open segments now (``offloadd offload-now --url``), when an ``offload_now``
 /offload-   callable is given. JSON body, every key optional: ``{"topics": ["persistent://..."],
-now         "wait": true, "timeout_s": 300}``; answers ``{"ok": bool, "results": [...]}``.
+now         "wait": true, "timeout_s": 300, "metadata": "zk://..."}``; answers ``{"ok": bool,
+            "results": [...]}``; ``409`` when ``metadata`` names another deployment than
+            this daemon's (``/status``'s ``metadata``): nothing is done.
             Without ``control_token`` only loopback clients may call it (403 otherwise); with
             one, every caller must send ``Authorization: Bearer <token>`` (401 otherwise)
 ==========  =====================================================================================
@@ -27,17 +29,23 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import errno
 import hmac
 import ipaddress
+import logging
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from aiohttp import web
 
-from offloadd.errors import ConfigError
+from offloadd.errors import ConfigError, OffloaddError
 from offloadd.metrics import Metrics
 
-__all__ = ["DEFAULT_BIND", "MetricsServer", "ReadyCheck", "ServerState", "parse_bind"]
+__all__ = ["DEFAULT_BIND", "MetricsServer", "PortBusy", "ReadyCheck", "ServerState",
+           "parse_bind"]
+
+log = logging.getLogger(__name__)
 
 DEFAULT_BIND = "127.0.0.1:9105"
 
@@ -47,6 +55,14 @@ ReadyCheck = Callable[[], Awaitable[tuple[bool, str]]]
 OffloadNowFn = Callable[[list[str] | None, bool, float],
                         Awaitable[list[Mapping[str, Any]]]]
 _MAX_WAIT_S = 3600.0
+
+
+class PortBusy(OffloaddError):
+    """The metrics port stayed in use for all of ``[metrics] bind_retry_s``. Not a
+    configuration error (exit 2, which the systemd unit never restarts): the process exits
+    with :attr:`exit_code`, 75 (``EX_TEMPFAIL``), and a restart may find the port free."""
+
+    exit_code = 75
 
 
 class ServerState(enum.Enum):
@@ -81,8 +97,10 @@ class MetricsServer:
         status: Callable[[], Mapping[str, Any]] | None = None,
         offload_now: OffloadNowFn | None = None,
         control_token: str | None = None,
+        bind_retry_s: float = 0.0,
     ) -> None:
         self._bind = bind
+        self._bind_retry_s = bind_retry_s
         self._host, self._port = parse_bind(bind)
         self._metrics = metrics
         self._ready = ready
@@ -122,16 +140,47 @@ class MetricsServer:
         runner = web.AppRunner(app, access_log=None, handle_signals=False)
         await runner.setup()
         try:
-            await web.TCPSite(runner, self._host, self._port).start()
-        except OSError as e:
+            await self._listen(runner)
+        except BaseException:
             await runner.cleanup()
             self.state = ServerState.CLOSED
-            reason = e.strerror or str(e)
-            raise ConfigError(
-                f"metrics server cannot listen on {self._bind} ([metrics] bind): {reason}"
-            ) from e
+            raise
         self._runner = runner
         self.state = ServerState.OPENED
+
+    async def _listen(self, runner: web.AppRunner) -> None:
+        """Listen on the bind address. A port in use is a passing state (the daemon this one
+        replaces still exiting, a restart racing it): retried every second for
+        ``bind_retry_s``, then :class:`PortBusy`. Any other failure (no such address,
+        permission) is a configuration error."""
+        deadline = time.monotonic() + self._bind_retry_s
+        busy = 0
+        while True:
+            site = web.TCPSite(runner, self._host, self._port)
+            try:
+                await site.start()
+            except OSError as e:
+                await site.stop()  # unregister the failed site from the runner
+                reason = e.strerror or str(e)
+                where = f"metrics server cannot listen on {self._bind} ([metrics] bind)"
+                if e.errno != errno.EADDRINUSE:
+                    raise ConfigError(f"{where}: {reason}") from e
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise PortBusy(
+                        f"{where}: {reason}, for {self._bind_retry_s:g} s ([metrics] "
+                        f"bind_retry_s); exiting with {PortBusy.exit_code} for the service "
+                        "manager to restart offloadd") from e
+                if busy == 0:
+                    log.warning("%s: %s; retrying every second for up to %g s ([metrics] "
+                                "bind_retry_s)", where, reason, self._bind_retry_s)
+                busy += 1
+                await asyncio.sleep(min(1.0, left))
+                continue
+            if busy:
+                log.info("metrics server listening on %s after %d busy attempt(s)", self._bind,
+                         busy)
+            return
 
     async def stop(self) -> None:
         """Close the listener; idempotent."""
@@ -180,6 +229,21 @@ class MetricsServer:
                                   "([metrics] control_token)"}, status=401,
                                  headers={"WWW-Authenticate": "Bearer"})
 
+    def _other_deployment(self, expected: object) -> web.Response | None:
+        """409 when the caller names a deployment (its ``metadata``, as ``/status`` shows it)
+        other than this daemon's: a command configured for one deployment must not close
+        another's segments because that daemon answers on the address it was given."""
+        if expected is None or self._status is None:
+            return None
+        if not isinstance(expected, str):
+            raise ValueError('"metadata" must be a string')
+        ours = self._status().get("metadata")
+        if ours == expected:
+            return None
+        return web.json_response(
+            {"ok": False, "metadata": ours, "error": f"this daemon serves {ours}, not "
+             f"{expected}: refusing to act for another deployment"}, status=409)
+
     async def _handle_offload_now(self, request: web.Request) -> web.Response:
         assert self._offload_now is not None
         refused = self._refused(request)
@@ -200,6 +264,9 @@ class MetricsServer:
             if isinstance(timeout, bool) or not isinstance(timeout, int | float) \
                     or not 0 < timeout <= _MAX_WAIT_S:
                 raise ValueError(f'"timeout_s" must be a number in (0, {_MAX_WAIT_S:g}]')
+            wrong = self._other_deployment(body.get("metadata"))
+            if wrong is not None:
+                return wrong
             results = await self._offload_now(topics or None, wait, float(timeout))
         except ValueError as e:  # also malformed JSON (json.JSONDecodeError)
             return web.json_response({"ok": False, "error": str(e)}, status=400)

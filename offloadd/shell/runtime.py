@@ -69,7 +69,8 @@ class Runtime:
         # itself and owns them all.
         owner_id = (check_owner_id(settings.daemon.owner_id or default_owner_id())
                     if ownership is None and not with_writer else None)
-        metrics = Metrics()
+        level = settings.metrics.topic_level
+        metrics = Metrics(topic_level=None if level == "auto" else level)
         conn = await wiring.connect_metadata(settings)
         metadata = conn.store
         try:
@@ -83,6 +84,8 @@ class Runtime:
         if tier.fence is not None:
             await record_conditional_writes(metadata, tier.fence.conditional,
                                             owner_id or "standalone")
+            if settings.blobstore.conditional_writes != "off":
+                metrics.conditional_writes(tier.fence.conditional.on)
         _watch_circuits(metrics, conn.sessions, tier)
         local: LocalLedgerStore | None = None
         if with_writer:
@@ -93,7 +96,7 @@ class Runtime:
         if owner_id is not None:
             ownership = ClusterOwnership(metadata, owner_id, sessions=conn.sessions)
         if view.metrics is not None:  # e.g. the BookKeeper client's
-            view.metrics.register(metrics.registry)
+            metrics.adopt(view.metrics)
         daemon = Daemon(settings, source=view, metadata=metadata, tier=tier,
                         ownership=ownership,
                         probe_factory=lambda t: metrics.topic(t.ns, str(t)),
@@ -109,7 +112,8 @@ class Runtime:
         self.server = MetricsServer(self.settings.metrics.bind, metrics=self.metrics,
                                     ready=self.ready, status=self.daemon.status,
                                     offload_now=self.offload_now,
-                                    control_token=token.get_secret_value() if token else None)
+                                    control_token=token.get_secret_value() if token else None,
+                                    bind_retry_s=self.settings.metrics.bind_retry_s)
         await self.server.start()
         self.extras.append(self.server)
         log.info("metrics on %s/metrics", self.server.url)

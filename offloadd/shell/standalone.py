@@ -135,11 +135,30 @@ async def _run_standalone(settings: Settings, *, duration: float | None, rate: f
             summary["lakehouse"] = {t: {"last_position": r.last_position, "error": r.error}
                                     for t, r in projected.items()}
         summary["drained"] = drained
+        problem = offload_problem(summary)
+        if problem is not None:  # a run that offloaded nothing did not do its job: exit 1
+            summary["problem"] = problem
+            log.error("standalone: %s", problem)
         log.info("standalone finished: %s", json.dumps(summary))
         return summary
     finally:
         await rt.close()
         pid_handle.release()
+
+
+def offload_problem(summary: dict[str, Any]) -> str | None:
+    """Why a run's summary is a failure although it ended without an error: nothing reached
+    the tier (a failing store, a stop before the first segment closed); None when something
+    did."""
+    offloaded = sum(int(t.get("entries_offloaded") or 0) for t in summary["topics"].values())
+    if offloaded:
+        return None
+    written = summary["entries_written"]
+    if not written:
+        return "nothing was written or offloaded (see the errors above)"
+    return (f"nothing was offloaded: {written} entries written, none committed to the tier "
+            "(see the errors above; the entries stay in the ledger store and a restart "
+            "offloads them)")
 
 
 async def _drain(daemon: Daemon, rt: Runtime, timeout: float) -> bool | None:

@@ -2,7 +2,8 @@
 for Pulsar's tree and another for offloadd's catalog), three fake bookies and a writer.
 
 The bookies are of mixed versions, as during a rolling upgrade: two answer batched reads
-(BookKeeper 4.17+), the third drops a connection that asks for one (an older bookie).
+(BookKeeper 4.17+), the third never answers one and logs an ERROR for it, as BookKeeper 4.15
+does (its v2 decoder throws on the unknown opcode and leaves the connection open).
 
 Pulsar's nodes are created with a digest ACL (``pulsar:broker-secret``) plus world-read, as a
 secured cluster would grant a sidecar: offloadd connects without credentials, so any write it
@@ -65,7 +66,7 @@ async def open_cluster(hosts: str, bookies: int = 3, old_bookies: int = 1,
                                                connect_timeout_s=10.0, acl=PULSAR_ACL)
     ours = await ZooKeeperMetadataStore.open(offloadd_url, session_timeout_s=4.0,
                                              connect_timeout_s=10.0)
-    started = [await FakeBookie(batch_reads="close" if i >= bookies - old_bookies else "yes"
+    started = [await FakeBookie(batch_reads="silent" if i >= bookies - old_bookies else "yes"
                                 ).start() for i in range(bookies)]
     fake = FakePulsar(writer, started, **pulsar)
     await fake.setup()

@@ -369,6 +369,19 @@ class TestLastAddConfirmed:
         lac, entry = await client.long_poll(a[0], ctx, 2, 0.2)
         assert (lac, entry) == (2, None)
         assert client.metrics.long_polls == 2
+        # sent as BookKeeper's Java client sends it: a 4.15 bookie refuses any other shape
+        assert bookies[a[0]].served["bad_long_poll"] == 0
+        assert bookies[a[0]].served["error_log"] == 0
+
+    async def test_long_poll_at_a_bookie_without_the_next_entry(
+            self, bookies: dict[str, FakeBookie], client: BookieClient) -> None:
+        a = addrs(bookies)
+        md = meta(15, [(0, a[:3])])  # striped: entry e on a[e % 3] and a[(e + 1) % 3]
+        populate(bookies, md, 4)  # entry 3 (on a[0], a[1]) tells them LAC 2
+        lac, entry = await client.long_poll(a[0], Ctx(15, md), 1, 5.0)
+        assert lac == 2 and entry is not None and entry.entry_id == 2  # a[0] holds entry 2
+        lac, entry = await client.long_poll(a[1], Ctx(15, md), 1, 5.0)
+        assert (lac, entry) == (2, None)  # ENOENTRY for entry 2, with the bookie's LAC
 
 
 class TestWaterFill:
@@ -513,18 +526,18 @@ class TestProtocols:
         md = meta(37, [(0, a[:3])])  # striped, write quorum 2: runs of two
         payloads = populate(bookies, md, 60)
         await client.read_entries(Ctx(37, md), 0, 5)
-        for b in a[:3]:
-            await _settled(client, b)
-        before = sum(bookies[b].served["batch_read"] for b in a[:3])
         got = await client.read_entries(Ctx(37, md), 0, 59)
         assert [bytes(p) for p in got.payloads] == payloads
-        assert sum(bookies[b].served["batch_read"] for b in a[:3]) == before
+        await asyncio.sleep(0.1)  # a probe, had one started, would have been answered
+        # batching would serve none of these reads: no bookie is even asked whether it can
+        assert sum(bookies[b].served["batch_asked"] for b in a[:3]) == 0
+        assert {client.status()[b]["batched_reads"] for b in a[:3]} == {"unknown"}
 
     @pytest.mark.parametrize("mode", ["close", "ebadreq", "silent"])
     async def test_bookies_without_batched_reads_are_read_entry_by_entry(
             self, bookies: dict[str, FakeBookie], mode: str) -> None:
         a = addrs(bookies)
-        md = meta(32, [(0, a[:3])])
+        md = meta(32, [(0, a[:3])], wq=3)  # not striped: runs batching would serve
         payloads = populate(bookies, md, 90)
         for b in a[:3]:
             bookies[b].batch_reads = mode  # type: ignore[assignment]
@@ -539,6 +552,16 @@ class TestProtocols:
             got = await c.read_entries(Ctx(32, md), 0, 89)
             assert [bytes(p) for p in got.payloads] == payloads
             assert all(bookies[b].served["batch_refused"] == 1 for b in a[:3])  # probes only
+            # the answer is kept per bookie, not per connection: reconnects do not ask again
+            for b in a[:3]:
+                for conn in bookies[b].connections:
+                    conn.drop()
+            await asyncio.sleep(0.05)
+            got = await c.read_entries(Ctx(32, md), 0, 89)
+            assert [bytes(p) for p in got.payloads] == payloads
+            assert all(bookies[b].served["batch_asked"] == 1 for b in a[:3])
+            assert sum(bookies[b].served["error_log"] for b in a[:3]) == \
+                (3 if mode == "silent" else 0)  # 4.15: one ERROR per bookie per daemon life
             assert not any(c.replicas.is_down(b) for b in a[:3])
             assert sum(c.metrics.errors.values()) == 0
         finally:
@@ -629,4 +652,68 @@ class TestV2Matching:
                 assert not getattr(conn, "again", None) and not getattr(conn, "batches", None)
                 assert not any(getattr(conn, "reads", {}).values())
         finally:
+            await c.close()
+
+
+class TestOwnPause:
+    """A stall of this process (SIGSTOP, a stopped VM, CPU steal) is not a bookie failure: the
+    loop is frozen with a blocking sleep longer than the read timeout while reads, a v3 read
+    and a long poll are in flight, and the bookies' answers are waiting when it runs again —
+    the fake bookies share the loop, so they hold the requests until the stall ends and answer
+    them then, before the loop looks at its timers (tests/bookkeeper/test_pause.py stops a real
+    daemon process instead)."""
+
+    async def test_a_frozen_loop_quarantines_no_bookie_and_counts_no_failover(
+            self, bookies: dict[str, FakeBookie]) -> None:
+        import time
+
+        a = addrs(bookies)
+        md = meta(41, [(0, a[:3])])
+        payloads = populate(bookies, md, 200)
+        tail = meta(42, [(0, [a[3]])], wq=1)
+        populate(bookies, tail, 3)  # LAC 1 at a[3]
+        c = BookieClient(ClientOptions(read_timeout_s=0.5, connect_timeout_s=0.5,
+                                       batch_reads=False,
+                                       replicas=ReplicaPolicy(quarantine_s=30)))
+        try:
+            await c.read_entries(Ctx(41, md), 0, 5)  # connections open
+            await c.read_last(a[3], Ctx(42, tail))
+            for b in a:  # the requests are held until the stall ends (then answered at once)
+                bookies[b].freeze()
+            reads = asyncio.ensure_future(c.read_entries(Ctx(41, md), 0, 199))
+            last = asyncio.ensure_future(c.read_last(a[0], Ctx(41, md)))
+            poll = asyncio.ensure_future(c.long_poll(a[3], Ctx(42, tail), 1, 0.3))
+            async with asyncio.timeout(5):  # every request sent, none answered
+                while not all(bookies[b].served["held"] for b in a):
+                    await asyncio.sleep(0.005)
+            time.sleep(2.0)  # four read timeouts long: the whole process stalls ...
+            for b in a:  # ... while the bookies answered: it finds the answers waiting
+                bookies[b].thaw()
+            got = await asyncio.wait_for(reads, 10)
+            assert [bytes(p) for p in got.payloads] == payloads
+            await asyncio.wait_for(last, 10)
+            await asyncio.wait_for(poll, 10)
+            assert dict(c.metrics.quarantines) == {}
+            assert sum(c.metrics.failovers.values()) == 0
+            assert not any(c.replicas.is_down(b) for b in a)
+            assert not any(c.replicas.is_slow(b) for b in a)
+            assert c.metrics.pauses >= 1
+        finally:
+            await c.close()
+
+    async def test_a_silent_bookie_still_times_out(self, bookies: dict[str, FakeBookie]
+                                                   ) -> None:
+        a = addrs(bookies)
+        md = meta(43, [(0, a[:2])])
+        payloads = populate(bookies, md, 10)
+        bookies[a[0]].freeze()  # the bookie stalls, not us
+        c = BookieClient(ClientOptions(read_timeout_s=0.3, batch_reads=False,
+                                       replicas=ReplicaPolicy(quarantine_s=30)))
+        try:
+            got = await c.read_entries(Ctx(43, md), 0, 9)
+            assert [bytes(p) for p in got.payloads] == payloads
+            assert c.replicas.is_down(a[0]) and not c.replicas.is_down(a[1])
+            assert c.metrics.quarantines == {(a[0], "timeout"): 1}
+        finally:
+            bookies[a[0]].thaw()
             await c.close()

@@ -158,6 +158,11 @@ class TestLedgersAndReads:
             assert d.last_entry_id == 5
             assert d.size == sum(map(len, payloads(3, "x") + payloads(3, "y")))
             assert src.metrics.long_polls >= 1
+            # the LAC came through the long poll, not the 0.5 s fallback: no bookie refused a
+            # long poll (a real 4.15 bookie answers EBADREQ to any but the Java client's shape)
+            assert sum(b.served["bad_long_poll"] for b in cluster.bookies) == 0
+            assert src.metrics.long_poll_failures == 0
+            assert sum(b.served["long_poll"] for b in cluster.bookies) >= 1
             run = await src.read(A, 1, 3, 5)
             assert bytes(run.data) == framed(3, payloads(3, "y"))
             # a new ledger ends a wait on the closed one at its end
@@ -418,6 +423,43 @@ class TestReadOnly:
         after = await asyncio.to_thread(snapshot, cluster.hosts, cluster.pulsar_url)
         assert before == after
         assert any(path.endswith("/L0003") for path in before)
+
+
+class TestBatchProbe:
+    """Asking a bookie whether it has batched reads costs one older than 4.17 an ERROR with a
+    stack trace in its log: the daemon asks each bookie once, a read-only command never."""
+
+    async def test_only_the_daemon_probes_and_once_per_bookie(self, cluster: Cluster) -> None:
+        p = cluster.pulsar
+        p.ensemble_size = p.write_quorum = 3  # not striped: runs that batching serves
+        for b in cluster.bookies:
+            b.batch_reads = "silent"  # BookKeeper 4.15
+        await p.append(A, payloads(40, "a"))
+        await p.roll(A)
+        ro = cluster.source()
+        ro = BookKeeperLedgerSource(ro.options, cluster.ours, read_only=True)
+        try:
+            (d, _) = await ro.ledgers(A)
+            run = await ro.read(A, d.ledger_id, 0, d.last_entry_id)
+            assert run.count == 40
+            await asyncio.sleep(0.5)  # time enough for a probe to reach the bookies
+        finally:
+            await ro.close()
+        assert sum(b.served["batch_asked"] for b in cluster.bookies) == 0
+        src = cluster.source()
+        try:
+            for _ in range(3):
+                (d, _) = await src.ledgers(A)
+                await src.read(A, d.ledger_id, 0, d.last_entry_id)
+                await asyncio.sleep(1.2)  # past the probe's read timeout: it has its answer
+                for b in cluster.bookies:  # reconnects: the answer stays
+                    for conn in b.connections:
+                        conn.drop()
+        finally:
+            await src.close()
+        asked = [b.served["batch_asked"] for b in cluster.bookies]
+        assert sum(asked) >= 1 and max(asked) == 1
+        assert [b.served["error_log"] for b in cluster.bookies] == asked
 
 
 def snapshot(hosts: str, url: str) -> dict[str, tuple[int, ...]]:

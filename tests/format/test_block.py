@@ -215,3 +215,15 @@ class TestJunk:
             buf[data.draw(st.integers(0, len(buf) - 1))] = data.draw(st.integers(0, 255))
         with contextlib.suppress(FormatError):
             list(iter_block_entries(bytes(buf), 0, "o"))
+
+
+def test_a_header_fetched_without_its_block_parses_only_when_asked() -> None:
+    """A check that fetched only a block's head (the read-back check's 64 KiB of a 64 MiB
+    block) parses its header with ``whole=False``; by default the whole block must be there."""
+    head = pack_streaming_header(64 << 20, 7, 3) + b"\x00" * 1000
+    with pytest.raises(FormatError, match="truncated block"):
+        parse_block_header(head, 0, "obj")
+    hdr = parse_block_header(head, 0, "obj", whole=False)
+    assert (hdr.block_len, hdr.first_entry_id, hdr.ledger_id) == (64 << 20, 7, 3)
+    with pytest.raises(FormatError, match="truncated block header"):
+        parse_block_header(head[:100], 0, "obj", whole=False)

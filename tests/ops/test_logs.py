@@ -258,6 +258,7 @@ def debug_log(root_logger: logging.Logger, monkeypatch: pytest.MonkeyPatch
     def configure(secrets: list[str]) -> io.StringIO:
         err = io.StringIO()
         monkeypatch.setattr(sys, "stderr", err)
+        monkeypatch.setenv(logs.LIBRARY_LEVEL_ENV, "DEBUG")  # kazoo's requests, Auth included
         logs.configure("json", "DEBUG", secrets)
         return err
 
@@ -308,7 +309,8 @@ def test_a_cli_command_on_zookeeper_at_debug_shows_no_form_of_the_password(
     cfg = tmp_path / "offloadd.toml"
     cfg.write_text(f'[metadata]\nurl = "zk://{zk_server}{chroot}"\n'
                    '[daemon]\nlog_level = "DEBUG"\nlog_format = "json"\n')
-    env = dict(os.environ, OFFLOADD_METADATA__ACL_DIGEST=f"offloadd:{password}")
+    env = dict(os.environ, OFFLOADD_METADATA__ACL_DIGEST=f"offloadd:{password}",
+               OFFLOADD_LIBRARY_LOG_LEVEL="DEBUG")  # kazoo's own DEBUG lines too
     p = offloadd(["status", "--config", str(cfg), "--json"], tmp_path, env=env)
     text = p.stdout + p.stderr
     assert "Auth(" in text, text[-2000:]

@@ -152,6 +152,7 @@ retry_max_s = 1.0
 read_check_interval_s = 0.3
 [metrics]
 bind = "127.0.0.1:{port}"
+topic_level = {topic_level}
 [daemon]
 pid_file = "{root}/data/{name}.pid"
 shutdown_deadline_s = 5
@@ -159,10 +160,11 @@ shutdown_deadline_s = 5
 
 
 def write_config(root: Path, name: str, bucket: MotoBucket, endpoint: str, port: int,
-                 topics: Iterable[str]) -> Path:
+                 topics: Iterable[str], topic_level: str = '"auto"') -> Path:
     p = root / f"{name}.toml"
     p.write_text(CONFIG.format(root=root, bucket=bucket.name, endpoint=endpoint, port=port,
-                               name=name, topics=json.dumps(list(topics))))
+                               name=name, topics=json.dumps(list(topics)),
+                               topic_level=topic_level))
     return p
 
 
@@ -173,14 +175,17 @@ def produce(root: Path, cfg: Path, topic: str, nbytes: int) -> int:
 
 
 @pytest.mark.timeout(240)
+@pytest.mark.parametrize("topic_level", ["true", "false"])
 def test_every_metric_the_deploy_files_and_docs_name_appears_in_a_live_scrape(
-        tmp_path: Path, s3_bucket: MotoBucket) -> None:
+        tmp_path: Path, s3_bucket: MotoBucket, topic_level: str) -> None:
+    """Both ``[metrics] topic_level`` modes serve every name; off, no series has a topic label.
+    The backfill's endpoint does not depend on the switch: it is scraped in the first run."""
     port = _free_port()
     url = f"http://127.0.0.1:{port}/metrics"
     with FaultProxy(s3_bucket.endpoint, seed=3) as proxy:
         # the first two part uploads fail: offload errors, retried
         proxy.plan = FaultPlan(error_500=1.0, target="PUT ", limit=2)
-        cfg = write_config(tmp_path, "run", s3_bucket, proxy.url, port, [LIVE])
+        cfg = write_config(tmp_path, "run", s3_bucket, proxy.url, port, [LIVE], topic_level)
         d = DaemonProcess(tmp_path, cfg)
         try:
             d.wait_logged("ready", timeout=60)
@@ -199,14 +204,19 @@ def test_every_metric_the_deploy_files_and_docs_name_appears_in_a_live_scrape(
                      >= 1, 30, "a failed read-back counted")
             proxy.plan = FaultPlan()
 
-            backfill_text = run_backfill(tmp_path, s3_bucket)
+            backfill_text = run_backfill(tmp_path, s3_bucket) if topic_level == "true" else ""
             daemon_text = scrape(url)
         finally:
             assert d.stop() == 0
     assert value(daemon_text, "brk_ledgeroffloader_offload_error_total") >= 1
     assert value(daemon_text, "brk_ledgeroffloader_write_storage_error_total") >= 1
+    if topic_level == "false":
+        assert "topic=" not in daemon_text
     seen = present(daemon_text) | present(backfill_text)
     wanted = {"rules": rule_names(), "dashboard": dashboard_names(), "docs": docs_names()}
+    if not backfill_text:
+        wanted = {where: {n for n in names if not n.startswith("offloadd_backfill_")}
+                  for where, names in wanted.items()}
     missing = {where: sorted(names - seen) for where, names in wanted.items() if names - seen}
     assert not missing, f"named but never scraped: {missing}"
 

@@ -182,6 +182,72 @@ def test_offload_now_wait_reports_a_failed_attempt(tmp_path: Path) -> None:
         assert d.stop() == 0
 
 
+@pytest.mark.integration
+@pytest.mark.timeout(120)
+def test_offload_now_refuses_another_deployments_daemon(tmp_path: Path) -> None:
+    """A second deployment (its own store, under other/) whose [metrics] bind names the port
+    where this one's daemon listens: offload-now --wait and --url refuse, naming both
+    deployments, and the daemon closes nothing (it used to close its segments and print its
+    topics as the other deployment's)."""
+    cfg = make_config(tmp_path)
+    d = DaemonProcess(tmp_path, cfg)
+    try:
+        d.wait_logged("ready")
+        produce(tmp_path, cfg, 50_000)
+        d.wait_logged(f"offloading topic {TOPIC}")
+        other = tmp_path / "other"
+        other.mkdir()
+        other_cfg = other / "offloadd.toml"
+        other_cfg.write_text(cfg.read_text().replace('path = "data/tier"',
+                                                     'path = "data/other-tier"'))
+        port = cfg.read_text().split('bind = "127.0.0.1:')[1].split('"')[0]
+        for extra in (["--wait"], ["--url", f"http://127.0.0.1:{port}"]):
+            res = offloadd(["offload-now", "--config", str(other_cfg), *extra,
+                            "--timeout", "20"], other, check=False)
+            assert res.returncode == 1, (extra, res)
+            assert f"embedded:{tmp_path}/data/metadata" in res.stderr, res.stderr
+            assert f"embedded:{other}/data/metadata" in res.stderr, res.stderr
+            assert TOPIC not in res.stdout
+        time.sleep(1)  # what a wrongly accepted request would have had time to commit
+        assert committed_entries(tmp_path).get(ml(TOPIC), 0) == 0
+    finally:
+        assert d.stop() == 0
+
+
+@pytest.mark.timeout(60)
+async def test_the_control_endpoint_refuses_a_caller_of_another_deployment() -> None:
+    """The daemon checks too (the body's metadata): one that took the port after the
+    caller's own check refuses with 409 and does nothing."""
+    calls: list[object] = []
+
+    async def offload_now(topics: list[str] | None, wait: bool,
+                          timeout_s: float) -> list[Mapping[str, Any]]:
+        calls.append(topics)
+        return []
+
+    async def ready() -> tuple[bool, str]:
+        return True, "ok"
+
+    server = MetricsServer("127.0.0.1:0", metrics=Metrics(), ready=ready, status=lambda: {
+        "metadata": "zk://zk1:2181/ours"}, offload_now=offload_now)
+    await server.start()
+    try:
+        async with aiohttp.ClientSession() as http:
+            async with http.post(server.url + "/offload-now",
+                                 json={"metadata": "zk://zk9:2181/theirs"}) as r:
+                assert r.status == 409
+                body = await r.json()
+                assert "zk://zk1:2181/ours" in body["error"]
+                assert "zk://zk9:2181/theirs" in body["error"]
+            assert calls == []
+            async with http.post(server.url + "/offload-now",
+                                 json={"metadata": "zk://zk1:2181/ours"}) as r:
+                assert r.status == 200
+            assert calls == [None]
+    finally:
+        await server.stop()
+
+
 def _outside_address() -> str | None:
     """An address of this host that is not loopback, if it has one."""
     try:

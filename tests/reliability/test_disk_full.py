@@ -66,6 +66,25 @@ def tmpfs() -> Iterator[Mount]:
                 subprocess.run(["umount", "-l", str(where)], capture_output=True, timeout=30)
 
 
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _readyz(port: int) -> tuple[int, str]:
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=5) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
 def resize(where: Path, size: str) -> None:
     subprocess.run(["mount", "-o", f"remount,size={size}", str(where)], check=True,
                    capture_output=True, timeout=30)
@@ -93,9 +112,11 @@ def fill(volume: Path) -> Path:
 def test_a_tier_that_fills_up_is_reported_and_offload_resumes_when_it_grows(
         tmp_path: Path, tmpfs: Mount, figures: Figures) -> None:
     tier = tmpfs(tmp_path / "tiervol", "2m")
+    port = _free_port()
     cfg = write_config(tmp_path / "offloadd.toml", merge(local_sections(tmp_path), {
         "blobstore": {"path": str(tier / "tier")},
         "offload": {"max_size_per_segment_mbytes": 0.25, "max_block_size_bytes": 65536},
+        "metrics": {"enabled": True, "bind": f"127.0.0.1:{port}"},
         "daemon": {"log_level": "INFO"}}))
     outputs = Outputs(tmp_path / "outputs")
     ok(cli(["produce", "--config", str(cfg), "--topics", "2", "--bytes", "5000000"], tmp_path,
@@ -107,9 +128,13 @@ def test_a_tier_that_fills_up_is_reported_and_offload_resumes_when_it_grows(
         full_at = counts(cfg)
         assert 0 < sum(c.committed for c in full_at.values()) < sum(
             c.written for c in full_at.values())
+        # not ready while full, saying why (it answered 200 "blob store circuit is healthy")
+        status, why = _readyz(port)
+        assert status == 503 and "disk full" in why, (status, why)
         resize(tier, "64m")
         wait_until(lambda: drained(cfg), 90, "offload to finish once the tier has room")
         assert d.alive()
+        wait_until(lambda: _readyz(port)[0] == 200, 30, "ready again once writes succeed")
     finally:
         assert d.stop() == 0, d.text()[-4000:]
     errors = d.text().count("disk full: free space on the volume")

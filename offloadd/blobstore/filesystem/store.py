@@ -25,7 +25,7 @@ from offloadd.blobstore.base import (
     UploadSweeper,
     WriteFence,
 )
-from offloadd.blobstore.filesystem.tree import Tree, check_key, translate
+from offloadd.blobstore.filesystem.tree import FULL, Tree, check_key, translate
 from offloadd.blobstore.filesystem.upload import FilesystemUpload
 from offloadd.blobstore.filesystem.workers import Workers
 from offloadd.blobstore.health import HealthPolicy, StoreHealth
@@ -120,7 +120,9 @@ class FilesystemBlobStore(BlobStore, UploadSweeper, WriteFence):
                 raise _Unanswered(said) from None
             except OSError as e:
                 err = translate(e, what)
-                if isinstance(err, Fatal):
+                if isinstance(err, Fatal) or e.errno in FULL:
+                    # a full volume is retried, but only an operator frees space: not ready
+                    # (/readyz 503 with the reason) until a write of that kind succeeds again
                     health.record_refused(op, str(err))
                 elif isinstance(err, Retriable):
                     health.record_failure(answered=True)

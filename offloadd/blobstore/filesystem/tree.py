@@ -34,6 +34,8 @@ _RETRIABLE = {
     errno.EMFILE: "too many open files: raise the file-descriptor limit; retrying",
     errno.ENFILE: "system file table full; retrying",
 }
+# a full volume or an exhausted quota: retried, and reported as a refusal (not ready)
+FULL = frozenset({errno.ENOSPC, errno.EDQUOT})
 _FATAL = {
     errno.EACCES: "permission denied: give offloadd read/write access to the store's root",
     errno.EPERM: "operation not permitted: check ownership of the store's root",

@@ -84,6 +84,7 @@ _REFUSALS = frozenset(
         "RequestTimeTooSkewed",
         "EntityTooSmall",
         "InvalidArgument",
+        "QuotaExceeded",  # Ceph RGW: the bucket's or user's quota is used up (403)
     }
 )
 
@@ -116,6 +117,7 @@ HINTS = {
     "NoSuchUpload": "the multipart upload no longer exists "
     "(aborted by a sweep or a lifecycle rule?)",
     "InvalidArgument": "check sse, sse_kms_key_id and the user metadata",
+    "QuotaExceeded": "the bucket's or the user's quota is used up: raise it or free space",
     "KMS.NotFoundException": "check sse_kms_key_id",
     "KMS.DisabledException": "the KMS key is disabled",
 }

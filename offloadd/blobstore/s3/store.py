@@ -144,7 +144,7 @@ class S3BlobStore(BlobStore, UploadSweeper, WriteFence):
         key = f"{PROBE_KEY_PREFIX}{uuid.uuid4().hex}"
         notes: list[str] = []
         put = complete = False
-        answered = True
+        answered = reachable = True
         try:
             await self._put(key, b"offloadd conditional-write probe", {}, True)
             try:
@@ -167,9 +167,13 @@ class S3BlobStore(BlobStore, UploadSweeper, WriteFence):
                     await up.abort()
         except OffloaddError as exc:
             notes.append(f"the probe failed: {exc}")
-            answered = not isinstance(exc, Retriable)  # unreachable: the answer is unknown
+            # unanswered, whatever the failure: an outage, but also a bucket not created yet
+            # or credentials not granted yet (NoSuchBucket, AccessDenied) say nothing about
+            # If-None-Match, and the operator's fix must not need a restart to turn the fence on
+            answered = False
+            reachable = not isinstance(exc, Retriable)
         finally:
-            if answered:  # an unreachable store is not kept waiting for a delete too
+            if reachable:  # an unreachable store is not kept waiting for a delete too
                 with suppress(OffloaddError):
                     await self.delete(key)
         self._uploads.create_only = complete

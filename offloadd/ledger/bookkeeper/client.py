@@ -6,9 +6,14 @@ the reads v2 cannot express (the last entry with ``maxLAC``, the long poll). Whi
 bookie's bulk reads use is decided per bookie and shown in ``status``
 (:meth:`BookieClient.status`): v2 unless ``[source] bookie_protocol = "v3"``, or unless the bookie
 refused v2 (closed two fresh v2 connections in a row without an answer), then v3. Where a bookie
-supports batched reads (BookKeeper 4.17+; found out once per bookie by a probe on a connection of
-its own, :meth:`BookieClient._probe`), each run of ``MIN_BATCH_RUN`` or more consecutive entries
+supports batched reads (BookKeeper 4.17+; found out once per bookie for the client's life by a
+probe on a connection of its own, sent only when a read has a run batching would serve,
+:meth:`BookieClient._start_probe`), each run of ``MIN_BATCH_RUN`` or more consecutive entries
 it holds is one request; otherwise one request per entry.
+
+Every wait on a bookie counts only time this process was running (:mod:`.pause`): after a
+pause of our own (``SIGSTOP``, a stopped VM) the requests in flight get their timeout again
+instead of quarantining the bookies that answered meanwhile.
 
 A read of entries ``first..last`` (:meth:`BookieClient.read_entries`) is planned as runs over
 the bookies (:mod:`.replicas`); each bookie's requests go out in one write and their answers land
@@ -27,7 +32,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 from offloadd.errors import NotFound, Retriable
 from offloadd.ledger.bookkeeper import v2
@@ -55,6 +60,7 @@ from offloadd.ledger.bookkeeper.connection import (
 )
 from offloadd.ledger.bookkeeper.layout import LedgerMetadata
 from offloadd.ledger.bookkeeper.metrics import BookKeeperMetrics
+from offloadd.ledger.bookkeeper.pause import Stalls
 from offloadd.ledger.bookkeeper.replicas import (
     ReplicaPolicy,
     Replicas,
@@ -159,8 +165,12 @@ class BookieClient:
 
     def __init__(self, options: ClientOptions | None = None,
                  metrics: BookKeeperMetrics | None = None, *,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, probe: bool = True) -> None:
+        """``probe`` False: never ask a bookie whether it has batched reads (read entry by
+        entry), for short-lived read-only commands: the probe costs a bookie older than 4.17
+        an ERROR in its log."""
         self.options = options or ClientOptions()
+        self._may_probe = probe
         self.metrics = metrics or BookKeeperMetrics()
         self._clock = clock
         self._conns: dict[tuple[str, int], V2Connection | V3Connection] = {}
@@ -169,6 +179,7 @@ class BookieClient:
         self._probes: dict[str, asyncio.Future[None]] = {}
         self._next_id = 1  # txnIds (v3) and requestIds (v2 batched reads)
         self.replicas = Replicas(self.options.replicas, clock=clock)
+        self._stalls = Stalls(self.options.read_timeout_s, self.metrics.paused)
         self._closed = False
 
     # ---- protocol per bookie -------------------------------------------------------------
@@ -209,12 +220,16 @@ class BookieClient:
         host, port = split_addr(addr)
         loop = asyncio.get_running_loop()
         factory = V2Connection if version == 2 else V3Connection
+        connecting = asyncio.ensure_future(
+            loop.create_connection(lambda: factory(addr), host, port))
         try:
-            async with asyncio.timeout(self.options.connect_timeout_s):
-                _, conn = await loop.create_connection(lambda: factory(addr), host, port)
+            await self._answer(connecting, self.options.connect_timeout_s)
+            _, conn = connecting.result()
         except (OSError, TimeoutError) as exc:
             self._mark_down(addr, "connect")
             raise BookieError(addr, "connect", str(exc) or type(exc).__name__) from None
+        finally:
+            connecting.cancel()  # a no-op once done; a connect given up on must not linger
         if keep:
             self._conns[(addr, version)] = conn
         return conn
@@ -235,6 +250,11 @@ class BookieClient:
             self.metrics.quarantine(addr, reason)
             log.warning("bookie %s quarantined for %gs (%s): other replicas are asked first",
                         addr, self.options.replicas.quarantine_s, reason)
+
+    async def _answer(self, fut: asyncio.Future[Any], timeout: float) -> bool:
+        """Wait for ``fut`` up to ``timeout`` seconds of this process running (see
+        :mod:`.pause`); True if the process was seen stalled meanwhile. ``TimeoutError``."""
+        return await self._stalls.wait(fut, timeout) > 0
 
     def _observe(self, addr: str, latency: float) -> None:
         self.replicas.observe(addr, latency)
@@ -257,38 +277,44 @@ class BookieClient:
         self.metrics.set_pending(addr, self.replicas.pending[addr])
         try:
             if self.protocol(addr).reads == "v3":
-                await self._ask_v3(addr, ctx.ledger_id, ids, sink)
+                paused = await self._ask_v3(addr, ctx.ledger_id, ids, sink)
             else:
-                await self._ask_v2(addr, ctx.ledger_id, runs, ids, sink)
+                paused = await self._ask_v2(addr, ctx.ledger_id, runs, ids, sink)
         finally:
             self.replicas.pending[addr] -= n
             self.metrics.set_pending(addr, self.replicas.pending[addr])
-        return self._check(addr, ctx, ids, sink, self._clock() - t0)
+        # a wait stretched by our own stall says nothing of the bookie's latency
+        return self._check(addr, ctx, ids, sink, self._clock() - t0, observe=not paused)
 
     async def _ask_v2(self, addr: str, ledger_id: int, runs: Sequence[tuple[int, int]],
-                      ids: list[int], sink: Sink) -> None:
+                      ids: list[int], sink: Sink) -> bool:
+        """Send and await one bookie's share over v2; True if this process stalled meanwhile."""
+        paused = False
         try:
             conn = await self._v2(addr)
         except BookieError as exc:
             sink.fail(LOST, str(exc))
-            return
-        batched = self.options.batch_reads and self.protocol(addr).batch is True
-        if not batched and self.options.batch_reads and self.protocol(addr).batch is None:
-            self._start_probe(addr, ledger_id, ids[0])
-        batched = batched and any(n >= MIN_BATCH_RUN for _, n in runs)
+            return paused
+        known = self.protocol(addr).batch
+        run = next((first for first, n in runs if n >= MIN_BATCH_RUN), None)
+        if run is not None and known is None and self.options.batch_reads:
+            # only a read that batching would serve asks: a striped ledger's runs of two
+            # never do, so a cluster of those never probes at all
+            self._start_probe(addr, ledger_id, run)
+        batched = self.options.batch_reads and known is True and run is not None
+        timeout = self.options.read_timeout_s
         try:
-            async with asyncio.timeout(self.options.read_timeout_s):
-                if not batched:
-                    conn.expect(ledger_id, ids, range(len(ids)), sink)
-                    conn.send(v2.encode_reads(ledger_id, ids))
-                    await sink.future
-                slots = with_slots(runs) if batched else []
-                while slots:
-                    conn.send_runs(ledger_id, slots, sink, self._take_ids,
-                                   self.options.batch_max_bytes, MIN_BATCH_RUN)
-                    await sink.future
-                    slots = short_runs(sink, ids)
-                    sink.reopen([s for _, n, slot in slots for s in range(slot, slot + n)])
+            if not batched:
+                conn.expect(ledger_id, ids, range(len(ids)), sink)
+                conn.send(v2.encode_reads(ledger_id, ids))
+                paused |= await self._answer(sink.future, timeout)
+            slots = with_slots(runs) if batched else []
+            while slots:
+                conn.send_runs(ledger_id, slots, sink, self._take_ids,
+                               self.options.batch_max_bytes, MIN_BATCH_RUN)
+                paused |= await self._answer(sink.future, timeout)
+                slots = short_runs(sink, ids)
+                sink.reopen([s for _, n, slot in slots for s in range(slot, slot + n)])
         except TimeoutError:
             conn.forget(sink, ledger_id, ids)
             late = sink.remaining
@@ -303,6 +329,7 @@ class BookieClient:
                 conn.forget(sink, ledger_id, ids)
         if LOST in sink.codes:
             self._lost_v2(addr, conn)
+        return paused
 
     def _lost_v2(self, addr: str, conn: V2Connection) -> None:
         """A v2 connection failed. Closed fresh without a word, twice: the bookie refuses v2."""
@@ -316,19 +343,20 @@ class BookieClient:
         else:
             self._mark_down(addr, "connection")
 
-    async def _ask_v3(self, addr: str, ledger_id: int, ids: list[int], sink: Sink) -> None:
+    async def _ask_v3(self, addr: str, ledger_id: int, ids: list[int], sink: Sink) -> bool:
+        """Send and await one bookie's share over v3; True if this process stalled meanwhile."""
         n = len(ids)
+        paused = False
         try:
             conn = await self._v3(addr)
         except BookieError as exc:
             sink.fail(LOST, str(exc))
-            return
+            return paused
         first_txn = self._take_ids(n)
         try:
             conn.expect(first_txn, sink, n)
             conn.send(encode_plain_reads(first_txn, ledger_id, ids))
-            async with asyncio.timeout(self.options.read_timeout_s):
-                await sink.future
+            paused = await self._answer(sink.future, self.options.read_timeout_s)
         except TimeoutError:
             conn.forget(first_txn, n)
             sink.fail(TIMEOUT, f"{sink.remaining} of {n} reads unanswered after "
@@ -342,9 +370,10 @@ class BookieClient:
                 conn.forget(first_txn, n)
         if LOST in sink.codes:
             self._mark_down(addr, "connection")
+        return paused
 
     def _check(self, addr: str, ctx: LedgerContext, ids: list[int], sink: Sink,
-               elapsed: float) -> _Got:
+               elapsed: float, *, observe: bool = True) -> _Got:
         codes = sink.codes
         bodies = sink.bodies
         failed: dict[int, tuple[str, str]] = {}
@@ -363,7 +392,8 @@ class BookieClient:
         if ok:
             nbytes = sum(map(len, filter(None, checked.payloads)))
             self.metrics.entries_read(addr, ok, nbytes, elapsed * ok)
-            self._observe(addr, elapsed)
+            if observe:
+                self._observe(addr, elapsed)
         tail = checked.tail
         lac = max(sink.max_lac, tail[1] if tail is not None else -1)
         return _Got(ids, checked.payloads, failed, lac, tail)
@@ -380,7 +410,12 @@ class BookieClient:
 
     # ---- batched reads: supported? -------------------------------------------------------
     def _start_probe(self, addr: str, ledger_id: int, entry_id: int) -> None:
-        if addr in self._probes or self._closed:
+        """Ask ``addr`` once for the life of this client (the answer is kept per bookie
+        address, whatever becomes of its connections): a bookie older than 4.17 logs an ERROR
+        with a stack trace for the unknown opcode, and no request it would refuse quietly
+        tells the versions apart (any v2 frame with an opcode it lacks throws in its decoder),
+        so the only quiet probe is the one not sent."""
+        if addr in self._probes or self._closed or not self._may_probe:
             return
         fut = asyncio.ensure_future(self._probe(addr, ledger_id, entry_id))
         self._probes[addr] = fut
@@ -401,8 +436,7 @@ class BookieClient:
         try:
             conn.expect_batch(rid, sink, 0, 2)
             conn.send(v2.encode_batch_read(ledger_id, entry_id, rid, 2, 1024 * 1024))
-            async with asyncio.timeout(self.options.read_timeout_s):
-                await sink.future
+            await self._answer(sink.future, self.options.read_timeout_s)
         except (TimeoutError, BookieError):
             pass
         finally:
@@ -495,8 +529,7 @@ class BookieClient:
         try:
             conn.expect(txn, sink, 1)
             conn.send(encode_read_request(req(txn)))
-            async with asyncio.timeout(timeout):
-                await sink.future
+            await self._answer(sink.future, timeout)
         except TimeoutError:
             self._mark_down(addr, "timeout")
             raise BookieError(addr, "timeout", f"no answer after {timeout:g}s") from None
@@ -520,14 +553,22 @@ class BookieClient:
     async def long_poll(self, addr: str, ctx: LedgerContext, previous_lac: int,
                         timeout_s: float) -> tuple[int, Entry | None]:
         """Wait (at the bookie) until its LAC passes ``previous_lac`` or ``timeout_s`` ends:
-        (LAC hint, entry ``previous_lac + 1`` when piggybacked)."""
+        (LAC hint, entry ``previous_lac + 1`` when piggybacked).
+
+        Sent as BookKeeper's own client sends it (``ReadLastConfirmedAndEntryOp``): entryId
+        ``-1`` with ``previousLAC``, ``timeOut`` and ``ENTRY_PIGGYBACK``. A bookie answers any
+        other entryId ``EBADREQ`` (and logs an ERROR); the entry it piggybacks is
+        ``previousLAC + 1``, named in the answer's entryId."""
         self.metrics.long_poll()
         timeout_ms = max(int(timeout_s * 1000), 1)
         resp = await self._call(
-            addr, lambda txn: ReadRequest(txn, ctx.ledger_id, previous_lac + 1,
+            addr, lambda txn: ReadRequest(txn, ctx.ledger_id, LAST_ADD_CONFIRMED,
                                           previous_lac=previous_lac, timeout_ms=timeout_ms,
                                           flag=Flag.ENTRY_PIGGYBACK),
             timeout_s + self.options.read_timeout_s)
+        if resp.body is not None and resp.entry_id != previous_lac + 1:
+            raise BookieError(addr, "protocol", f"long poll after LAC {previous_lac} "
+                              f"piggybacked entry {resp.entry_id}")
         return self._lac_answer(addr, ctx, resp, previous_lac + 1)
 
     def _lac_answer(self, addr: str, ctx: LedgerContext, resp: ReadResponse,

@@ -18,6 +18,11 @@ anything. :meth:`BookKeeperMetrics.snapshot` is a plain dict for status output a
 ``offloadd_bookkeeper_data_lost_entries_total``     counter  per ``topic``: lost to retention
 ``offloadd_bookkeeper_data_lost_ledgers_total``     counter  per ``topic``
 ``offloadd_bookkeeper_long_polls_total``            counter  LAC long polls sent
+``offloadd_bookkeeper_long_poll_failures_total``    counter  long polls that failed: the tail was
+                                                             then polled every 0.5 s instead
+``offloadd_bookkeeper_pauses_total``                counter  stalls of this process (a clock jump
+                                                             seen while waiting on a bookie): the
+                                                             wait went on, no bookie was blamed
 ``offloadd_bookkeeper_quarantines_total``           counter  per ``bookie`` and ``reason``: bookies
                                                              put in quarantine (asked last)
 ``offloadd_bookkeeper_bookie_protocol``             gauge    1 per ``bookie``, labelled with the
@@ -53,6 +58,8 @@ class BookKeeperMetrics:
         self.lost_entries: defaultdict[str, int] = defaultdict(int)
         self.lost_ledgers: defaultdict[str, int] = defaultdict(int)
         self.long_polls = 0
+        self.long_poll_failures = 0
+        self.pauses = 0
         self.quarantines: defaultdict[tuple[str, str], int] = defaultdict(int)
         self.protocols: dict[str, tuple[str, str]] = {}
 
@@ -88,6 +95,12 @@ class BookKeeperMetrics:
     def long_poll(self) -> None:
         self.long_polls += 1
 
+    def long_poll_failed(self) -> None:
+        self.long_poll_failures += 1
+
+    def paused(self) -> None:
+        self.pauses += 1
+
     def quarantine(self, bookie: str, reason: str) -> None:
         self.quarantines[(bookie, reason)] += 1
 
@@ -111,6 +124,8 @@ class BookKeeperMetrics:
             "data_lost_entries": dict(self.lost_entries),
             "data_lost_ledgers": dict(self.lost_ledgers),
             "long_polls": self.long_polls,
+            "long_poll_failures": self.long_poll_failures,
+            "pauses": self.pauses,
             "quarantines": {f"{b} {r}": n for (b, r), n in self.quarantines.items()},
             "protocols": {b: {"reads": r, "batched": x} for b, (r, x) in self.protocols.items()},
         }
@@ -162,6 +177,14 @@ class BookKeeperMetrics:
         polls = CounterMetricFamily(_PREFIX + "long_polls", "LAC long polls sent")
         polls.add_metric([], float(self.long_polls))
         yield polls
+        failed = CounterMetricFamily(_PREFIX + "long_poll_failures", "LAC long polls that "
+                                     "failed (the tail is then re-read every 0.5 s)")
+        failed.add_metric([], float(self.long_poll_failures))
+        yield failed
+        pauses = CounterMetricFamily(_PREFIX + "pauses", "Stalls of this process seen while "
+                                     "waiting on bookies (not blamed on them)")
+        pauses.add_metric([], float(self.pauses))
+        yield pauses
         quar = CounterMetricFamily(_PREFIX + "quarantines", "Bookies put in quarantine (asked "
                                    "last) after a failure, by reason",
                                    labels=["bookie", "reason"])

@@ -111,7 +111,7 @@ class BookKeeperLedgerSource:
         self._md = metadata
         self._wall_ms = wall_ms
         self._clock = clock
-        self.client = BookieClient(options.client, self.metrics)
+        self.client = BookieClient(options.client, self.metrics, probe=not read_only)
         self._zk: PulsarZooKeeper | None = None
         self._open_lock = asyncio.Lock()
         self._topics: dict[TopicName, _Topic] = {}

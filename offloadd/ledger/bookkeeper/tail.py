@@ -83,7 +83,13 @@ async def follow(client: BookieClient, led: KnownLedger, deadline: float,
                 return
             previous = led.lac
             bookie = client.replicas.order(led.meta.bookies_for(previous + 1))[0]
-            hint, entry = await client.long_poll(bookie, led, previous, remaining)
+            try:
+                hint, entry = await client.long_poll(bookie, led, previous, remaining)
+            except (BookieError, Retriable, FormatError):
+                # counted: a bookie refusing our long polls would otherwise leave the tail
+                # re-read every 0.5 s without a trace
+                client.metrics.long_poll_failed()
+                raise
             led.learn(hint)
             if entry is not None:
                 led.note(entry.entry_id, entry.lac, entry.length)

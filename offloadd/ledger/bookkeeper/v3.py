@@ -1,8 +1,9 @@
 """BookKeeper's protocol v3 for reads (pure): protobuf ``Request``/``Response`` frames.
 
 offloadd speaks v3 where v2 cannot do the job — the tail of an open ledger: a read of entry
-``-1`` (the bookie's last entry, answered with ``maxLAC``) and the long poll (``previousLAC``,
-``timeOut`` and flag ``ENTRY_PIGGYBACK``: the bookie answers once its LAC passes
+``-1`` (the bookie's last entry, answered with ``maxLAC``) and the long poll (entry ``-1`` too,
+with ``previousLAC``, ``timeOut`` and flag ``ENTRY_PIGGYBACK``, as BookKeeper's Java client
+sends it — a bookie answers any other entryId ``EBADREQ``: it answers once its LAC passes
 ``previousLAC``, or when the time is up, with the body of entry ``previousLAC + 1`` when it has
 it); and for bulk reads from a bookie that refuses v2 (see :mod:`.client`).
 

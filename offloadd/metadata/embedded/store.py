@@ -9,8 +9,15 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TypeVar
 
-from offloadd.errors import Fatal, NotFound, Retriable
-from offloadd.metadata.base import MetadataStore, Op, Versioned
+from offloadd.errors import Conflict, Fatal, NotFound, Retriable
+from offloadd.metadata.base import (
+    BatchedMulti,
+    BatchedReads,
+    GroupResult,
+    MetadataStore,
+    Op,
+    Versioned,
+)
 from offloadd.metadata.embedded import tree
 from offloadd.metadata.embedded.database import (
     connect,
@@ -25,7 +32,7 @@ from offloadd.metadata.nodes import apply_all, check_path
 T = TypeVar("T")
 
 
-class EmbeddedMetadataStore(MetadataStore):
+class EmbeddedMetadataStore(MetadataStore, BatchedMulti, BatchedReads):
     """A :class:`~offloadd.metadata.base.MetadataStore` session on ``<path>/metadata.db``.
 
     Construction does no I/O; the database is opened on first use, or by :meth:`open`.
@@ -110,6 +117,45 @@ class EmbeddedMetadataStore(MetadataStore):
         owner = self._owner
         return await self._write(f"multi of {len(ops)} ops", lambda c: apply_all(
             ops, lambda op: tree.apply(c, owner, op)))
+
+    # -- the batch capabilities (base.BatchedMulti, base.BatchedReads) ------------------------
+
+    async def multi_batch(self, groups: Sequence[Sequence[Op]]) -> list[GroupResult]:
+        """Every group in one write transaction, each under its own savepoint: a refused group
+        is rolled back to its savepoint alone, and one commit (one fsync) lands the rest."""
+        for group in groups:
+            for op in group:
+                check_path(op.path)
+        owner = self._owner
+
+        def apply_groups(c: sqlite3.Connection) -> list[GroupResult]:
+            out: list[GroupResult] = []
+            for group in groups:
+                c.execute("SAVEPOINT grp")
+                try:
+                    out.append(apply_all(group, lambda op: tree.apply(c, owner, op)))
+                except (Conflict, NotFound, Fatal) as e:
+                    c.execute("ROLLBACK TO grp")
+                    out.append(e)
+                c.execute("RELEASE grp")
+            return out
+
+        return await self._write(f"multi_batch of {len(groups)} groups", apply_groups)
+
+    async def get_many(self, paths: Sequence[str]) -> list[Versioned | None]:
+        """One worker-thread hop and one read transaction (a snapshot) for all ``paths``."""
+        for path in paths:
+            check_path(path)
+
+        def op(c: sqlite3.Connection) -> list[Versioned | None]:
+            c.execute("BEGIN")
+            try:
+                rows = (tree.row(c, p) for p in paths)
+                return [None if r is None else Versioned(r[0], r[1]) for r in rows]
+            finally:
+                c.execute("COMMIT")
+
+        return await self._run(f"get_many of {len(paths)} nodes", op)
 
     async def close(self) -> None:
         if self._closed:

@@ -5,6 +5,7 @@ With a :class:`DigestAcl` every node the store creates (chroot included) carries
 authenticates with the same credentials on every (re)connect. The password never appears in
 ``repr``, log records or error text: kazoo logs its Auth request's repr at DEBUG, so each client
 logs through a logger of its own carrying :class:`offloadd.logs.RedactFilter` for its secrets
+and :class:`offloadd.logs.SessionRedactFilter` for its session's id and password
 (:func:`kazoo_logger`).
 """
 
@@ -18,7 +19,7 @@ from typing import Any
 
 from kazoo.security import make_acl, make_digest_acl
 
-from offloadd.logs import RedactFilter
+from offloadd.logs import RedactFilter, SessionRedactFilter
 
 
 @dataclass(frozen=True)
@@ -59,9 +60,13 @@ _clients = itertools.count(1)
 
 def kazoo_logger(secrets: Iterable[str]) -> logging.Logger:
     """A logger for one kazoo client (a child of the package's), redacting that client's
-    secrets in every form (see :func:`offloadd.logs.secret_pattern`)."""
+    secrets in every form (see :func:`offloadd.logs.secret_pattern`) and its session's id and
+    password (which kazoo logs at DEBUG on every reconnect). Its level is its parent's,
+    ``offloadd.metadata.zookeeper.kazoo``, which :func:`offloadd.logs.configure` keeps at
+    WARNING unless asked."""
     logger = logging.getLogger(f"offloadd.metadata.zookeeper.kazoo.{next(_clients)}")
     logger.addFilter(RedactFilter(secrets))
+    logger.addFilter(SessionRedactFilter())
     return logger
 
 

@@ -43,6 +43,7 @@ class Session:
         self.id: int | None = None
         self.connected = asyncio.Event()  # set while connected
         self.closed = False  # a closing store tells nobody
+        self._ever_connected = False
         self._bridge, self._url, self._client = bridge, url, client
         self._on_connect = on_connect
         self._listeners: list[SessionListener] = []
@@ -81,9 +82,13 @@ class Session:
             self.connected.clear()
         if previous is state:
             return
-        level = logging.INFO if state is SessionState.CONNECTED else logging.WARNING
-        log.log(level, "ZooKeeper session %s -> %s (%s%s)", previous.value, state.value,
-                self._url, f", session 0x{session:x}" if session else "")
+        # the first connect is the store opening (which says so itself), not a transition
+        first = state is SessionState.CONNECTED and not self._ever_connected
+        self._ever_connected = self._ever_connected or first
+        level = logging.WARNING if state is not SessionState.CONNECTED else \
+            logging.DEBUG if first else logging.INFO
+        log.log(level, "ZooKeeper session %s -> %s (%s%s)", "new" if first else previous.value,
+                state.value, self._url, f", session 0x{session:x}" if session else "")
         if state is SessionState.CONNECTED:
             self._on_connect()
         for listener in list(self._listeners):

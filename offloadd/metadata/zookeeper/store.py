@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
 import logging
 import threading
@@ -14,11 +15,14 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import RolledBackError, RuntimeInconsistency
 from kazoo.retry import KazooRetry
 
-from offloadd.errors import Conflict, Fatal, NotFound, Retriable
+from offloadd.errors import Conflict, Fatal, NotFound, OffloaddError, Retriable
 from offloadd.metadata.base import (
+    BatchedMulti,
+    BatchedReads,
     CheckOp,
     CreateOp,
     DeleteOp,
+    GroupResult,
     MetadataStore,
     Op,
     Sessions,
@@ -39,9 +43,11 @@ log = logging.getLogger(__name__)
 # batches and only the last batch (with the node itself, at its version) is atomic. ZooKeeper
 # caps a request at jute.maxbuffer (1 MiB by default), which a few thousand deletes approach.
 _ATOMIC_DELETE_LIMIT = 1000
+# Reads get_many keeps outstanding on the session at once.
+_READS_IN_FLIGHT = 256
 
 
-class ZooKeeperMetadataStore(MetadataStore, Sessions):
+class ZooKeeperMetadataStore(MetadataStore, Sessions, BatchedMulti, BatchedReads):
     """One ZooKeeper session. Open with :meth:`open`; the constructor is internal."""
 
     def __init__(self, *, url: ZooKeeperUrl, client: KazooClient, acl: DigestAcl | None,
@@ -286,6 +292,59 @@ class ZooKeeperMetadataStore(MetadataStore, Sessions):
         self._check_open()
         if not ops:
             return []
+        results = await self.call(self._transaction(ops).commit_async, "multi", ops[0].path)
+        failed = _first_failure(ops, results)
+        if failed is not None:
+            i, err = failed
+            raise type(err)(f"multi op {i} ({describe(ops[i])}) failed: {err}") from None
+        return self._outcomes(ops, results)
+
+    async def multi_batch(self, groups: Sequence[Sequence[Op]]) -> list[GroupResult]:
+        """Every group's ops in one ZooKeeper ``multi``. ZooKeeper applies a ``multi`` whole or
+        not at all, so when an op is refused its group is set aside with that error and the
+        others go again in a new ``multi`` (one more round trip per refused group; refusals are
+        the exception: a lost compare-and-set race, a fenced owner)."""
+        self._check_open()
+        out: dict[int, GroupResult] = {i: [] for i, g in enumerate(groups) if not g}
+        pending = [i for i, g in enumerate(groups) if g]
+        while pending:
+            ops: list[Op] = []
+            starts: list[int] = []  # where each pending group's ops begin in ``ops``
+            for gi in pending:
+                starts.append(len(ops))
+                ops.extend(groups[gi])
+            results = await self.call(self._transaction(ops).commit_async, "multi",
+                                      ops[0].path)
+            failed = _first_failure(ops, results)
+            if failed is None:
+                for gi, start in zip(pending, starts, strict=True):
+                    n = len(groups[gi])
+                    out[gi] = self._outcomes(groups[gi], results[start:start + n])
+                break
+            i, err = failed
+            k = bisect.bisect_right(starts, i) - 1
+            gi, local = pending[k], i - starts[k]
+            out[gi] = type(err)(f"multi op {local} ({describe(groups[gi][local])}) failed: "
+                                f"{err}")
+            del pending[k]
+        return [out[i] for i in range(len(groups))]
+
+    async def get_many(self, paths: Sequence[str]) -> list[Versioned | None]:
+        """All the reads sent at once (kazoo pipelines them on the session's connection), at
+        most ``_READS_IN_FLIGHT`` outstanding."""
+        self._check_open()
+        gate = asyncio.Semaphore(_READS_IN_FLIGHT)
+
+        async def one(path: str) -> Versioned | None:
+            async with gate:
+                try:
+                    return await self.get(path)
+                except NotFound:
+                    return None
+
+        return list(await asyncio.gather(*(one(p) for p in paths)))
+
+    def _transaction(self, ops: Sequence[Op]) -> Any:
         txn = self._zk.transaction()
         for op in ops:
             full = self.absolute(op.path)
@@ -299,16 +358,9 @@ class ZooKeeperMetadataStore(MetadataStore, Sessions):
                 txn.check(full, op.version)
             else:
                 raise Fatal(f"unknown metadata op {op!r}")
-        results = await self.call(txn.commit_async, "multi", ops[0].path)
-        errors = [(i, r) for i, r in enumerate(results) if isinstance(r, Exception)]
-        if errors:
-            # ZooKeeper reports the op that failed with its own error and every other op as
-            # rolled back (or, after the failure, as a runtime inconsistency).
-            causes = [(i, r) for i, r in errors
-                      if not isinstance(r, (RolledBackError, RuntimeInconsistency))]
-            i, exc = (causes or errors)[0]
-            err = translate(exc, "multi", ops[i].path)
-            raise type(err)(f"multi op {i} ({describe(ops[i])}) failed: {err}") from None
+        return txn
+
+    def _outcomes(self, ops: Sequence[Op], results: Sequence[Any]) -> list[int | str | None]:
         out: list[int | str | None] = []
         for op, result in zip(ops, results, strict=True):
             if isinstance(op, CreateOp):
@@ -381,3 +433,17 @@ class ZooKeeperMetadataStore(MetadataStore, Sessions):
         """One kazoo ``*_async`` call (see :meth:`Bridge.call`), refused once closed."""
         self._check_open()
         return await self.bridge.call(start, what, path)
+
+
+def _first_failure(ops: Sequence[Op], results: Sequence[Any]
+                   ) -> tuple[int, OffloaddError] | None:
+    """The op that made a ``multi`` fail and its error, or None if it succeeded. ZooKeeper
+    reports the failing op with its own error and every other op as rolled back (or, after
+    the failure, as a runtime inconsistency)."""
+    errors = [(i, r) for i, r in enumerate(results) if isinstance(r, Exception)]
+    if not errors:
+        return None
+    causes = [(i, r) for i, r in errors
+              if not isinstance(r, (RolledBackError, RuntimeInconsistency))]
+    i, exc = (causes or errors)[0]
+    return i, translate(exc, "multi", ops[i].path)
