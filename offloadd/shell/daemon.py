@@ -119,7 +119,9 @@ class Daemon:
             source=piped, metadata=metadata, blobstore=self.blobstore, buffer=self.buffer,
             acquire=self._acquire, blocks_in_flight=off.blocks_in_flight,
             part_size=settings.blobstore.part_size_bytes,
-            retry=Backoff(off.retry_base_s, off.retry_max_s))
+            retry=Backoff(off.retry_base_s, off.retry_max_s),
+            # a source that wakes its waiters when a topic changes needs no frequent look
+            idle_poll_s=getattr(self.source, "idle_poll_s", OffloadEnv.idle_poll_s))
         self.scheduler = Scheduler(
             env, ownership=ownership or Ownership(), wanted=self.wanted, policy=self._policy_fn,
             probe=probe_factory or (lambda topic: None), settings=self._scheduler_settings,
@@ -198,6 +200,8 @@ class Daemon:
                                settings.offload.burst_bytes)
         if self.metrics is not None:
             self.metrics.throttle_limit(settings.offload.flow_permits_per_second)
+        for r in self.topics.values():  # idle topics sleep long: let them see new policies
+            r.offloader.wake.set()
         logging.getLogger().setLevel(settings.daemon.log_level)
         later = [k for k in _restart_keys(old) if _dig(old, k) != _dig(settings, k)]
         if later:
@@ -460,7 +464,17 @@ class Daemon:
         figures keep moving while uploads fail or the store hangs."""
         limit = asyncio.Semaphore(16)  # source calls in flight at once
 
+        generation = getattr(self.source, "generation", None)
+        seen: dict[TopicName, object] = {}  # what a fully offloaded topic's lag was measured at
+
         async def one(topic: TopicName, off: TopicOffloader) -> None:
+            # an idle topic costs nothing: while its source records no change and nothing is
+            # uncommitted, its lag stays 0 / 0 / 0 (seconds included)
+            mark = (generation(topic), off.last_committed) if generation is not None else None
+            if mark is not None and mark[0] is not None and seen.get(topic) == mark:
+                self.lag_monitor.still(topic)
+                return
+            seen.pop(topic, None)
             async with limit:
                 interval = self.settings.daemon.lag_interval_s
                 try:
@@ -485,12 +499,15 @@ class Daemon:
                 lag = await self.lag_monitor.sample(topic, ledgers, committed)
                 off.lag = lag
                 off.probe.lag(lag.entries, lag.bytes, lag.seconds)
+                if mark is not None and lag.entries == 0 and off.recovered:
+                    seen[topic] = mark
 
         while True:
             await asyncio.sleep(self.settings.daemon.lag_interval_s)
             for gone in set(self._ledgers_seen) - set(self.topics):
                 del self._ledgers_seen[gone]
                 self.lag_monitor.forget(gone)
+                seen.pop(gone, None)
             running = [(t, r.offloader) for t, r in self.topics.items() if not r.task.done()]
             if running:
                 results = await asyncio.gather(*(one(t, off) for t, off in running),
