@@ -10,7 +10,8 @@ small file, ``<store>/changes``, and the readers of a process look at it with on
 
 After every batch it appends, every ledger it opens or closes and every topic it lets go, the
 writer (one per store: the writer lock) writes the topic's key into the next slot, *then* the
-new sequence. A reader remembers the sequence it last saw; when it moved by at most ``SLOTS``
+new sequence; a topic it creates is also recorded as key 0 (``TOPICS_KEY``: the list of topics
+changed). A reader remembers the sequence it last saw; when it moved by at most ``SLOTS``
 it reads the keys in between, otherwise (it fell behind, or the file was recreated) it reports
 that anything may have changed. Keys are 64-bit hashes of the managed-ledger name: a
 collision only wakes a topic for nothing. The file is never truncated; a new writer continues
@@ -28,9 +29,11 @@ from pathlib import Path
 
 from offloadd.model import TopicName
 
-__all__ = ["ANY", "JOURNAL_NAME", "SLOTS", "JournalReader", "JournalWriter", "topic_key"]
+__all__ = ["ANY", "JOURNAL_NAME", "SLOTS", "TOPICS_KEY", "JournalReader", "JournalWriter",
+           "topic_key"]
 
 JOURNAL_NAME = "changes"
+TOPICS_KEY = 0  # recorded when a writer creates a topic: the list of topics changed
 SLOTS = 4096
 _U64 = struct.Struct("<Q")
 _HEADER = _U64.size
@@ -58,9 +61,11 @@ class JournalWriter:
         self._fd: int | None = None
         self._seq = 0
 
-    def record(self, topic: TopicName) -> None:
+    def record(self, topic: TopicName | None) -> None:
+        """A change of ``topic``; None: a new topic (``TOPICS_KEY``)."""
+        key = topic_key(topic) if topic is not None else TOPICS_KEY
         fd = self._open()
-        os.pwrite(fd, _U64.pack(topic_key(topic)), _HEADER + _U64.size * (self._seq % SLOTS))
+        os.pwrite(fd, _U64.pack(key), _HEADER + _U64.size * (self._seq % SLOTS))
         self._seq += 1
         os.pwrite(fd, _U64.pack(self._seq), 0)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
 from array import array
 from bisect import bisect_right
 from collections.abc import Sequence
@@ -50,6 +51,7 @@ log = logging.getLogger(__name__)
 # How long a topic task waits for news before it looks anyway: the journal wakes it when its
 # topic changes, so this is only a safety net (see OffloadEnv.idle_poll_s).
 IDLE_LOOK_S = 300.0
+TOPICS_REFRESH_S = 30.0  # list_topics: the longest a cached listing is reused
 
 
 def _not_readable(topic: TopicName, ledger_id: int, first: int, last: int,
@@ -84,20 +86,41 @@ class LocalLedgerSource(LedgerSource, LedgerDeleter, LocalCopies, EntryChecksums
         self._notifier = notifier if notifier is not None else LedgerNotifier()
         self._watcher = ChangeWatcher(self.path, watch_interval)
         self.idle_poll_s = IDLE_LOOK_S
+        self._names: dict[str, TopicName] = {}
+        self._listed: tuple[tuple[int, int], tuple[TopicName, ...]] | None = None
+        self._listed_at = 0.0
 
     async def list_topics(self) -> list[TopicName]:
-        """Every managed ledger under ``/managed-ledgers/<tenant>/<ns>/persistent/<topic>``."""
+        """Every managed ledger under ``/managed-ledgers/<tenant>/<ns>/persistent/<topic>``.
+
+        While the journal is watched and records no new topic, the last listing is reused for
+        up to ``TOPICS_REFRESH_S`` (the daemon asks every second; listing 10,000 topics costs
+        tens of milliseconds), so a topic made other than by a writer (or deleted) shows within
+        that time."""
+        gen = self._watcher.topics_generation()
+        now = time.monotonic()
+        if gen is not None and self._listed is not None and self._listed[0] == gen \
+                and now - self._listed_at < TOPICS_REFRESH_S:
+            return list(self._listed[1])
         topics: list[TopicName] = []
+        names: dict[str, TopicName] = {}
         for tenant in await self._children(MANAGED_LEDGERS):
             for ns in await self._children(f"{MANAGED_LEDGERS}/{tenant}"):
                 domain = f"{MANAGED_LEDGERS}/{tenant}/{ns}/persistent"
                 for local in await self._children(domain):
+                    ml = f"{tenant}/{ns}/persistent/{local}"
+                    name = self._names.get(ml)
                     try:
-                        topics.append(TopicName.from_managed_ledger(
-                            f"{tenant}/{ns}/persistent/{local}"))
+                        name = name or TopicName.from_managed_ledger(ml)
                     except ConfigError:
                         log.warning("ignoring managed ledger %s/%s/persistent/%s: not a topic name",
                                     tenant, ns, local)
+                        continue
+                    names[ml] = name
+                    topics.append(name)
+        self._names = names  # parsing is most of a listing's cost: each name once
+        self._listed = (gen, tuple(topics)) if gen is not None else None
+        self._listed_at = now
         return topics
 
     async def ledgers(self, topic: TopicName) -> list[LedgerDesc]:

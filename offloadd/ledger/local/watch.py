@@ -19,7 +19,7 @@ import contextlib
 import logging
 from pathlib import Path
 
-from offloadd.ledger.local.journal import ANY, JournalReader, topic_key
+from offloadd.ledger.local.journal import ANY, TOPICS_KEY, JournalReader, topic_key
 from offloadd.model import TopicName
 
 __all__ = ["ChangeWatcher"]
@@ -79,6 +79,12 @@ class ChangeWatcher:
         if not self.running:
             return None
         return self._epoch, self._counts.get(topic_key(topic), 0)
+
+    def topics_generation(self) -> tuple[int, int] | None:
+        """Like :meth:`generation`, for the list of topics (a writer created one)."""
+        if not self.running:
+            return None
+        return self._epoch, self._counts.get(TOPICS_KEY, 0)
 
     @property
     def waiting(self) -> int:

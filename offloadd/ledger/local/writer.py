@@ -202,11 +202,14 @@ class LocalLedgerWriter:
     def _publish(self, topic: TopicName, head: Position | None) -> None:
         """Tell readers: this process's (the notifier) and other processes' (the journal)."""
         self._notifier.publish(topic, head)
+        self._record(topic)
+
+    def _record(self, topic: TopicName | None) -> None:
         try:
             self._journal.record(topic)
         except OSError as exc:  # readers elsewhere then see it at their next safety look
-            log.warning("%s: could not record the change in %s: %s", topic, self._journal.path,
-                        exc)
+            log.warning("%s: could not record the change in %s: %s", topic or "new topic",
+                        self._journal.path, exc)
 
     def _lock(self, topic: TopicName) -> asyncio.Lock:
         if self._closed:
@@ -301,7 +304,10 @@ class LocalLedgerWriter:
                 li.entries, li.size = stale[1], stale[2]
             info.ledgerInfo.append(new)
 
-        return await self._open_next(topic, after, edit)
+        led = await self._open_next(topic, after, edit)
+        if not lis:  # a new topic: readers elsewhere list the topics again
+            self._record(None)
+        return led
 
     async def _rollover(self, topic: TopicName, led: _OpenLedger) -> _OpenLedger:
         """Close ``led`` and open the next ledger in one metadata update."""
