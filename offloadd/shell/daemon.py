@@ -121,7 +121,8 @@ class Daemon:
             part_size=settings.blobstore.part_size_bytes,
             retry=Backoff(off.retry_base_s, off.retry_max_s),
             # a source that wakes its waiters when a topic changes needs no frequent look
-            idle_poll_s=getattr(self.source, "idle_poll_s", OffloadEnv.idle_poll_s))
+            idle_poll_s=source.changes.idle_poll_s if source.changes is not None
+            else OffloadEnv.idle_poll_s)
         self.scheduler = Scheduler(
             env, ownership=ownership or Ownership(), wanted=self.wanted, policy=self._policy_fn,
             probe=probe_factory or (lambda topic: None), settings=self._scheduler_settings,
@@ -464,17 +465,23 @@ class Daemon:
         figures keep moving while uploads fail or the store hangs."""
         limit = asyncio.Semaphore(16)  # source calls in flight at once
 
-        generation = getattr(self.source, "generation", None)
+        changes = self.source_view.changes
+        generation = changes.generation if changes is not None else None
         seen: dict[TopicName, object] = {}  # what a fully offloaded topic's lag was measured at
 
-        async def one(topic: TopicName, off: TopicOffloader) -> None:
+        def unchanged(topic: TopicName, off: TopicOffloader) -> bool:
             # an idle topic costs nothing: while its source records no change and nothing is
             # uncommitted, its lag stays 0 / 0 / 0 (seconds included)
-            mark = (generation(topic), off.last_committed) if generation is not None else None
-            if mark is not None and mark[0] is not None and seen.get(topic) == mark:
+            if generation is None or topic not in seen:
+                return False
+            if seen[topic] == (generation(topic), off.last_committed):
                 self.lag_monitor.still(topic)
-                return
-            seen.pop(topic, None)
+                return True
+            del seen[topic]
+            return False
+
+        async def one(topic: TopicName, off: TopicOffloader) -> None:
+            mark = (generation(topic), off.last_committed) if generation is not None else None
             async with limit:
                 interval = self.settings.daemon.lag_interval_s
                 try:
@@ -499,7 +506,8 @@ class Daemon:
                 lag = await self.lag_monitor.sample(topic, ledgers, committed)
                 off.lag = lag
                 off.probe.lag(lag.entries, lag.bytes, lag.seconds)
-                if mark is not None and lag.entries == 0 and off.recovered:
+                if mark is not None and mark[0] is not None and lag.entries == 0 \
+                        and off.recovered:
                     seen[topic] = mark
 
         while True:
@@ -508,7 +516,8 @@ class Daemon:
                 del self._ledgers_seen[gone]
                 self.lag_monitor.forget(gone)
                 seen.pop(gone, None)
-            running = [(t, r.offloader) for t, r in self.topics.items() if not r.task.done()]
+            running = [(t, r.offloader) for t, r in self.topics.items()
+                       if not r.task.done() and not unchanged(t, r.offloader)]
             if running:
                 results = await asyncio.gather(*(one(t, off) for t, off in running),
                                                return_exceptions=True)
