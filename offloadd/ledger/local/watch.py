@@ -38,6 +38,7 @@ class ChangeWatcher:
         self._interval = interval_s
         self._waiters: dict[int, set[asyncio.Future[None]]] = {}
         self._counts: dict[int, int] = {}
+        self._keys: dict[TopicName, int] = {}  # topic -> journal key (a hash: computed once)
         self._epoch = 0  # +1 whenever the journal could not say what changed
         self._task: asyncio.Task[None] | None = None
         self._primed = False
@@ -62,11 +63,11 @@ class ChangeWatcher:
         :meth:`unregister` it afterwards."""
         self.start()
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiters.setdefault(topic_key(topic), set()).add(fut)
+        self._waiters.setdefault(self._key(topic), set()).add(fut)
         return fut
 
     def unregister(self, topic: TopicName, fut: asyncio.Future[None]) -> None:
-        key = topic_key(topic)
+        key = self._key(topic)
         waiting = self._waiters.get(key)
         if waiting is not None:
             waiting.discard(fut)
@@ -78,7 +79,7 @@ class ChangeWatcher:
         None while nothing watches (then nothing can be said)."""
         if not self.running:
             return None
-        return self._epoch, self._counts.get(topic_key(topic), 0)
+        return self._epoch, self._counts.get(self._key(topic), 0)
 
     def topics_generation(self) -> tuple[int, int] | None:
         """Like :meth:`generation`, for the list of topics (a writer created one)."""
@@ -101,6 +102,12 @@ class ChangeWatcher:
         self._wake_all()
 
     # -- plumbing -----------------------------------------------------------------------------
+
+    def _key(self, topic: TopicName) -> int:
+        key = self._keys.get(topic)
+        if key is None:
+            key = self._keys[topic] = topic_key(topic)
+        return key
 
     async def _run(self) -> None:
         ticks = 0
