@@ -209,7 +209,8 @@ def open_local_store(settings: Settings, metadata: MetadataStore) -> LocalLedger
 
 def local_view(src: LocalLedgerSource) -> SourceView:
     """The embedded store's source: every capability but metrics of its own."""
-    return SourceView(src, deleter=src, copies=src, checksums=src, stored=src, offsets=src)
+    return SourceView(src, deleter=src, copies=src, checksums=src, stored=src, offsets=src,
+                      changes=src)
 
 
 def open_source(settings: Settings, metadata: MetadataStore, *,

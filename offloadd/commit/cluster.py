@@ -65,6 +65,7 @@ from offloadd.model.keys import OFFLOADD_ROOT
 log = logging.getLogger(__name__)
 
 MEMBERS = f"{OFFLOADD_ROOT}/members"
+CHECKS_PER_PASS = 32  # running topics whose ownership one pass checks, in turn (_due)
 
 __all__ = [
     "MEMBERS",
@@ -156,6 +157,8 @@ class ClusterOwnership(Ownership):
         self.store = store
         self.owner_id = check_owner_id(owner_id)
         self.members: tuple[str, ...] = ()  # live members, ourselves included once registered
+        self._checked_members: tuple[str, ...] | None = None  # members at the last full check
+        self._cursor = 0  # where the next pass's epoch checks start (_due)
         self._wall_ms = wall_ms
         self._nonce = uuid.uuid4().hex
         self._sessions = sessions
@@ -241,10 +244,27 @@ class ClusterOwnership(Ownership):
         except OffloaddError as exc:
             log.warning("cluster membership not refreshed: %s", exc)
             return out
-        for topic in running:
-            if topic not in out and (verdict := await self._check(topic)) is not None:
+        for topic in self._due([t for t in running if t not in out]):
+            if (verdict := await self._check(topic)) is not None:
                 out[topic] = verdict
         return out
+
+    def _due(self, topics: list[TopicName]) -> list[TopicName]:
+        """The topics to check this pass: all of them while there are few, or when the
+        members changed (a newcomer's share must be handed over now); otherwise the next
+        ``CHECKS_PER_PASS`` in turn, so an idle daemon with 10,000 topics does not read 10,000
+        epochs a second. Commits are fenced whatever this finds; it only notices early."""
+        if len(topics) <= CHECKS_PER_PASS:
+            return topics
+        if self.members != self._checked_members:
+            self._checked_members = self.members
+            handoff = [t for t in topics if self.owner_for(t) != self.owner_id]
+            if handoff:
+                return handoff
+        start = self._cursor % len(topics)
+        due = (topics[start:] + topics[:start])[:CHECKS_PER_PASS]
+        self._cursor = start + CHECKS_PER_PASS
+        return due
 
     # ---- introspection -----------------------------------------------------------------------
     def owner_for(self, topic: TopicName) -> str | None:

@@ -27,6 +27,7 @@ capability             used by                                     implemented b
 ``StoredEntries``      ``offloadd verify``                         local
 ``FrameOffsets``       lag bytes, the backfill splitter            local
 ``SourceMetrics``      the daemon's ``/metrics``                   bookkeeper
+``ChangeFeed``         idle topics: long waits, lag loop skips     local
 =====================  ==========================================  ===========================
 """
 
@@ -40,6 +41,7 @@ from offloadd.model import FRAME_OVERHEAD, EntryRun, LedgerDesc, TopicName
 
 __all__ = [
     "FRAME_OVERHEAD",
+    "ChangeFeed",
     "EntryChecksums",
     "EntryRun",
     "FrameOffsets",
@@ -133,6 +135,18 @@ class FrameOffsets(Protocol):
         ...
 
 
+class ChangeFeed(Protocol):
+    """A source that wakes :meth:`LedgerSource.wait_for_entries` when a topic changes, so its
+    waiters need no frequent look (the embedded store's change journal)."""
+
+    idle_poll_s: float  # how long a waiter may sleep before it looks anyway (a safety net)
+
+    def generation(self, topic: TopicName) -> tuple[int, int] | None:
+        """Changes recorded for the topic so far; None when unknown. While it is unchanged the
+        topic's ledgers are as they were."""
+        ...
+
+
 class SourceMetrics(Protocol):
     """A source with Prometheus series of its own (the BookKeeper client's)."""
 
@@ -151,3 +165,4 @@ class SourceView:
     stored: StoredEntries | None = None
     offsets: FrameOffsets | None = None
     metrics: SourceMetrics | None = None
+    changes: ChangeFeed | None = None

@@ -16,7 +16,10 @@ time; the bound becomes the cap plus, per topic with a segment open, one part no
 the read that started it (docs/design.md, "Blocks and parts").
 
 The buffer also recycles the byte arrays reads land in (:meth:`lease` / :meth:`give_back`): a
-fresh 16 MiB ``bytes`` per block costs thousands of page faults, a reused one none.
+fresh 16 MiB ``bytes`` per block costs thousands of page faults, a reused one none. A read far
+shorter than its array (a quiet topic's tail) is copied out and the array given back at once
+(``offload/runs.py``), so a part waiting to fill pins its bytes, not a block-sized array:
+``leased`` counts the arrays out.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ class OffloadBuffer:
         self.parked = 0  # held bytes waiting for a part to fill (see the module docstring)
         self._free: list[bytearray] = []
         self._free_bytes = 0
+        self.leased = 0  # bytes of the arrays out on lease (what reads pin, used or not)
 
     def _fits(self, n: int) -> bool:
         return self.used + n <= self.cap or self.used == self.parked
@@ -71,11 +75,14 @@ class OffloadBuffer:
         for i, b in enumerate(self._free):
             if size <= len(b) <= 2 * size:
                 self._free_bytes -= len(b)
+                self.leased += len(b)
                 return self._free.pop(i)
+        self.leased += size
         return bytearray(size)
 
     def give_back(self, b: bytearray) -> None:
         """Return a leased array once nothing refers to its bytes any more."""
+        self.leased -= len(b)
         if self._free_bytes + len(b) <= self.cap:
             self._free.append(b)
             self._free_bytes += len(b)

@@ -39,6 +39,7 @@ from offloadd.retry import Backoff
 __all__ = ["OffloadEnv", "TopicContext", "TopicPolicy"]
 
 DEFAULT_RETRY = Backoff(0.5, 30.0)  # [offload] retry_base_s, retry_max_s
+THRESHOLD_LOOK_S = 1.0  # how often a topic with offload thresholds looks (threshold.py marks)
 
 
 @dataclass(frozen=True)
@@ -63,6 +64,8 @@ class OffloadEnv:
     blocks_in_flight: int = 4
     part_size: int = DEFAULT_PART_SIZE  # [blobstore] part_size_bytes
     retry: Backoff = DEFAULT_RETRY  # a failing topic's retries (and its recovery's)
+    # how long a topic waits for news before it looks anyway; a source that wakes its waiters
+    # when their topic changes (the embedded store's journal) makes this a rare safety look
     idle_poll_s: float = 1.0
     # every topic's commits and status writes go through it: many topics' in one request
     # (offloadd.commit.batch); None: each on its own
@@ -99,6 +102,13 @@ class TopicContext:
     async def load(self) -> pb.ManagedLedgerInfo:
         info, _ = await managed_ledger.load(self.env.metadata, self.topic.managed_ledger)
         return info
+
+    def idle_poll_s(self, policy: TopicPolicy) -> float:
+        """How long to wait for news: the source wakes us on changes, but entries held back by
+        a threshold become offloadable with time alone, so those are looked at every second."""
+        if policy.thresholds.active:
+            return min(self.env.idle_poll_s, THRESHOLD_LOOK_S)
+        return self.env.idle_poll_s
 
     async def wait(self, pos: Position | None, timeout: float) -> None:
         """Until the topic may have moved past ``pos``, a wake-up, or ``timeout``."""

@@ -46,6 +46,7 @@ __all__ = ["LacHistory", "Lag", "LagMonitor", "first_uncommitted", "measure", "t
 
 log = logging.getLogger(__name__)
 
+STILL_MARGIN_MS = 1000  # LagMonitor.still: how stale a "no change" may be
 MAX_SAMPLES = 2048  # per topic; beyond this the history is thinned (bounds stay safe)
 
 
@@ -206,6 +207,16 @@ class LagMonitor:
     def forget(self, topic: TopicName) -> None:
         self._history.pop(topic, None)
         self._bytes_cache.pop(topic, None)
+
+    def still(self, topic: TopicName, margin_ms: int = STILL_MARGIN_MS) -> None:
+        """The topic's tail is known unchanged (its source recorded no change), without
+        reading the source: it was still the last one seen ``margin_ms`` ago (a margin for a
+        change the source's watcher has not read yet), so bounds stay on the safe side."""
+        hist = self._history.get(topic)
+        if hist is None or not hist.samples:
+            return
+        first, last, tail = hist.samples[-1]
+        hist.samples[-1] = (first, max(last, self._wall_ms() - margin_ms), tail)
 
     async def sample(self, topic: TopicName, ledgers: Sequence[LedgerDesc],
                      committed: Position | None) -> Lag:

@@ -41,7 +41,7 @@ class LedgerMode:
             return
         if pos is None or desc is None or desc.state is not LedgerState.CLOSED \
                 or pos.entry_id > desc.last_entry_id:
-            await ctx.wait(pos, ctx.env.idle_poll_s)
+            await ctx.wait(pos, ctx.idle_poll_s(ctx.policy()))
             return
         if pos.entry_id > 0:
             await self.streaming.upload_ranges(

@@ -15,7 +15,7 @@ is full nothing is read, and the entries stay in the source (PIP-76's fallback).
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from offloadd.ledger.base import LedgerSource
 from offloadd.model import EntryRun, TopicName
@@ -23,6 +23,9 @@ from offloadd.model.catalog import LedgerRange
 from offloadd.offload.buffer import OffloadBuffer
 
 __all__ = ["Run", "RunReader"]
+
+
+SMALL_RUN = 4  # a run under a quarter of its array is copied out of it (RunReader.read)
 
 
 def _nothing() -> None:
@@ -54,7 +57,8 @@ class RunReader:
         (at least one entry, however big)."""
         buf = self._buffer
         await buf.reserve(budget)
-        lease = buf.lease(budget)
+        lease: bytearray | None = buf.lease(budget)
+        assert lease is not None
         try:
             run = await self._source.read(self._topic, ledger_id, first, last, max_bytes=budget,
                                           into=lease)
@@ -67,6 +71,12 @@ class RunReader:
             buf.release(budget - size)
         elif size > budget:  # an oversize entry: account for what we actually hold
             buf.grow(size - budget)
+        if size * SMALL_RUN < len(lease) and run.data.obj is lease:
+            # a short read (a quiet topic's tail) must not pin a block-sized array for as long
+            # as its part waits to fill: keep a copy of just its bytes, recycle the array now
+            run = replace(run, data=memoryview(bytes(run.data)))
+            buf.give_back(lease)
+            lease = None
 
         parked = [False]
 
@@ -83,7 +93,8 @@ class RunReader:
         def release() -> None:
             unpark()
             buf.release(size)
-            buf.give_back(lease)
+            if lease is not None:
+                buf.give_back(lease)
 
         return Run(run, release, park, unpark)
 

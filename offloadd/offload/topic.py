@@ -138,7 +138,7 @@ class TopicOffloader(TopicContext):
             segment=self.streaming.open_segment(), pending_since=self.streaming.pending_since,
             manual=self._manual.is_set(), stopping=stopping,
             bytes_before=self.streaming.bytes_before.get(desc.ledger_id) if desc else None,
-            idle_poll_s=self.env.idle_poll_s)
+            idle_poll_s=self.idle_poll_s(policy))
         self._apply(d.close_target, d.trigger_used)
         self.streaming.pending_since = d.pending_since
         return await self.streaming.act(d, pos, desc)

@@ -122,7 +122,10 @@ class Daemon:
             acquire=self._acquire, blocks_in_flight=off.blocks_in_flight,
             part_size=settings.blobstore.part_size_bytes,
             retry=Backoff(off.retry_base_s, off.retry_max_s),
-            commits=CommitBatcher(metadata))
+            commits=CommitBatcher(metadata),
+            # a source that wakes its waiters when a topic changes needs no frequent look
+            idle_poll_s=source.changes.idle_poll_s if source.changes is not None
+            else OffloadEnv.idle_poll_s)
         self.scheduler = Scheduler(
             env, ownership=ownership or Ownership(), wanted=self.wanted, policy=self._policy_fn,
             probe=probe_factory or (lambda topic: None), settings=self._scheduler_settings,
@@ -201,6 +204,8 @@ class Daemon:
                                settings.offload.burst_bytes)
         if self.metrics is not None:
             self.metrics.throttle_limit(settings.offload.flow_permits_per_second)
+        for r in self.topics.values():  # idle topics sleep long: let them see new policies
+            r.offloader.wake.set()
         logging.getLogger().setLevel(settings.daemon.log_level)
         later = [k for k in _restart_keys(old) if _dig(old, k) != _dig(settings, k)]
         if later:
@@ -469,7 +474,23 @@ class Daemon:
         figures keep moving while uploads fail or the store hangs."""
         limit = asyncio.Semaphore(16)  # source calls in flight at once
 
+        changes = self.source_view.changes
+        generation = changes.generation if changes is not None else None
+        seen: dict[TopicName, object] = {}  # what a fully offloaded topic's lag was measured at
+
+        def unchanged(topic: TopicName, off: TopicOffloader) -> bool:
+            # an idle topic costs nothing: while its source records no change and nothing is
+            # uncommitted, its lag stays 0 / 0 / 0 (seconds included)
+            if generation is None or topic not in seen:
+                return False
+            if seen[topic] == (generation(topic), off.last_committed):
+                self.lag_monitor.still(topic)
+                return True
+            del seen[topic]
+            return False
+
         async def one(topic: TopicName, off: TopicOffloader) -> None:
+            mark = (generation(topic), off.last_committed) if generation is not None else None
             async with limit:
                 interval = self.settings.daemon.lag_interval_s
                 try:
@@ -494,13 +515,18 @@ class Daemon:
                 lag = await self.lag_monitor.sample(topic, ledgers, committed)
                 off.lag = lag
                 off.probe.lag(lag.entries, lag.bytes, lag.seconds)
+                if mark is not None and mark[0] is not None and lag.entries == 0 \
+                        and off.recovered:
+                    seen[topic] = mark
 
         while True:
             await asyncio.sleep(self.settings.daemon.lag_interval_s)
             for gone in set(self._ledgers_seen) - set(self.topics):
                 del self._ledgers_seen[gone]
                 self.lag_monitor.forget(gone)
-            running = [(t, r.offloader) for t, r in self.topics.items() if not r.task.done()]
+                seen.pop(gone, None)
+            running = [(t, r.offloader) for t, r in self.topics.items()
+                       if not r.task.done() and not unchanged(t, r.offloader)]
             if running:
                 results = await asyncio.gather(*(one(t, off) for t, off in running),
                                                return_exceptions=True)

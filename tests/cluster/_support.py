@@ -130,7 +130,7 @@ class Node:
         self.name = name
         self.store = store
         self.ownership = ClusterOwnership(store, name, sessions=sessions)
-        source = wiring.local_view(LocalLedgerSource(path, store, poll_interval=0.02))
+        source = wiring.local_view(LocalLedgerSource(path, store, watch_interval=0.02))
         self.daemon = Daemon(settings(), source=source, metadata=store, tier=StoreView(blob),
                              ownership=self.ownership, discovery_interval_s=0.05)
         self.task = asyncio.create_task(self.daemon.run(install_signals=False))

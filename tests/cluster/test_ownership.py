@@ -16,6 +16,7 @@ import pytest
 
 from offloadd.commit import epochs
 from offloadd.commit.cluster import (
+    CHECKS_PER_PASS,
     MEMBERS,
     ClusterOwnership,
     EpochFence,
@@ -26,7 +27,7 @@ from offloadd.commit.cluster import (
 )
 from offloadd.commit.ownership import Revoke
 from offloadd.errors import ConfigError, Conflict, Fenced
-from offloadd.metadata.base import CheckOp, SetOp
+from offloadd.metadata.base import CheckOp, SetOp, Versioned
 from offloadd.metadata.memory import MemoryMetadataStore, MemoryTree
 from offloadd.model import TopicName
 from offloadd.model.keys import topic_state_path
@@ -286,3 +287,38 @@ async def _all_committed_some(cl: Cluster) -> bool:
 async def _grew(cl: Cluster, before: dict[TopicName, int], topics: set[TopicName]) -> bool:
     now = await cl.committed()
     return all(now[t] > before[t] for t in topics)
+
+
+class EpochReads(MemoryMetadataStore):
+    """Counts reads of topic state (epoch) nodes."""
+
+    reads = 0
+
+    async def get(self, path: str) -> Versioned:
+        if path.startswith(topic_state_path("x").rsplit("/", 1)[0]):
+            self.reads += 1
+        return await super().get(path)
+
+
+class TestChecksAtScale:
+    async def test_a_pass_reads_a_few_epochs_in_turn_and_still_finds_a_stolen_topic(
+            self) -> None:
+        """An idle daemon must not read every topic's epoch every second (1,000 reads a
+        second at 1,000 topics); in turn, every topic is still checked."""
+        tree = MemoryTree()
+        store = EpochReads(tree)
+        a = ClusterOwnership(store, "a")
+        await joined(a)
+        many = [TopicName.parse(f"persistent://public/default/s{i}") for i in range(100)]
+        held = [t for t in many if await a.acquire(t) is not None]
+        assert held == many
+        stolen = many[77]
+        path = topic_state_path(stolen.managed_ledger)
+        # another owner took it (epoch = node version + 1)
+        await store.set(path, json.dumps({"epoch": 2, "owner": "z"}).encode(), 0)
+        found: dict[TopicName, Revoke] = {}
+        for _ in range(4):  # ceil(100 / CHECKS_PER_PASS) passes
+            before = store.reads
+            found |= await a.revoked(held)
+            assert store.reads - before <= CHECKS_PER_PASS
+        assert found == {stolen: Revoke.LOST}

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from offloadd.ledger.local import LocalLedgerSource, LocalLedgerWriter
+from offloadd.metadata.base import Versioned
 from offloadd.metadata.embedded import EmbeddedMetadataStore
 from offloadd.model import LedgerState, Position, TopicName
 from tests.ledger.support import frames, payload, tail
@@ -90,3 +91,44 @@ async def test_killed_writer_leaves_an_open_ledger_the_next_writer_closes(
     assert pos.ledger_id > closed.ledger_id
     await writer.close()
     await metadata.close()
+
+
+class CountingStore(EmbeddedMetadataStore):
+    """Counts the reads a tailer makes while it waits."""
+
+    gets = 0
+
+    async def get(self, path: str) -> Versioned:
+        self.gets += 1
+        return await super().get(path)
+
+
+async def test_an_idle_tailer_is_woken_by_the_writer_process_without_polling(
+        tmp_path: Path) -> None:
+    """Waiting at the end of a topic written by another process reads nothing per topic (the
+    old 20 ms poll made ~50 metadata reads a second); the writer's next append wakes it."""
+    code, err = await finish(start_writer(tmp_path, 5, 1000, "close"))
+    assert code == 0, err.decode()
+    metadata = await CountingStore.open(tmp_path / "metadata")
+    source = LocalLedgerSource(tmp_path / "ledgers", metadata)
+    try:
+        (desc,) = await source.ledgers(TOPIC)
+        assert desc.state is LedgerState.CLOSED and desc.last_entry_id == 4
+        before = metadata.gets
+        waiting = asyncio.ensure_future(source.wait_for_entries(TOPIC, desc.ledger_id, 4, 60.0))
+        await asyncio.sleep(1.0)
+        assert not waiting.done()
+        assert metadata.gets - before <= 1  # the one look before waiting
+        proc = start_writer(tmp_path, 3, 1000, "close")
+        try:
+            async with asyncio.timeout(30):  # well before the wait's own 60 s
+                await waiting
+        finally:
+            code, err = await finish(proc)
+        assert code == 0, err.decode()
+        ledgers = await source.ledgers(TOPIC)
+        assert [d.entries for d in ledgers] == [5, 3]
+    finally:
+        waiting.cancel()
+        await source.close()
+        await metadata.close()

@@ -137,6 +137,24 @@ class TestRolling:
         assert len(await rig.segments()) == 2
         assert await rig.read_back() == rig.payloads
 
+    async def test_a_quiet_open_segment_holds_its_bytes_and_an_idle_topic_none(
+            self, tmp_path: Path) -> None:
+        """Memory follows data: a short read waiting in an open segment pins its own bytes,
+        not a block-sized array; once the segment is sealed the topic holds no buffer bytes."""
+        rig = Rig(tmp_path, RolloverPolicy(max_entries=5), RollPolicy(1 << 20, 600, 64 * KiB))
+        await rig.write(5, size=100)  # one closed ledger: read at once, a part far from full
+        off = rig.offloader()
+        task = asyncio.create_task(off.run())
+        await until(lambda: _read_to(off, 5))
+        assert rig.buffer.used == 5 * (12 + 100)
+        assert rig.buffer.leased == 0  # the 64 KiB array the read landed in went back
+        off.trigger()
+        await until(lambda: _committed_at_least(rig, 5))
+        await asyncio.sleep(0.2)  # idle for a while
+        assert (rig.buffer.used, rig.buffer.leased, rig.buffer.parked) == (0, 0, 0)
+        await stop(task, off)
+        assert await rig.read_back() == rig.payloads
+
     async def test_blocks_never_mix_ledgers_and_are_cut_at_the_block_size(
             self, tmp_path: Path) -> None:
         rig = Rig(tmp_path, RolloverPolicy(max_entries=7), RollPolicy(1 << 20, 600, 3 * KiB))
@@ -278,6 +296,10 @@ class TestMemory:
         assert 0 < rig.buffer.high_water <= cap + 12 + KiB
         assert rig.buffer.used == 0
         assert await rig.read_back() == rig.payloads
+
+
+async def _read_to(off: TopicOffloader, frames: int) -> bool:
+    return off.attempt is not None and off.attempt.entries >= frames
 
 
 async def _has_position(off: TopicOffloader) -> bool:

@@ -1,6 +1,7 @@
 """The embedded managed-ledger store: a writer and a :class:`LedgerSource` over plain files.
 
-Layout under the data directory, five files per ledger (ids are global, so files are not
+Layout under the data directory (besides the lock files and the change journal ``changes``,
+:mod:`.journal`), five files per ledger (ids are global, so files are not
 grouped by topic; the topic → ledgers mapping lives in the metadata store)::
 
     <ledgerId:020d>.log   frames, back to back, exactly as blocks frame them (big-endian):
@@ -55,6 +56,8 @@ Modules, one job each:
 ``meta``       the store's records in the metadata store: open ledgers, the id counter
 ``lock``       the writer and offloader locks (:class:`StoreLock`)
 ``notifier``   in-process heads, so a reader beside the writer waits without polling
+``journal``    the change journal a writer keeps for readers in other processes
+``watch``      one watcher per source that reads the journal and wakes the topics it names
 ``source``     :class:`LocalLedgerSource`, the :class:`~offloadd.ledger.base.LedgerSource`
 ``writer``     :class:`LocalLedgerWriter` and its :class:`RolloverPolicy`
 ``store``      :class:`LocalLedgerStore`: a writer and a source sharing one notifier

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
 from array import array
 from bisect import bisect_right
 from collections.abc import Sequence
@@ -39,6 +40,7 @@ from offloadd.ledger.local.files import (
 from offloadd.ledger.local.meta import is_open
 from offloadd.ledger.local.notifier import LedgerNotifier
 from offloadd.ledger.local.records import CRC_SIZE, OFF, OFF_SIZE, rebased, uint32s
+from offloadd.ledger.local.watch import DEFAULT_INTERVAL_S, ChangeWatcher
 from offloadd.metadata import managed_ledger
 from offloadd.metadata.base import MetadataStore
 from offloadd.model import LedgerDesc, LedgerState, TopicName
@@ -46,7 +48,10 @@ from offloadd.model.keys import MANAGED_LEDGERS, managed_ledger_path
 
 log = logging.getLogger(__name__)
 
-DEFAULT_POLL_INTERVAL = 0.02
+# How long a topic task waits for news before it looks anyway: the journal wakes it when its
+# topic changes, so this is only a safety net (see OffloadEnv.idle_poll_s).
+IDLE_LOOK_S = 300.0
+TOPICS_REFRESH_S = 30.0  # list_topics: the longest a cached listing is reused
 
 
 def _not_readable(topic: TopicName, ledger_id: int, first: int, last: int,
@@ -66,33 +71,56 @@ class LocalLedgerSource(LedgerSource, LedgerDeleter, LocalCopies, EntryChecksums
     open, possibly a torn tail that is clamped away. ``verify_crc`` (the default) checks every
     byte read against the store's checksums — the ``.sum`` chunk CRCs, or each entry's frame
     header and CRC32C where no chunk record covers it — and raises :class:`FormatError` naming
-    topic, ledger, entry and file instead of handing out a rotten entry. Runs alone
-    (polling for other processes' writes) or beside a :class:`LocalLedgerWriter` sharing a
-    :class:`LedgerNotifier` (see :class:`LocalLedgerStore`).
+    topic, ledger, entry and file instead of handing out a rotten entry. Runs alone (woken by
+    the change journal of a writer in another process: :mod:`.watch`) or beside a
+    :class:`LocalLedgerWriter` sharing a :class:`LedgerNotifier` (see
+    :class:`LocalLedgerStore`).
     """
 
     def __init__(self, path: str | Path, metadata: MetadataStore, *, verify_crc: bool = True,
                  notifier: LedgerNotifier | None = None,
-                 poll_interval: float = DEFAULT_POLL_INTERVAL) -> None:
+                 watch_interval: float = DEFAULT_INTERVAL_S) -> None:
         self.path = Path(path)
         self._metadata = metadata
         self._verify_crc = verify_crc
         self._notifier = notifier if notifier is not None else LedgerNotifier()
-        self._poll_interval = poll_interval
+        self._watcher = ChangeWatcher(self.path, watch_interval)
+        self.idle_poll_s = IDLE_LOOK_S
+        self._names: dict[str, TopicName] = {}
+        self._listed: tuple[tuple[int, int], tuple[TopicName, ...]] | None = None
+        self._listed_at = 0.0
 
     async def list_topics(self) -> list[TopicName]:
-        """Every managed ledger under ``/managed-ledgers/<tenant>/<ns>/persistent/<topic>``."""
+        """Every managed ledger under ``/managed-ledgers/<tenant>/<ns>/persistent/<topic>``.
+
+        While the journal is watched and records no new topic, the last listing is reused for
+        up to ``TOPICS_REFRESH_S`` (the daemon asks every second; listing 10,000 topics costs
+        tens of milliseconds), so a topic made other than by a writer (or deleted) shows within
+        that time."""
+        gen = self._watcher.topics_generation()
+        now = time.monotonic()
+        if gen is not None and self._listed is not None and self._listed[0] == gen \
+                and now - self._listed_at < TOPICS_REFRESH_S:
+            return list(self._listed[1])
         topics: list[TopicName] = []
+        names: dict[str, TopicName] = {}
         for tenant in await self._children(MANAGED_LEDGERS):
             for ns in await self._children(f"{MANAGED_LEDGERS}/{tenant}"):
                 domain = f"{MANAGED_LEDGERS}/{tenant}/{ns}/persistent"
                 for local in await self._children(domain):
+                    ml = f"{tenant}/{ns}/persistent/{local}"
+                    name = self._names.get(ml)
                     try:
-                        topics.append(TopicName.from_managed_ledger(
-                            f"{tenant}/{ns}/persistent/{local}"))
+                        name = name or TopicName.from_managed_ledger(ml)
                     except ConfigError:
                         log.warning("ignoring managed ledger %s/%s/persistent/%s: not a topic name",
                                     tenant, ns, local)
+                        continue
+                    names[ml] = name
+                    topics.append(name)
+        self._names = names  # parsing is most of a listing's cost: each name once
+        self._listed = (gen, tuple(topics)) if gen is not None else None
+        self._listed_at = now
         return topics
 
     async def ledgers(self, topic: TopicName) -> list[LedgerDesc]:
@@ -196,14 +224,27 @@ class LocalLedgerSource(LedgerSource, LedgerDeleter, LocalCopies, EntryChecksums
         timeout: float,
     ) -> None:
         """Return when ``ledger_id`` has entries past ``last_known_entry_id``, a later ledger
-        exists, or (when polling) the managed ledger changed; at the latest after ``timeout``.
+        exists, or (another process writing) the writer recorded a change of the topic; at the
+        latest after ``timeout``.
 
         At the end of a closed last ledger this waits for the next ledger instead of returning
         at once, so a tailer that has read everything does not spin.
         """
         if await self._notifier.wait_past(topic, ledger_id, last_known_entry_id, timeout):
             return
-        await self._poll(topic, ledger_id, last_known_entry_id, timeout)
+        # another process writes the topic: its writer's journal says when (watch.py)
+        changed = self._watcher.register(topic)
+        try:
+            if await self._moved(topic, ledger_id, last_known_entry_id):
+                return
+            await asyncio.wait((changed,), timeout=timeout)
+        finally:
+            self._watcher.unregister(topic, changed)
+
+    def generation(self, topic: TopicName) -> tuple[int, int] | None:
+        """Changes the writer recorded for the topic so far, None when unknown: while it is
+        unchanged (and the source is being watched) the topic's ledgers are as they were."""
+        return self._watcher.generation(topic)
 
     async def delete_ledger(self, topic: TopicName, ledger_id: int) -> None:
         """Drop a closed ledger from the topic's metadata (CAS), then unlink its files.
@@ -243,7 +284,8 @@ class LocalLedgerSource(LedgerSource, LedgerDeleter, LocalCopies, EntryChecksums
             raise Retriable(f"dropping the local copy of ledger {ledger_id}: {exc}") from exc
 
     async def close(self) -> None:
-        """Nothing to release: reads open and close their files."""
+        """Stop watching the journal (reads open and close their own files)."""
+        await self._watcher.close()
 
     # -- plumbing ---------------------------------------------------------------------------
 
@@ -301,12 +343,9 @@ class LocalLedgerSource(LedgerSource, LedgerDeleter, LocalCopies, EntryChecksums
                                                       scan(off_fd, log_fd))
         return run
 
-    async def _poll(self, topic: TopicName, ledger_id: int, last_known: int,
-                    within: float) -> None:
-        """Another process writes the topic: watch the ledger's ``.off`` size and the managed
-        ledger's version (a close or a new ledger changes it)."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + within
+    async def _moved(self, topic: TopicName, ledger_id: int, last_known: int) -> bool:
+        """Has the topic moved past ``ledger_id:last_known`` (a later ledger, the ledger
+        closed past it, or its files hold more entries)? One metadata read, one ``stat``."""
         path = managed_ledger_path(topic.managed_ledger)
         try:
             node = await self._metadata.get(path)
@@ -314,23 +353,10 @@ class LocalLedgerSource(LedgerSource, LedgerDeleter, LocalCopies, EntryChecksums
             raise NotFound(f"topic {topic} does not exist (no managed ledger at {path})") from exc
         lis = managed_ledger.decode(node.data, path).ledgerInfo
         if any(li.ledgerId > ledger_id for li in lis):
-            return
+            return True
         mine = next((li for li in lis if li.ledgerId == ledger_id), None)
-        if mine is not None and not is_open(mine) and mine.entries - 1 > last_known:
-            return
-        # A closed (or unknown) ledger never grows: only a metadata change can mean news.
-        off = ledger_files(self.path, ledger_id).off if mine is not None and is_open(mine) \
-            else None
-        wanted = OFF_SIZE * (last_known + 2)
-        while True:
-            if off is not None and await asyncio.to_thread(file_size, off) >= wanted:
-                return
-            remaining = deadline - loop.time()
-            if remaining <= 0:
-                return
-            await asyncio.sleep(min(self._poll_interval, remaining))
-            try:
-                if (await self._metadata.get(path)).version != node.version:
-                    return
-            except NotFound:
-                return
+        if mine is None or not is_open(mine):
+            # a closed (or unknown) ledger never grows: only a metadata change can mean news
+            return mine is not None and mine.entries - 1 > last_known
+        off = ledger_files(self.path, ledger_id).off
+        return await asyncio.to_thread(file_size, off) >= OFF_SIZE * (last_known + 2)

@@ -30,6 +30,7 @@ from offloadd.ledger.local.files import (
     pwrite,
     truncate_torn,
 )
+from offloadd.ledger.local.journal import JournalWriter
 from offloadd.ledger.local.meta import LedgerIds, is_open
 from offloadd.ledger.local.notifier import LedgerNotifier
 from offloadd.ledger.local.records import (
@@ -109,6 +110,7 @@ class LocalLedgerWriter:
         self._clock = clock
         self._max_entry_bytes = max_entry_bytes
         self._notifier = notifier if notifier is not None else LedgerNotifier()
+        self._journal = JournalWriter(self.path)
         self._sync = sync
         self._open: dict[TopicName, _OpenLedger] = {}
         self._locks: dict[TopicName, asyncio.Lock] = {}
@@ -190,11 +192,24 @@ class LocalLedgerWriter:
                     first_error = first_error or exc
                 finally:
                     await asyncio.to_thread(close_fds, led.fds)
-                    self._notifier.publish(topic, None)
+                    self._publish(topic, None)
+        self._journal.close()
         if first_error is not None:
             raise first_error
 
     # -- plumbing ---------------------------------------------------------------------------
+
+    def _publish(self, topic: TopicName, head: Position | None) -> None:
+        """Tell readers: this process's (the notifier) and other processes' (the journal)."""
+        self._notifier.publish(topic, head)
+        self._record(topic)
+
+    def _record(self, topic: TopicName | None) -> None:
+        try:
+            self._journal.record(topic)
+        except OSError as exc:  # readers elsewhere then see it at their next safety look
+            log.warning("%s: could not record the change in %s: %s", topic or "new topic",
+                        self._journal.path, exc)
 
     def _lock(self, topic: TopicName) -> asyncio.Lock:
         if self._closed:
@@ -227,7 +242,7 @@ class LocalLedgerWriter:
             raise os_error(exc, f"{topic}: writing ledger {led.ledger_id}") from exc
         led.entries += len(payloads)
         led.payload_bytes = led.log_end - FRAME_OVERHEAD * led.entries
-        self._notifier.publish(topic, led.head)
+        self._publish(topic, led.head)
 
     def _write_sync(self, led: _OpenLedger,
                     payloads: list[bytes]) -> tuple[int, tuple[int, int]]:
@@ -289,7 +304,10 @@ class LocalLedgerWriter:
                 li.entries, li.size = stale[1], stale[2]
             info.ledgerInfo.append(new)
 
-        return await self._open_next(topic, after, edit)
+        led = await self._open_next(topic, after, edit)
+        if not lis:  # a new topic: readers elsewhere list the topics again
+            self._record(None)
+        return led
 
     async def _rollover(self, topic: TopicName, led: _OpenLedger) -> _OpenLedger:
         """Close ``led`` and open the next ledger in one metadata update."""
@@ -303,7 +321,7 @@ class LocalLedgerWriter:
         except Fenced:
             self._open.pop(topic, None)
             self._fenced.add(topic)
-            self._notifier.publish(topic, None)
+            self._publish(topic, None)
             await asyncio.to_thread(close_fds, led.fds)
             raise
         await asyncio.to_thread(close_fds, led.fds)
@@ -334,7 +352,7 @@ class LocalLedgerWriter:
             raise
         led = _OpenLedger(ledger_id, ctime_ms, now, fds)
         self._open[topic] = led
-        self._notifier.publish(topic, led.head)
+        self._publish(topic, led.head)
         return led
 
 

@@ -51,6 +51,8 @@ class EmbeddedMetadataStore(MetadataStore, BatchedMulti, BatchedReads):
         self._lock = threading.Lock()
         self._conn: sqlite3.Connection | None = None
         self._closed = False
+        self._owners_at: int | None = None  # data_version when _others was listed
+        self._others: list[tuple[int, int | None]] = []  # other processes owning ephemerals
 
     @classmethod
     async def open(cls, path: str | Path, *, read_only: bool = False) -> EmbeddedMetadataStore:
@@ -217,11 +219,18 @@ class EmbeddedMetadataStore(MetadataStore, BatchedMulti, BatchedReads):
         return self._conn
 
     def _reap(self, c: sqlite3.Connection) -> None:
-        """Delete ephemerals of processes that are gone (their sessions ended uncleanly)."""
-        owners = c.execute("SELECT DISTINCT owner_pid, owner_start FROM nodes "
-                           "WHERE owner_pid IS NOT NULL").fetchall()
-        dead = [(pid, start) for pid, start in owners
-                if pid != self._owner.pid and not alive(pid, start)]
+        """Delete ephemerals of processes that are gone (their sessions ended uncleanly).
+
+        Cheap when nothing changed: the owners are listed again only when another connection
+        committed since the last listing (SQLite's ``data_version``; our own writes never add
+        another process's ephemerals), and only other processes' liveness is checked."""
+        version = c.execute("PRAGMA data_version").fetchone()[0]
+        if version != self._owners_at:
+            self._others = [(pid, start) for pid, start in c.execute(
+                "SELECT DISTINCT owner_pid, owner_start FROM nodes "
+                "WHERE owner_pid IS NOT NULL").fetchall() if pid != self._owner.pid]
+            self._owners_at = version
+        dead = [(pid, start) for pid, start in self._others if not alive(pid, start)]
         if not dead:
             return
 
@@ -230,3 +239,4 @@ class EmbeddedMetadataStore(MetadataStore, BatchedMulti, BatchedReads):
                 tree.delete_owned(c, "owner_pid = ? AND owner_start IS ?", (pid, start))
 
         in_write_tx(c, reap)
+        self._others = [o for o in self._others if o not in dead]

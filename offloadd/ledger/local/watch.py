@@ -1,0 +1,144 @@
+"""One watcher per source for writers in other processes (:class:`ChangeWatcher`).
+
+Every topic task of a daemon that tails the embedded store waits in
+:meth:`LocalLedgerSource.wait_for_entries`. Rather than each of them looking at its topic's
+files and metadata (the old 20 ms poll: two worker-thread calls per topic per tick), the
+source runs one task that reads the store's change journal (:mod:`.journal`) every
+``interval_s`` — one ``pread`` of 8 bytes while nothing is written — and wakes only the
+waiters of the topics it names (all of them when the journal cannot say). An idle daemon thus
+costs one tiny read per tick whatever its number of topics.
+
+It also counts, per topic, the changes it has seen (:meth:`generation`): the lag loop skips a
+fully offloaded topic whose count did not move (``offloadd/shell/daemon.py``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from pathlib import Path
+
+from offloadd.ledger.local.journal import ANY, TOPICS_KEY, JournalReader, topic_key
+from offloadd.model import TopicName
+
+__all__ = ["ChangeWatcher"]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_INTERVAL_S = 0.05
+REOPEN_EVERY = 20  # ticks between checks that the journal file is still the same one
+
+
+class ChangeWatcher:
+    """Waiters keyed by topic, woken by the journal's records. Used from one event loop."""
+
+    def __init__(self, store: Path, interval_s: float = DEFAULT_INTERVAL_S) -> None:
+        self._reader = JournalReader(store)
+        self._interval = interval_s
+        self._waiters: dict[int, set[asyncio.Future[None]]] = {}
+        self._counts: dict[int, int] = {}
+        self._keys: dict[TopicName, int] = {}  # topic -> journal key (a hash: computed once)
+        self._epoch = 0  # +1 whenever the journal could not say what changed
+        self._task: asyncio.Task[None] | None = None
+        self._primed = False
+
+    @property
+    def running(self) -> bool:
+        return self._task is not None and not self._task.done()
+
+    def start(self) -> None:
+        """Start watching (idempotent). The journal's present state is the baseline."""
+        if self.running:
+            return
+        if not self._primed:
+            self._primed = True
+            self._look()
+        self._task = asyncio.get_running_loop().create_task(self._run(),
+                                                            name="ledger change watcher")
+
+    def register(self, topic: TopicName) -> asyncio.Future[None]:
+        """A future done at the topic's next recorded change. Register *before* looking at
+        the topic, so that a change between the look and the wait is not missed; and
+        :meth:`unregister` it afterwards."""
+        self.start()
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.setdefault(self._key(topic), set()).add(fut)
+        return fut
+
+    def unregister(self, topic: TopicName, fut: asyncio.Future[None]) -> None:
+        key = self._key(topic)
+        waiting = self._waiters.get(key)
+        if waiting is not None:
+            waiting.discard(fut)
+            if not waiting:
+                del self._waiters[key]
+
+    def generation(self, topic: TopicName) -> tuple[int, int] | None:
+        """Changes seen for the topic so far (with the epoch of changes to unknown topics);
+        None while nothing watches (then nothing can be said)."""
+        if not self.running:
+            return None
+        return self._epoch, self._counts.get(self._key(topic), 0)
+
+    def topics_generation(self) -> tuple[int, int] | None:
+        """Like :meth:`generation`, for the list of topics (a writer created one)."""
+        if not self.running:
+            return None
+        return self._epoch, self._counts.get(TOPICS_KEY, 0)
+
+    @property
+    def waiting(self) -> int:
+        """Topics with a waiter (tests, status)."""
+        return len(self._waiters)
+
+    async def close(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._reader.close()
+        self._wake_all()
+
+    # -- plumbing -----------------------------------------------------------------------------
+
+    def _key(self, topic: TopicName) -> int:
+        key = self._keys.get(topic)
+        if key is None:
+            key = self._keys[topic] = topic_key(topic)
+        return key
+
+    async def _run(self) -> None:
+        ticks = 0
+        while True:
+            await asyncio.sleep(self._interval)
+            ticks += 1
+            if ticks % REOPEN_EVERY == 0 and self._reader.replaced():
+                log.info("ledger change journal %s was replaced; following the new one",
+                         self._reader.path)
+            try:
+                self._look()
+            except OSError as exc:  # the waiters' own timeouts still bound their waits
+                log.warning("reading the ledger change journal %s failed: %s",
+                            self._reader.path, exc)
+
+    def _look(self) -> None:
+        changed = self._reader.changes()
+        if changed is ANY:
+            self._epoch += 1
+            self._wake_all()
+            return
+        assert isinstance(changed, set)
+        for key in changed:
+            self._counts[key] = self._counts.get(key, 0) + 1
+            for fut in self._waiters.pop(key, ()):
+                if not fut.done():
+                    fut.set_result(None)
+
+    def _wake_all(self) -> None:
+        waiting, self._waiters = self._waiters, {}
+        for futs in waiting.values():
+            for fut in futs:
+                if not fut.done():
+                    fut.set_result(None)

@@ -1,0 +1,73 @@
+"""The change journal: a reader learns which topics a writer touched, or that it cannot say."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from offloadd.ledger.local.journal import (
+    ANY,
+    SLOTS,
+    TOPICS_KEY,
+    JournalReader,
+    JournalWriter,
+    topic_key,
+)
+from offloadd.model import TopicName
+
+pytestmark = pytest.mark.timeout(30)
+
+A = TopicName.parse("persistent://public/default/a")
+B = TopicName.parse("persistent://public/default/b")
+
+
+def test_a_reader_gets_the_keys_written_since_its_last_look(tmp_path: Path) -> None:
+    reader = JournalReader(tmp_path)
+    assert reader.changes() == set()  # no journal yet: no writer has run
+    writer = JournalWriter(tmp_path)
+    writer.record(A)
+    assert reader.changes() is ANY  # its first look has no baseline
+    assert reader.changes() == set()
+    writer.record(A)
+    writer.record(B)
+    writer.record(None)
+    assert reader.changes() == {topic_key(A), topic_key(B), TOPICS_KEY}
+    assert reader.changes() == set()
+
+
+def test_a_new_writer_continues_the_sequence(tmp_path: Path) -> None:
+    first = JournalWriter(tmp_path)
+    first.record(A)
+    first.close()
+    reader = JournalReader(tmp_path)
+    assert reader.changes() is ANY
+    second = JournalWriter(tmp_path)
+    second.record(B)
+    assert reader.changes() == {topic_key(B)}
+
+
+def test_a_reader_lapped_by_the_writer_is_told_anything_may_have_changed(
+        tmp_path: Path) -> None:
+    writer = JournalWriter(tmp_path)
+    writer.record(A)
+    reader = JournalReader(tmp_path)
+    reader.changes()
+    for _ in range(SLOTS + 1):
+        writer.record(B)
+    assert reader.changes() is ANY
+    writer.record(A)
+    assert reader.changes() == {topic_key(A)}
+
+
+def test_a_replaced_journal_is_followed(tmp_path: Path) -> None:
+    writer = JournalWriter(tmp_path)
+    writer.record(A)
+    reader = JournalReader(tmp_path)
+    reader.changes()
+    writer.close()
+    (tmp_path / "changes").unlink()
+    assert not reader.replaced()  # gone, not yet replaced
+    JournalWriter(tmp_path).record(B)
+    assert reader.replaced()
+    assert reader.changes() is ANY
