@@ -296,14 +296,16 @@ class Store:
     notes: dict[str, Any] = field(default_factory=dict)
 
 
-def config_text(work: Path, store: Store, port: int, topic_level: str | None) -> str:
+def config_text(work: Path, store: Store, port: int, topic_level: str | None,
+                block_bytes: int | None) -> str:
     metrics = f'bind = "127.0.0.1:{port}"\n'
+    offload = "" if block_bytes is None else f"[offload]\nmax_block_size_bytes = {block_bytes}\n"
     if topic_level is not None:
         metrics += f"topic_level = {topic_level}\n"
     return f"""{store.sections}
 [source]
 path = "{work / 'ledgers'}"
-[metrics]
+{offload}[metrics]
 {metrics}
 [daemon]
 pid_file = "{work / 'offloadd.pid'}"
@@ -373,9 +375,10 @@ def one_run(store_factory: Callable[[Path], Store], topics: int, a: argparse.Nam
     store = store_factory(work)
     port = free_port()
     cfg = work / "offloadd.toml"
-    cfg.write_text(config_text(work, store, port, None))
+    cfg.write_text(config_text(work, store, port, None, a.block_bytes))
     entries = max(1, a.bytes_per_topic // a.entry_size)
     out: dict[str, Any] = {"store": store.name, "topics": topics, **store.notes,
+                           "max_block_size_bytes": a.block_bytes or "default",
                            "entries_per_topic": entries, "entry_size": a.entry_size}
     deadline = time.monotonic() + a.run_timeout
     daemon = Daemon(cfg, port, a.max_rss_mib * MiB)
@@ -421,7 +424,7 @@ def metric_mode(work: Path, store: Store, mode: str, ends: dict[str, str],
     """The scrape with ``[metrics] topic_level = mode``, after one commit per topic."""
     port = free_port()
     cfg = work / f"offloadd-topic-level-{mode}.toml"
-    cfg.write_text(config_text(work, store, port, mode))
+    cfg.write_text(config_text(work, store, port, mode, a.block_bytes))
     refused = key_refused(cfg)
     if refused is not None:
         return {"topic_level": mode,
@@ -467,6 +470,9 @@ def main() -> None:
                     help="10 and 100 topics, 10 s idle windows: a smoke run")
     ap.add_argument("--bytes-per-topic", type=int, default=20_000)
     ap.add_argument("--entry-size", type=int, default=1024)
+    ap.add_argument("--block-bytes", type=int,
+                    help="[offload] max_block_size_bytes (default: the daemon's, 64 MiB; before "
+                    "issue 22 every open segment held a zero-filled array of that size)")
     ap.add_argument("--more-entries", type=int, default=2,
                     help="entries per topic to open a segment on every topic")
     ap.add_argument("--idle-seconds", type=float, default=30.0)
