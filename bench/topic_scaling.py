@@ -156,9 +156,14 @@ class Daemon:
     proc: subprocess.Popen[bytes] | None = None
     peak_rss: int = 0
     log: Path | None = None
+    # (seconds since start, topics read up to their end), every ~30 s of a wait: how start-up
+    # goes when it does not finish
+    progress: list[tuple[float, int]] = field(default_factory=list)
+    started: float = 0.0
 
     def start(self) -> None:
         self.log = self.config.with_suffix(f".{uuid.uuid4().hex[:6]}.log")
+        self.started = time.monotonic()
         with self.log.open("wb") as out:
             self.proc = subprocess.Popen([*PY, "run", "--config", str(self.config)],
                                          cwd=self.config.parent, stdout=subprocess.DEVNULL,
@@ -196,13 +201,16 @@ class Daemon:
 
     def wait_read(self, ends: dict[str, str], deadline: float) -> float:
         """Until every topic's position is its end in ``ends``; seconds waited."""
-        t0 = time.monotonic()
+        t0 = noted = time.monotonic()
         while True:
             self.check()
             st = self.status()
             topics = (st or {}).get("topics") or {}
             behind = sum(1 for t, end in ends.items()
                          if (topics.get(t) or {}).get("position") != end)
+            if st is not None and time.monotonic() - noted >= 30:
+                noted = time.monotonic()
+                self.progress.append((round(noted - self.started), len(ends) - behind))
             if st is not None and behind == 0:
                 return time.monotonic() - t0
             if time.monotonic() > deadline:
@@ -411,6 +419,7 @@ def one_run(store_factory: Callable[[Path], Store], topics: int, a: argparse.Nam
                                for mode in a.metric_modes]
     except (Aborted, RuntimeError, subprocess.TimeoutExpired) as exc:
         out["aborted"] = str(exc)[:2000]
+        out["read_progress"] = daemon.progress
         out["peak_rss_mib"] = round(daemon.peak_rss / MiB, 1)
     finally:
         daemon.kill()

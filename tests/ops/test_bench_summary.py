@@ -140,7 +140,7 @@ def test_topic_scaling_rows_judge_the_largest_finished_run_and_name_an_aborted_o
         {"store": "embedded", "topics": 20_000, "aborted": "RSS over the bound: killed"},
     ]}
     rows = run_all._scale(doc)
-    assert rows[0] == ("Topics (embedded), 20,000 topics", "runs to the end",
+    assert rows[0] == ("Topics (embedded, 20,000 topics)", "runs to the end",
                        "aborted: RSS over the bound: killed", False)
     by_what = {r[0].split(": ", 1)[1]: r for r in rows[1:]}
     assert all("10,000 topics" in r[0] for r in rows[1:])
