@@ -193,7 +193,7 @@ def _scale(d: dict[str, Any]) -> list[Row]:
     def at(store: str, r: dict[str, Any]) -> str:
         block = r.get("max_block_size_bytes", "default")
         return f"{store}, {r['topics']:,} topics" + (
-            "" if block == "default" else f", {block // 1024} KiB blocks")
+            "" if block == "default" else f", {block / 2**20:g} MiB blocks")
 
     rows: list[Row] = []
     for store, commit_goal in (("embedded", 500), ("zookeeper+s3", 200)):
