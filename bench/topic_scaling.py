@@ -15,7 +15,8 @@ both on loopback):
    ``--idle-seconds`` (``utime + stime`` from ``/proc/PID/stat``), RSS (``VmRSS``), one
    ``/metrics`` scrape (bytes, series);
 4. **commits**: ``offloadd offload-now --wait --json`` closes and commits the N open segments:
-   wall time of the command, commits counted from its answer, commits/s;
+   commits counted from its answer, over the slowest topic's time in that answer (the daemon's
+   side, ``commits_per_s_daemon``) and over the command's wall time (its start-up included);
 5. **idle with everything committed**: CPU %, RSS, scrape again (every topic now has had a
    commit, so its per-topic series exist), and ``offloadd status`` wall time (text and
    ``--json``);
@@ -29,9 +30,13 @@ both on loopback):
    started again in that mode, catches up, commits one segment per topic (offload-now), and its
    scrape is measured.
 
+``--block-bytes`` sets ``[offload] max_block_size_bytes``: before issue 22 every open segment
+held a zero-filled array of a whole block (64 MiB by default), so the default runs out of memory
+long before 1,000 topics.
+
 Runs are bounded: each waits at most ``--run-timeout`` seconds for the daemon, and a daemon
-whose RSS passes ``--max-rss-mib`` is killed (the run is recorded as ``aborted`` with the RSS it
-reached: on the code before issue 22, 10,000 topics would need tens of GB). All servers listen on
+whose RSS passes ``--max-rss-mib`` is killed; the run is then recorded as ``aborted``, with why,
+its peak RSS and ``read_progress`` (topics read up to their end, every ~30 s). All servers listen on
 127.0.0.1; every process started here is stopped on exit. Prints one JSON document (also written
 to ``--out``).
 
