@@ -426,6 +426,10 @@ def one_run(store_factory: Callable[[Path], Store], topics: int, a: argparse.Nam
         out["aborted"] = str(exc)[:2000]
         out["read_progress"] = daemon.progress
         out["peak_rss_mib"] = round(daemon.peak_rss / MiB, 1)
+    except KeyboardInterrupt:  # SIGTERM/SIGINT (see main): keep what was measured so far
+        out["aborted"] = "interrupted"
+        out["interrupted"] = True
+        out["read_progress"] = daemon.progress
     finally:
         daemon.kill()
         if not a.keep:
@@ -528,14 +532,16 @@ def main() -> None:
         signal.signal(sig, lambda s, f: (_ for _ in ()).throw(KeyboardInterrupt()))
     try:
         with ExitStack() as stack:
-            for n in counts:
-                doc["runs"].append(one_run(embedded, n, a, base))
+            plan: list[tuple[Callable[[Path], Store] | None, int]] = \
+                [(embedded, n) for n in counts] + [(None, n) for n in zk_counts]
+            make: Callable[[Path], Store] | None = None
+            for factory, n in plan:
+                if factory is None and make is None:
+                    make = stack.enter_context(zk_and_s3(base))
+                doc["runs"].append(one_run(factory or make or embedded, n, a, base))
                 print(json.dumps(doc["runs"][-1]), file=sys.stderr)
-            if zk_counts:
-                make = stack.enter_context(zk_and_s3(base))
-                for n in zk_counts:
-                    doc["runs"].append(one_run(make, n, a, base))
-                    print(json.dumps(doc["runs"][-1]), file=sys.stderr)
+                if doc["runs"][-1].get("interrupted"):
+                    break  # the document is still printed, with what was measured
     finally:
         if not a.keep:
             shutil.rmtree(base, ignore_errors=True)
