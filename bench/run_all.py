@@ -1,4 +1,5 @@
-"""Run the whole benchmark suite (P1–P9) in one go, save the JSON, rewrite the summary table.
+"""Run the whole benchmark suite (P1–P10, BK, SIDECAR, SCALE) in one go, save the JSON, rewrite
+the summary table.
 
     .venv/bin/python bench/run_all.py            # everything (< 15 min on 2 cores)
     .venv/bin/python bench/run_all.py --only P4  # one benchmark (names below)
@@ -185,6 +186,54 @@ def _sidecar(d: dict[str, Any]) -> list[Row]:
              "≤ 1.5", f"{r:.2f}{_load(d)}", r <= 1.5)]
 
 
+def _scale(d: dict[str, Any]) -> list[Row]:
+    """bench/topic_scaling.py: issue 22's goals, from the largest topic count each store ran
+    to the end (a run killed at its RSS bound is a row of its own). The idle, status and scrape
+    goals are set at 10,000 topics: below that the figure is shown, not judged."""
+    def at(store: str, r: dict[str, Any]) -> str:
+        block = r.get("max_block_size_bytes", "default")
+        return f"{store}, {r['topics']:,} topics" + (
+            "" if block == "default" else f", {block / 2**20:g} MiB blocks")
+
+    rows: list[Row] = []
+    for store, commit_goal in (("embedded", 500), ("zookeeper+s3", 200)):
+        runs = [r for r in d.get("runs", []) if r.get("store") == store]
+        for r in runs:
+            if "aborted" in r:
+                rows.append((f"Topics ({at(store, r)})", "runs to the end",
+                             f"aborted: {r['aborted'][:80]}", False))
+        done = [r for r in runs if "aborted" not in r]
+        if not done:
+            continue
+        r = max(done, key=lambda x: x["topics"])
+        n, where = r["topics"], at(store, r)
+        big = n >= 10_000
+        cpu = r["idle_committed"]["cpu_pct_of_core"]
+        rows.append((f"Topics ({where}): idle CPU % of a core", "≤ 1 at 10,000", f"{cpu}{_load(d)}",
+                     cpu <= 1 if big else None))
+        rss = max(r["idle_open"]["rss_mib"], r["idle_committed"]["rss_mib"])
+        bound = 150 + 20 * n / 1024
+        rows.append((f"Topics ({where}): RSS MiB, open segments or not", f"≤ {bound:,.0f} "
+                     "(150 + 20 KiB/topic)", f"{rss:,.0f}", rss <= bound))
+        modes = {m["topic_level"]: m for m in r.get("metric_modes", []) if "scrape" in m}
+        scrape = (modes.get("false") or r["idle_committed"])["scrape"]
+        which = "topic_level = false" if "false" in modes else "default metrics"
+        rows.append((f"Topics ({where}): /metrics scrape, {which}", "≤ 100 KB at 10,000",
+                     f"{scrape['bytes'] / 1000:,.0f} KB, {scrape['series']:,} series",
+                     scrape["bytes"] <= 100_000 if big and "false" in modes else None))
+        rate = r["commit_open"].get("commits_per_s_daemon")
+        rows.append((f"Topics ({where}): commits/s, offload-now --wait", f"≥ {commit_goal}",
+                     f"{rate}", None if rate is None else rate >= commit_goal))
+        stop = r["stop"]["seconds"]
+        rows.append((f"Topics ({where}): SIGTERM to exit, every segment open", "≤ 30 s",
+                     f"{stop} s" + (" (killed)" if r["stop"]["killed"] else ""),
+                     stop <= 30 and not r["stop"]["killed"]))
+        st = r["status_text"]["seconds"]
+        rows.append((f"Topics ({where}): offloadd status wall time", "≤ 3 s at 10,000", f"{st} s",
+                     st <= 3 if big else None))
+    return rows
+
+
 @dataclass(frozen=True)
 class Bench:
     name: str
@@ -209,6 +258,9 @@ SUITE = [
     Bench("BK", "bookkeeper_read.py", ("--mib", "256,1024"), _bk),
     Bench("SIDECAR", "sidecar_path.py", ("--repeats", "7"), _sidecar),
     Bench("P10", "lakehouse_lag.py", ("--seconds", "90"), _p10),
+    Bench("SCALE", "topic_scaling.py", ("--topics", "10,100,1000", "--run-timeout", "240",
+                                              "--max-rss-mib", "4096"),
+          _scale),
 ]
 
 

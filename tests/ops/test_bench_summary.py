@@ -120,3 +120,34 @@ def test_bad_arguments_say_what_is_wrong(tree: Path, monkeypatch: pytest.MonkeyP
     with pytest.raises(SystemExit, match=message):
         _main(monkeypatch, *args)
     assert (tree / "docs" / "benchmarks.md").read_text() == OLD_TABLE
+
+
+def test_topic_scaling_rows_judge_the_largest_finished_run_and_name_an_aborted_one() -> None:
+    def run(n: int, cpu: float, rss: float, scrape_bytes: int) -> dict[str, Any]:
+        scrape = {"bytes": scrape_bytes, "series": n * 10}
+        return {"store": "embedded", "topics": n, "max_block_size_bytes": "default",
+                "idle_open": {"cpu_pct_of_core": cpu, "rss_mib": rss, "scrape": scrape},
+                "idle_committed": {"cpu_pct_of_core": cpu, "rss_mib": rss / 2,
+                                   "scrape": scrape},
+                "commit_open": {"commits_per_s_daemon": 600.0},
+                "stop": {"seconds": 4.0, "killed": False}, "status_text": {"seconds": 2.0},
+                "metric_modes": [{"topic_level": "true", "skipped": "refused"},
+                                 {"topic_level": "false",
+                                  "scrape": {"bytes": 90_000, "series": 900}}]}
+
+    doc = {"loadavg": [1.0], "runs": [
+        run(10, 5.0, 300, 5_000), run(10_000, 0.5, 340, 9_000_000),
+        {"store": "embedded", "topics": 20_000, "aborted": "RSS over the bound: killed"},
+    ]}
+    rows = run_all._scale(doc)
+    assert rows[0] == ("Topics (embedded, 20,000 topics)", "runs to the end",
+                       "aborted: RSS over the bound: killed", False)
+    by_what = {r[0].split(": ", 1)[1]: r for r in rows[1:]}
+    assert all("10,000 topics" in r[0] for r in rows[1:])
+    assert by_what["idle CPU % of a core"][2:] == ("0.5 (load 1.0)", True)
+    assert by_what["RSS MiB, open segments or not"][1:] == ("≤ 345 (150 + 20 KiB/topic)", "340",
+                                                            True)
+    assert by_what["/metrics scrape, topic_level = false"][2:] == ("90 KB, 900 series", True)
+    assert by_what["commits/s, offload-now --wait"][3] is True
+    assert by_what["SIGTERM to exit, every segment open"][3] is True
+    assert by_what["offloadd status wall time"][3] is True
