@@ -85,19 +85,9 @@ def offloaded_all(cwd: Path, daemon: DaemonProcess, written: dict[int, int]) -> 
     return all(done.get(ml(f"{PREFIX}{i}")) == n for i, n in written.items())
 
 
-# Before issue 22 the daemon commits ~2-4 topics' first segments a second at 2,000 topics (every
-# idle topic polls its ledgers every 20 ms and every embedded metadata operation scans the whole
-# owner table), so 2,000 topics take ~10-15 minutes on a 2-core machine, far over the budget
-# below: the test fails there, as it should. Strict: once the scaling work lands the test passes
-# and this marker must go (an unexpected pass fails the suite).
-BEFORE_ISSUE_22 = pytest.mark.xfail(
-    strict=True, raises=AssertionError,
-    reason="issue 22: before its scaling work a daemon does not offload 2,000 topics in time")
-
-
 @pytest.mark.parametrize("topics", [
-    pytest.param(2000, marks=[pytest.mark.timeout(420), BEFORE_ISSUE_22]),
-    pytest.param(10_000, marks=[pytest.mark.slow, pytest.mark.timeout(1800), BEFORE_ISSUE_22]),
+    pytest.param(2000, marks=[pytest.mark.timeout(420)]),
+    pytest.param(10_000, marks=[pytest.mark.slow, pytest.mark.timeout(1800)]),
 ])
 def test_every_topic_of_thousands_is_offloaded_and_verifies(tmp_path: Path, topics: int) -> None:
     cfg = tmp_path / "offloadd.toml"
