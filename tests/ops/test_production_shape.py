@@ -88,7 +88,7 @@ def test_a_70s_daemon_life_in_production_shape(zk_server: str, s3_bucket: MotoBu
     try:
         d.wait_logged("ready", timeout=60)
         born = time.monotonic()
-        # the live writer: a few topics at a steady rate, ~0.5 MB per topic between two closes
+        # the live writer: a few topics at a steady rate, ~0.4 MB per topic between two closes
         writer = subprocess.Popen(
             [*OFFLOADD, "produce", "--config", str(cfg), "--topics", str(TOPICS),
              "--duration", str(WRITE_S), "--rate", "120000", "--entry-size", "2000"],
