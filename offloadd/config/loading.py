@@ -5,10 +5,11 @@ from __future__ import annotations
 import difflib
 import os
 import tomllib
+import types
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, Union, get_args, get_origin
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 from pydantic_settings import SettingsError
 
 from offloadd.config.fields import key_text
@@ -38,6 +39,7 @@ def load(path: Path | str | None, **overrides: Any) -> Settings:
             raise ConfigError(f"{where}: cannot read ({exc.strerror})") from None
     try:
         data = canonical_keys(data)
+        check_toml_types(data)
     except ConfigError as exc:
         raise ConfigError(f"{where}: {exc}") from None
     for key, value in overrides.items():
@@ -53,6 +55,61 @@ def load(path: Path | str | None, **overrides: Any) -> Settings:
         raise ConfigError(describe_env_error(exc, env)) from None
     except ConfigError as exc:
         raise ConfigError(f"{where}: {exc}") from None
+
+
+def check_toml_types(data: dict[str, Any]) -> None:
+    """Refuse the file's booleans where numbers go and numbers (or quoted words) where
+    booleans go. pydantic's lax mode takes ``verify_crc = 0`` as false — checksums silently
+    off — and ``rollover_entries = true`` as 1; TOML has real booleans, so the file must use
+    them. The environment is text and keeps its textual forms (``true``/``false``, ``1``/``0``,
+    ``yes``/``no``), which the environment source passes as strings after this check."""
+    for section, table in data.items():
+        tm = table_model(section)
+        if tm is None or not isinstance(table, dict):
+            continue
+        model, nested = tm
+        if nested:
+            for name, sub in table.items():
+                if isinstance(sub, dict):
+                    _check_table(sub, model, f"{section}.{key_text(name)}")
+        else:
+            _check_table(table, model, section)
+
+
+def _members(ann: Any) -> list[Any]:
+    """The types a field's annotation admits, unions (and ``X | None``) flattened."""
+    if get_origin(ann) in (Union, types.UnionType):
+        return [m for a in get_args(ann) for m in _members(a)]
+    return [ann]
+
+
+def _check_table(table: dict[str, Any], model: type[BaseModel], where: str) -> None:
+    for key, value in table.items():
+        f = model.model_fields.get(key)
+        if f is None:
+            continue  # unknown keys are the model's to name
+        members = _members(f.annotation)
+        loc = f"[{where}.{key_text(key)}]"
+        words = [w for m in members if get_origin(m) is Literal for w in get_args(m)]
+        if bool in members and not isinstance(value, bool) and value not in words and (
+                isinstance(value, int | float | str)):
+            got = (f"the string {value!r} (TOML's booleans are unquoted)"
+                   if isinstance(value, str) else f"{value!r}")
+            also = "".join(f" or {w!r}" for w in words)
+            raise ConfigError(f"{loc} must be true or false{also}, not {got}")
+        if isinstance(value, bool) and bool not in members and (
+                int in members or float in members):
+            kind = "an integer" if int in members else "a number"
+            raise ConfigError(f"{loc} must be {kind}, not the boolean {str(value).lower()}")
+        for m in members:
+            if isinstance(m, type) and issubclass(m, BaseModel) and isinstance(value, dict):
+                _check_table(value, m, f"{where}.{key_text(key)}")
+            if get_origin(m) is list and isinstance(value, list):
+                item = get_args(m)[0] if get_args(m) else None
+                if isinstance(item, type) and issubclass(item, BaseModel):
+                    for n, v in enumerate(value):
+                        if isinstance(v, dict):
+                            _check_table(v, item, f"{where}.{key_text(key)}[{n}]")
 
 
 def offloadd_environment() -> dict[tuple[str, ...], str]:

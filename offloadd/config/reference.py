@@ -65,6 +65,10 @@ def reference_markdown() -> str:
         "- Every number is finite: `nan` and `inf` (valid TOML, and accepted by float "
         "parsers from the environment) are refused everywhere, as they are for command-line "
         "flags (`--rate`, `--duration`, `--grace`, `--orphan-grace`).",
+        "- Booleans and numbers are not interchangeable in the file: `verify_crc = 0` or "
+        "`verify_crc = \"false\"` is refused (write `false`), as is `rollover_entries = "
+        "true`. The environment is text: a boolean variable takes `true`/`false`, `1`/`0`, "
+        "`yes`/`no` or `on`/`off`.",
         "- `min_block_size_bytes` must not exceed `max_block_size_bytes`, at every level; "
         "`retry_base_s` must not exceed `retry_max_s`.",
         "- With `driver = \"aws-s3\"`, S3 refuses a multipart part smaller than 5 MiB but "

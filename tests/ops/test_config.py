@@ -150,6 +150,17 @@ BAD: list[tuple[str, str | None, dict[str, str], str]] = [
      "[offload.max_size_per_segment_mbytes] must be a number"),
     ("not a boolean", "[metrics]\nenabled = \"maybe\"\n", {},
      "[metrics.enabled] must be true or false"),
+    # booleans and numbers are not interchangeable in the file (issue 23, item 11)
+    ("integer for a boolean", "[source]\nverify_crc = 0\n", {},
+     "[source.verify_crc] must be true or false, not 0"),
+    ("quoted boolean", "[source]\nverify_crc = \"false\"\n", {},
+     "[source.verify_crc] must be true or false, not the string 'false'"),
+    ("boolean for an integer", "[source]\nrollover_entries = true\n", {},
+     "[source.rollover_entries] must be an integer, not the boolean true"),
+    ("boolean for a number", "[offload]\nflow_permits_per_second = false\n", {},
+     "[offload.flow_permits_per_second] must be a number, not the boolean false"),
+    ("integer for a boolean-or-word", "[metrics]\ntopic_level = 1\n", {},
+     "[metrics.topic_level] must be true or false or 'auto', not 1"),
     ("negative buffer size", "[offload]\nbuffer_max_bytes = -1\n", {},
      "[offload.buffer_max_bytes] must be >= 1048576"),
     ("zero segment size", "[offload]\nmax_size_per_segment_mbytes = 0\n", {},
@@ -256,6 +267,14 @@ def test_a_bad_configuration_gives_one_line_naming_the_key_and_exit_code_2(
     assert expected in line, line
     if not env:
         assert str(path) in line  # the file is named
+
+
+@pytest.mark.parametrize("text", ["1", "0", "true", "false", "yes", "no"])
+def test_the_environment_keeps_the_textual_forms_of_booleans(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, text: str) -> None:
+    monkeypatch.setenv("OFFLOADD_SOURCE__VERIFY_CRC", text)
+    path = write(tmp_path, "[source]\nverify_crc = true\n")
+    assert config.load(path).source.verify_crc is (text in ("1", "true", "yes"))
 
 
 def test_the_table_has_at_least_twenty_cases() -> None:
