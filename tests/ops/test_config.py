@@ -277,6 +277,28 @@ def test_the_environment_keeps_the_textual_forms_of_booleans(
     assert config.load(path).source.verify_crc is (text in ("1", "true", "yes"))
 
 
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize(("kind", "expected"), [
+    ("device", "/dev/zero: is a device or socket, not a config file"),
+    ("oversize", "larger than 16 MiB"),
+    ("latin-1", "not UTF-8 text (byte 0xe9 on line 2)"),
+])
+def test_a_config_file_is_bounded_utf8_text(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], kind: str, expected: str) -> None:
+    """Issue 23, item 11: --config /dev/zero grew to 13 GB; a Latin-1 file was a traceback."""
+    path = Path("/dev/zero")
+    if kind == "oversize":
+        path = tmp_path / "big.toml"
+        with path.open("wb") as fh:
+            fh.write(b"#" * (16 * 1024 * 1024 + 1))
+    elif kind == "latin-1":
+        path = tmp_path / "latin1.toml"
+        path.write_bytes(b'[daemon]\nlog_level = "INFO"  # caf\xe9\n')
+    rc, lines = check(path, capsys)
+    assert rc == 2
+    assert len(lines) == 1 and expected in lines[0], lines
+
+
 def test_the_table_has_at_least_twenty_cases() -> None:
     assert len(BAD) >= 20
 

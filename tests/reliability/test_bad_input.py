@@ -364,6 +364,7 @@ ARG_CASES = [
     ("standalone-entry-size-past-the-maximum",
      ["standalone", "--entry-size", "10000000000000", "--duration", "1"], 2,
      r"--entry-size: 10000000000000 is more than the 67,108,864 bytes per entry allowed"),
+    ("query-empty", ["query", ""], 2, r"argument sql: the query is empty"),
 ]
 
 
