@@ -31,15 +31,20 @@ class MetadataSettings(Section):
             return v
         if not v.startswith("zk://"):
             raise ValueError('must be "embedded:<dir>" or "zk://host:port[,host:port...]/chroot"')
-        hosts, _, chroot = v[len("zk://"):].partition("/")
+        hosts, slash, chroot = v[len("zk://"):].partition("/")
         if not hosts:
             raise ValueError("zk:// URL names no host")
         for hp in hosts.split(","):
             host, sep, port = hp.rpartition(":")
-            if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            if not sep or not host or not port.isascii() or not port.isdigit() \
+                    or not 0 < int(port) < 65536:
                 raise ValueError(f"zk:// host {hp!r} must be host:port with a port in 1..65535")
-        if chroot.endswith("/") or "//" in chroot:
-            raise ValueError("zk:// chroot must be /name[/name...] without empty parts")
+        # "zk://h:2181/" (an empty chroot: the whole tree, probably not what was meant) and
+        # "/a/../b" (ZooKeeper has no . or .., the node would be named "..") are refused
+        parts = chroot.split("/")
+        if slash and (not chroot or "" in parts or {".", ".."} & set(parts)):
+            raise ValueError("zk:// chroot must be /name[/name...] without empty, '.' or '..' "
+                             "parts (leave out the slash for no chroot)")
         return v
 
     @field_validator("acl_digest")

@@ -176,6 +176,12 @@ BAD: list[tuple[str, str | None, dict[str, str], str]] = [
      "[metadata.url] must be \"embedded:<dir>\" or \"zk://"),
     ("zk host without port", "[metadata]\nurl = \"zk://zk1/offloadd\"\n", {},
      "[metadata.url] zk:// host 'zk1' must be host:port"),
+    ("zk empty chroot after the slash", "[metadata]\nurl = \"zk://zk1:2181/\"\n", {},
+     "[metadata.url] zk:// chroot must be /name[/name...] without empty, '.' or '..' parts"),
+    ("zk chroot with ..", "[metadata]\nurl = \"zk://zk1:2181/a/../b\"\n", {},
+     "[metadata.url] zk:// chroot must be /name[/name...] without empty, '.' or '..' parts"),
+    ("zk chroot with .", "[metadata]\nurl = \"zk://zk1:2181/./b\"\n", {},
+     "[metadata.url] zk:// chroot must be /name[/name...] without empty, '.' or '..' parts"),
     ("bind without port", "[metrics]\nbind = \"localhost\"\n", {}, "[metrics.bind] must be "
      "\"host:port\""),
     ("bind port out of range", "[metrics]\nbind = \"0.0.0.0:70000\"\n", {}, "[metrics.bind]"),
