@@ -69,6 +69,11 @@ def reference_markdown() -> str:
         "`verify_crc = \"false\"` is refused (write `false`), as is `rollover_entries = "
         "true`. The environment is text: a boolean variable takes `true`/`false`, `1`/`0`, "
         "`yes`/`no` or `on`/`off`.",
+        "- `[blobstore] endpoint`, each `read_endpoints` URL and a REST `catalog_uri` must be "
+        "`http://` or `https://` URLs with a valid host and port, and `catalog = \"rest\"` "
+        "needs `catalog_uri`: what every command would refuse, `config check` refuses. A "
+        "`zk://` chroot has no empty, `.` or `..` part (`zk://h:2181/` is refused; leave out "
+        "the slash for no chroot).",
         "- `min_block_size_bytes` must not exceed `max_block_size_bytes`, at every level; "
         "`retry_base_s` must not exceed `retry_max_s`.",
         "- With `driver = \"aws-s3\"`, S3 refuses a multipart part smaller than 5 MiB but "

@@ -182,6 +182,17 @@ BAD: list[tuple[str, str | None, dict[str, str], str]] = [
      "[metadata.url] zk:// chroot must be /name[/name...] without empty, '.' or '..' parts"),
     ("zk chroot with .", "[metadata]\nurl = \"zk://zk1:2181/./b\"\n", {},
      "[metadata.url] zk:// chroot must be /name[/name...] without empty, '.' or '..' parts"),
+    # config check refuses what every command would (issue 23, item 11)
+    ("S3 endpoint without a scheme", "[blobstore]\ndriver = \"aws-s3\"\n"
+     "endpoint = \"localhost:9000\"\n", {},
+     "[blobstore.endpoint] must be an http:// or https:// URL"),
+    ("S3 endpoint port out of range", "[blobstore]\nendpoint = \"http://minio:99999\"\n", {},
+     "[blobstore.endpoint] has a port that is not a number in 1..65535"),
+    ("read endpoint with a space", "[[blobstore.read_endpoints]]\n"
+     "url = \"http://minio 2:9000\"\n", {},
+     "[blobstore.read_endpoints.0.url] must be a URL without spaces"),
+    ("rest catalog without a URL", "[lakehouse]\ncatalog = \"rest\"\n", {},
+     "[lakehouse] catalog = \"rest\" needs catalog_uri"),
     ("bind without port", "[metrics]\nbind = \"localhost\"\n", {}, "[metrics.bind] must be "
      "\"host:port\""),
     ("bind port out of range", "[metrics]\nbind = \"0.0.0.0:70000\"\n", {}, "[metrics.bind]"),
