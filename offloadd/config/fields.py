@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable
 from typing import Any
+from urllib.parse import urlsplit
 
 from pydantic import AliasChoices, BaseModel, ConfigDict
 
@@ -39,3 +41,27 @@ def key_text(part: object) -> str:
     """A key part as it is written in ``[section.key]`` (quoted unless plain)."""
     text = str(part)
     return text if text.replace("_", "").replace("-", "").isalnum() else json.dumps(text)
+
+
+_HOST_RE = re.compile(r"^((?!-)[A-Z\d-]{1,63}(?<!-)\.)*((?!-)[A-Z\d-]{1,63}(?<!-))$", re.I)
+
+
+def http_url(v: str) -> str:
+    """An ``http://`` or ``https://`` URL with a host, as every command needs it (botocore
+    refuses the rest as "Invalid endpoint", the same host rules; a scheme other than http(s)
+    or an out-of-range port fail at the first request). For a validator: ``ValueError``."""
+    if any(c in v for c in "\t\r\n ") or not v.isascii():
+        raise ValueError("must be a URL without spaces or control characters, e.g. "
+                         "http://127.0.0.1:9000")
+    parts = urlsplit(v)
+    if parts.scheme not in ("http", "https"):
+        raise ValueError("must be an http:// or https:// URL, e.g. http://127.0.0.1:9000")
+    host = parts.hostname
+    try:
+        parts.port  # noqa: B018  (raises for a port that is not a number in 0..65535)
+    except ValueError:
+        raise ValueError("has a port that is not a number in 1..65535") from None
+    if not host or not (_HOST_RE.match(host.rstrip(".")) or (
+            ":" in host and parts.netloc.find("[") >= 0)):
+        raise ValueError("names no valid host (http://HOST[:PORT][/path])")
+    return v

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import difflib
 import os
+import stat
 import tomllib
+import types
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, Union, get_args, get_origin
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 from pydantic_settings import SettingsError
 
 from offloadd.config.fields import key_text
@@ -28,8 +30,7 @@ def load(path: Path | str | None, **overrides: Any) -> Settings:
     data: dict[str, Any] = {}
     if path is not None:
         try:
-            with open(path, "rb") as fh:
-                data = tomllib.load(fh)
+            data = tomllib.loads(read_config_text(path))
         except FileNotFoundError:
             raise ConfigError(f"{where}: config file not found") from None
         except tomllib.TOMLDecodeError as exc:
@@ -38,6 +39,7 @@ def load(path: Path | str | None, **overrides: Any) -> Settings:
             raise ConfigError(f"{where}: cannot read ({exc.strerror})") from None
     try:
         data = canonical_keys(data)
+        check_toml_types(data)
     except ConfigError as exc:
         raise ConfigError(f"{where}: {exc}") from None
     for key, value in overrides.items():
@@ -53,6 +55,86 @@ def load(path: Path | str | None, **overrides: Any) -> Settings:
         raise ConfigError(describe_env_error(exc, env)) from None
     except ConfigError as exc:
         raise ConfigError(f"{where}: {exc}") from None
+
+
+MAX_CONFIG_BYTES = 16 * 1024 * 1024
+
+
+def read_config_text(path: Path | str) -> str:
+    """The file's text: a regular file (or a pipe, ``--config <(...)``) of at most
+    :data:`MAX_CONFIG_BYTES`, in UTF-8 as TOML requires. Read bounded: ``--config /dev/zero``
+    grew the process to 13 GB in 16 s."""
+    where = str(path)
+    with open(path, "rb") as fh:
+        mode = os.fstat(fh.fileno()).st_mode
+        if not (stat.S_ISREG(mode) or stat.S_ISFIFO(mode)):
+            kind = "a directory" if stat.S_ISDIR(mode) else "a device or socket"
+            raise ConfigError(f"{where}: is {kind}, not a config file")
+        raw = fh.read(MAX_CONFIG_BYTES + 1)
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"{where}: larger than {MAX_CONFIG_BYTES // (1024 * 1024)} MiB; "
+                          "a config file is a few KiB (is this the right file?)")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        raise ConfigError(f"{where}: not UTF-8 text (byte 0x{raw[exc.start]:02x} on line "
+                          f"{line}); TOML files are UTF-8: re-save it as UTF-8") from None
+
+
+def check_toml_types(data: dict[str, Any]) -> None:
+    """Refuse the file's booleans where numbers go and numbers (or quoted words) where
+    booleans go. pydantic's lax mode takes ``verify_crc = 0`` as false — checksums silently
+    off — and ``rollover_entries = true`` as 1; TOML has real booleans, so the file must use
+    them. The environment is text and keeps its textual forms (``true``/``false``, ``1``/``0``,
+    ``yes``/``no``), which the environment source passes as strings after this check."""
+    for section, table in data.items():
+        tm = table_model(section)
+        if tm is None or not isinstance(table, dict):
+            continue
+        model, nested = tm
+        if nested:
+            for name, sub in table.items():
+                if isinstance(sub, dict):
+                    _check_table(sub, model, f"{section}.{key_text(name)}")
+        else:
+            _check_table(table, model, section)
+
+
+def _members(ann: Any) -> list[Any]:
+    """The types a field's annotation admits, unions (and ``X | None``) flattened."""
+    if get_origin(ann) in (Union, types.UnionType):
+        return [m for a in get_args(ann) for m in _members(a)]
+    return [ann]
+
+
+def _check_table(table: dict[str, Any], model: type[BaseModel], where: str) -> None:
+    for key, value in table.items():
+        f = model.model_fields.get(key)
+        if f is None:
+            continue  # unknown keys are the model's to name
+        members = _members(f.annotation)
+        loc = f"[{where}.{key_text(key)}]"
+        words = [w for m in members if get_origin(m) is Literal for w in get_args(m)]
+        if bool in members and not isinstance(value, bool) and value not in words and (
+                isinstance(value, int | float | str)):
+            got = (f"the string {value!r} (TOML's booleans are unquoted)"
+                   if isinstance(value, str) else f"{value!r}")
+            also = "".join(f" or {w!r}" for w in words)
+            raise ConfigError(f"{loc} must be true or false{also}, not {got}")
+        if isinstance(value, bool) and bool not in members and (
+                int in members or float in members):
+            kind = "an integer" if int in members else "a number"
+            raise ConfigError(f"{loc} must be {kind}, not the boolean {str(value).lower()}")
+        for m in members:
+            if isinstance(m, type) and issubclass(m, BaseModel) and isinstance(value, dict):
+                _check_table(value, m, f"{where}.{key_text(key)}")
+            if get_origin(m) is list and isinstance(value, list):
+                item = get_args(m)[0] if get_args(m) else None
+                if isinstance(item, type) and issubclass(item, BaseModel):
+                    for n, v in enumerate(value):
+                        if isinstance(v, dict):
+                            _check_table(v, item, f"{where}.{key_text(key)}[{n}]")
 
 
 def offloadd_environment() -> dict[tuple[str, ...], str]:

@@ -10,7 +10,7 @@ from typing import Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 
-from offloadd.config.fields import MiB, Section, alias, topic_keys
+from offloadd.config.fields import MiB, Section, alias, http_url, topic_keys
 
 S3_MIN_PART_SIZE = 5 * MiB  # S3 refuses a smaller part but the last: EntityTooSmall
 DEFAULT_PART_SIZE = 8 * MiB  # a multipart part, and a reader's ranged GET
@@ -31,15 +31,20 @@ class MetadataSettings(Section):
             return v
         if not v.startswith("zk://"):
             raise ValueError('must be "embedded:<dir>" or "zk://host:port[,host:port...]/chroot"')
-        hosts, _, chroot = v[len("zk://"):].partition("/")
+        hosts, slash, chroot = v[len("zk://"):].partition("/")
         if not hosts:
             raise ValueError("zk:// URL names no host")
         for hp in hosts.split(","):
             host, sep, port = hp.rpartition(":")
-            if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            if not sep or not host or not port.isascii() or not port.isdigit() \
+                    or not 0 < int(port) < 65536:
                 raise ValueError(f"zk:// host {hp!r} must be host:port with a port in 1..65535")
-        if chroot.endswith("/") or "//" in chroot:
-            raise ValueError("zk:// chroot must be /name[/name...] without empty parts")
+        # "zk://h:2181/" (an empty chroot: the whole tree, probably not what was meant) and
+        # "/a/../b" (ZooKeeper has no . or .., the node would be named "..") are refused
+        parts = chroot.split("/")
+        if slash and (not chroot or "" in parts or {".", ".."} & set(parts)):
+            raise ValueError("zk:// chroot must be /name[/name...] without empty, '.' or '..' "
+                             "parts (leave out the slash for no chroot)")
         return v
 
     @field_validator("acl_digest")
@@ -94,6 +99,11 @@ class SourceSettings(Section):
 class ReadEndpointSettings(Section):
     url: str
     zone: str = ""
+
+    @field_validator("url")
+    @classmethod
+    def _check_url(cls, v: str) -> str:
+        return http_url(v)
 
 
 class BlobstoreSettings(Section):
@@ -153,6 +163,11 @@ class BlobstoreSettings(Section):
         "create-only (S3 If-None-Match: *, the filesystem's link(2)) where a probe at start-up "
         "finds the store refuses an overwrite; \"on\": refuse to start without it; \"off\": "
         "no probe, writes overwrite (docs/s3.md)")
+
+    @field_validator("endpoint")
+    @classmethod
+    def _check_endpoint(cls, v: str | None) -> str | None:
+        return None if v is None else http_url(v)
 
     @field_validator("driver", mode="before")
     @classmethod
@@ -260,6 +275,18 @@ class LakehouseSettings(Section):
     def _check_json_topics(cls, v: dict[str, dict[str, str]]) -> dict[str, dict[str, str]]:
         topic_keys(v)
         return v
+
+    @model_validator(mode="after")
+    def _check_rest_catalog(self) -> LakehouseSettings:
+        # the same checks every lakehouse command makes (lakehouse/tables.py), at load time
+        if self.catalog == "rest":
+            if not self.catalog_uri:
+                raise ValueError('catalog = "rest" needs catalog_uri (the catalog\'s URL)')
+            try:
+                http_url(self.catalog_uri)
+            except ValueError as exc:
+                raise ValueError(f"catalog_uri {exc}") from None
+        return self
 
 
 class DaemonSettings(Section):

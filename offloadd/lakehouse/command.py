@@ -27,8 +27,8 @@ def add_commands(sub: Any, topic_type: Any, positive_int: Any,
                         "is named by its local name (\"topic-0\" or topic_0) or its full "
                         "\"tenant.namespace.topic\".")
     common(sp)
-    sp.add_argument("sql", help="the query, e.g. \"SELECT key, count(*) FROM topic_0 GROUP BY "
-                    "key\"")
+    sp.add_argument("sql", type=_sql, help="the query, e.g. \"SELECT key, count(*) FROM "
+                    "topic_0 GROUP BY key\"")
     sp.add_argument("--json", action="store_true", help="one JSON array of row objects")
     sp.add_argument("--max-rows", type=positive_int, help="print at most this many rows")
 
@@ -53,6 +53,13 @@ def add_commands(sub: Any, topic_type: Any, positive_int: Any,
     s.add_argument("--json", action="store_true", help="one JSON document instead of a table")
 
 
+def _sql(text: str) -> str:
+    if not text.strip():
+        raise argparse.ArgumentTypeError("the query is empty; give an SQL statement, e.g. "
+                                         "\"SELECT count(*) FROM topic_0\"")
+    return text
+
+
 def cmd_query(settings: Settings, args: argparse.Namespace) -> int:
     from offloadd import lakehouse
 
@@ -68,6 +75,9 @@ def cmd_query(settings: Settings, args: argparse.Namespace) -> int:
     except duckdb.Error as exc:
         print(f"offloadd: query failed: {exc}", file=sys.stderr)
         return 1
+    except ValueError as exc:  # no statement at all (only comments or semicolons)
+        print(f"offloadd: query failed: {exc}", file=sys.stderr)
+        return 2
     if args.json:
         print(json.dumps(res.to_json(), indent=1))
     else:

@@ -91,6 +91,9 @@ def run_query(catalog: Catalog, sql: str, max_rows: int | None = None) -> QueryR
                 scanned[ident] = catalog.load_table(ident).scan().to_arrow()
             con.register(name, scanned[ident])
         cur = con.execute(sql)
+        if cur is None:  # DuckDB's answer to text without a statement (comments, ";")
+            raise ValueError("the query has no SQL statement, e.g. \"SELECT count(*) FROM "
+                             "topic_0\"")
         columns = [d[0] for d in cur.description or []]
         rows = cur.fetchmany(max_rows) if max_rows is not None else cur.fetchall()
         return QueryResult(columns, rows)

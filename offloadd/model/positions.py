@@ -28,7 +28,8 @@ class Position(NamedTuple):
     def parse(cls, text: str) -> Position:
         """Parse ``L:E`` (as printed by :meth:`__str__`); both ids are int64s >= 0, as in
         BookKeeper and Pulsar."""
-        m = re.fullmatch(r"\s*(-?\d+):(-?\d+)\s*", text)
+        # ASCII: \d and int() also take other scripts' digits ("١٢:٠")
+        m = re.fullmatch(r"\s*(-?\d+):(-?\d+)\s*", text, re.ASCII)
         if not m:
             raise ValueError(f"position {text!r} is not of the form LEDGER:ENTRY, e.g. 12:0")
         ledger_id, entry_id = int(m.group(1)), int(m.group(2))

@@ -23,11 +23,35 @@ from offloadd.shell import commands
 log = logging.getLogger("offloadd")
 
 
+# Upper bounds of the arguments that size what the process allocates: a typo of a few digits
+# must be refused, not grow the process until the machine swaps (--topics 1000000000 reached
+# 2.4 GB and never ended; --entry-size 10000000000000 ended in a traceback).
+MAX_TOPICS = 100_000
+MAX_ENTRY_SIZE = 64 * 1024 * 1024  # far above Pulsar's own 5 MiB default maxMessageSize
+
+
 def _positive_int(text: str) -> int:
-    v = int(text)
-    if v <= 0:
-        raise argparse.ArgumentTypeError(f"{text} is not a positive integer")
-    return v
+    # ASCII digits only: int() also takes "١٢", "1_000" and " 12 "
+    if not text.isascii() or not text.isdigit() or int(text) <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
+    return int(text)
+
+
+def _at_most(limit: int, what: str) -> Callable[[str], int]:
+    """A positive integer no larger than ``limit`` (named ``what`` in the refusal)."""
+
+    def parse(text: str) -> int:
+        v = _positive_int(text)
+        if v > limit:
+            raise argparse.ArgumentTypeError(f"{v} is more than the {limit:,} {what} allowed")
+        return v
+
+    parse.__name__ = "integer"  # what argparse says when a type function fails otherwise
+    return parse
+
+
+_topic_count = _at_most(MAX_TOPICS, "topics")
+_entry_size = _at_most(MAX_ENTRY_SIZE, "bytes per entry")
 
 
 def _positive_float(text: str) -> float:
@@ -39,6 +63,8 @@ def _positive_float(text: str) -> float:
 
 def _finite(text: str) -> float:
     try:
+        if not text.isascii():  # float() also takes other scripts' digits
+            raise ValueError(text)
         v = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
@@ -131,11 +157,11 @@ def build_parser() -> argparse.ArgumentParser:
                     help="seconds to write (default: until SIGTERM/SIGINT)")
     sp.add_argument("--rate", type=_positive_float, default=1_000_000, metavar="BYTES_PER_S",
                     help="total bytes/s written across all topics (default 1000000)")
-    sp.add_argument("--entry-size", type=_positive_int, default=1024, metavar="BYTES",
-                    help="payload bytes per entry (default 1024)")
-    sp.add_argument("--topics", type=_positive_int, default=3, metavar="K",
+    sp.add_argument("--entry-size", type=_entry_size, default=1024, metavar="BYTES",
+                    help=f"payload bytes per entry (default 1024, at most {MAX_ENTRY_SIZE:,})")
+    sp.add_argument("--topics", type=_topic_count, default=3, metavar="K",
                     help="write K topics, persistent://public/default/topic-0 .. topic-(K-1) "
-                    "(default 3)")
+                    f"(default 3, at most {MAX_TOPICS:,})")
     _payload_args(sp, default_compression="lz4,zstd,snappy,zlib,none")
 
     sp = cmd("produce", "the embedded writer alone (history, live load)",
@@ -143,15 +169,16 @@ def build_parser() -> argparse.ArgumentParser:
              "  offloadd produce --topics 4 --duration 60 --rate 4000000\n")
     g = sp.add_mutually_exclusive_group(required=True)
     g.add_argument("--topic", type=_topic, help="the one topic to write: " + TOPIC_HELP)
-    g.add_argument("--topics", type=_positive_int, metavar="K",
-                   help="write K topics, persistent://public/default/topic-0 .. topic-(K-1)")
+    g.add_argument("--topics", type=_topic_count, metavar="K",
+                   help="write K topics, persistent://public/default/topic-0 .. topic-(K-1) "
+                   f"(at most {MAX_TOPICS:,})")
     sp.add_argument("--bytes", type=_positive_int, metavar="N", help="stop after N bytes")
     sp.add_argument("--duration", type=_positive_float, metavar="SECONDS",
                     help="stop after this many seconds")
     sp.add_argument("--rate", type=_positive_float, metavar="BYTES_PER_S",
                     help="total bytes/s across topics (default: as fast as possible)")
-    sp.add_argument("--entry-size", type=_positive_int, default=1024, metavar="BYTES",
-                    help="payload bytes per entry (default 1024)")
+    sp.add_argument("--entry-size", type=_entry_size, default=1024, metavar="BYTES",
+                    help=f"payload bytes per entry (default 1024, at most {MAX_ENTRY_SIZE:,})")
     _payload_args(sp, default_compression="none")
 
     sp = cmd("status", "per topic: failing or not, last error, lag, segments by state",

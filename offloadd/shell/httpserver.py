@@ -14,15 +14,20 @@ path        answer
 POST        close open segments now (``offloadd offload-now --url``), when an ``offload_now``
 /offload-   callable is given. JSON body, every key optional: ``{"topics": ["persistent://..."],
 now         "wait": true, "timeout_s": 300, "metadata": "zk://..."}``; answers ``{"ok": bool,
-            "results": [...]}``; ``409`` when ``metadata`` names another deployment than
-            this daemon's (``/status``'s ``metadata``): nothing is done.
+            "results": [...]}``. ``topics`` absent (or null) means every topic; an empty list
+            names none and is refused (400), as is any body that is not such an object
+            (malformed or too deeply nested JSON included). ``409`` when ``metadata`` names
+            another deployment than this daemon's (``/status``'s ``metadata``): nothing is done.
             Without ``control_token`` only loopback clients may call it (403 otherwise); with
             one, every caller must send ``Authorization: Bearer <token>`` (401 otherwise)
 ==========  =====================================================================================
 
 Binds to loopback by default (``[metrics] bind = "127.0.0.1:9105"``); listening on other
-interfaces must be asked for explicitly (``0.0.0.0:9105``). Lifecycle: ``UNOPENED`` →
-``start()`` → ``OPENED`` → ``stop()`` → ``CLOSED``; a stopped server is not restarted.
+interfaces must be asked for explicitly (``0.0.0.0:9105``). A malformed HTTP request (junk, a
+port scanner, TLS to the plain port) is logged as one WARNING line without a traceback, at most
+once a minute with the count of those not logged (:class:`_QuietServerLog`).
+Lifecycle: ``UNOPENED`` → ``start()`` → ``OPENED`` → ``stop()`` → ``CLOSED``; a stopped
+server is not restarted.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from offloadd.errors import ConfigError, OffloaddError
 from offloadd.metrics import Metrics
@@ -55,6 +61,45 @@ ReadyCheck = Callable[[], Awaitable[tuple[bool, str]]]
 OffloadNowFn = Callable[[list[str] | None, bool, float],
                         Awaitable[list[Mapping[str, Any]]]]
 _MAX_WAIT_S = 3600.0
+_BAD_REQUEST_LOG_EVERY_S = 60.0
+
+
+class _QuietServerLog:
+    """The ``logger`` aiohttp's request handler logs through. aiohttp logs every request it
+    cannot parse with ``logger.exception`` — an ERROR and a traceback per request, a flood for
+    anyone who reaches the port. Those become one WARNING line, at most one per
+    :data:`_BAD_REQUEST_LOG_EVERY_S` with the number left out; every other exception (a bug in
+    a handler) is still logged in full."""
+
+    def __init__(self, logger: logging.Logger) -> None:
+        self._log = logger
+        self._next = 0.0  # monotonic time from which the next bad request is logged
+        self._quiet = 0   # bad requests not logged since the last line
+
+    def exception(self, msg: str, *args: object, exc_info: object = True,
+                  **kw: Any) -> None:
+        if not isinstance(exc_info, HttpProcessingError):
+            self._log.exception(msg, *args, exc_info=exc_info, **kw)  # type: ignore[arg-type]
+            return
+        now = time.monotonic()
+        if now < self._next:
+            self._quiet += 1
+            return
+        more = f" ({self._quiet} more since the last such line)" if self._quiet else ""
+        self._quiet, self._next = 0, now + _BAD_REQUEST_LOG_EVERY_S
+        text = " ".join(str(exc_info.message or exc_info).split())[:200]
+        self._log.warning(msg % args + ": malformed HTTP request (%d %s)%s", exc_info.code,
+                          text, more)
+
+    def debug(self, msg: str, *args: object, **kw: Any) -> None:
+        kw.pop("exc_info", None)  # aiohttp's non-HTTP-traffic case: no traceback either
+        self._log.debug(msg, *args, **kw)
+
+    def warning(self, msg: str, *args: object, **kw: Any) -> None:
+        self._log.warning(msg, *args, **kw)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._log, name)
 
 
 class PortBusy(OffloaddError):
@@ -137,7 +182,8 @@ class MetricsServer:
         if self._offload_now is not None:
             app.router.add_post("/offload-now", self._handle_offload_now)
         # Scrapes every few seconds would flood the log; handle_signals: the daemon owns signals.
-        runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        runner = web.AppRunner(app, access_log=None, handle_signals=False,
+                               logger=_QuietServerLog(logging.getLogger("aiohttp.server")))
         await runner.setup()
         try:
             await self._listen(runner)
@@ -250,13 +296,21 @@ class MetricsServer:
         if refused is not None:
             return refused
         try:
-            body = await request.json() if request.can_read_body else {}
+            try:
+                body = await request.json() if request.can_read_body else {}
+            except RecursionError:  # json.loads of a deeply nested document
+                raise ValueError("the body is nested too deeply to be a request") from None
             if not isinstance(body, dict):
                 raise ValueError("the body must be a JSON object")
             topics = body.get("topics")
             if topics is not None and (not isinstance(topics, list)
                                        or not all(isinstance(t, str) for t in topics)):
                 raise ValueError('"topics" must be a list of topic names')
+            if topics == []:
+                # An empty list named no topic; closing every topic instead would do the
+                # most of all when the caller meant the least.
+                raise ValueError('"topics" is an empty list: name at least one topic, or '
+                                 'leave the key out for every topic')
             wait = body.get("wait", False)
             if not isinstance(wait, bool):
                 raise ValueError('"wait" must be true or false')
@@ -267,7 +321,7 @@ class MetricsServer:
             wrong = self._other_deployment(body.get("metadata"))
             if wrong is not None:
                 return wrong
-            results = await self._offload_now(topics or None, wait, float(timeout))
+            results = await self._offload_now(topics, wait, float(timeout))
         except ValueError as e:  # also malformed JSON (json.JSONDecodeError)
             return web.json_response({"ok": False, "error": str(e)}, status=400)
         ok = all(r.get("result") in ("committed", "triggered", "nothing") for r in results)

@@ -150,6 +150,17 @@ BAD: list[tuple[str, str | None, dict[str, str], str]] = [
      "[offload.max_size_per_segment_mbytes] must be a number"),
     ("not a boolean", "[metrics]\nenabled = \"maybe\"\n", {},
      "[metrics.enabled] must be true or false"),
+    # booleans and numbers are not interchangeable in the file (issue 23, item 11)
+    ("integer for a boolean", "[source]\nverify_crc = 0\n", {},
+     "[source.verify_crc] must be true or false, not 0"),
+    ("quoted boolean", "[source]\nverify_crc = \"false\"\n", {},
+     "[source.verify_crc] must be true or false, not the string 'false'"),
+    ("boolean for an integer", "[source]\nrollover_entries = true\n", {},
+     "[source.rollover_entries] must be an integer, not the boolean true"),
+    ("boolean for a number", "[offload]\nflow_permits_per_second = false\n", {},
+     "[offload.flow_permits_per_second] must be a number, not the boolean false"),
+    ("integer for a boolean-or-word", "[metrics]\ntopic_level = 1\n", {},
+     "[metrics.topic_level] must be true or false or 'auto', not 1"),
     ("negative buffer size", "[offload]\nbuffer_max_bytes = -1\n", {},
      "[offload.buffer_max_bytes] must be >= 1048576"),
     ("zero segment size", "[offload]\nmax_size_per_segment_mbytes = 0\n", {},
@@ -165,6 +176,23 @@ BAD: list[tuple[str, str | None, dict[str, str], str]] = [
      "[metadata.url] must be \"embedded:<dir>\" or \"zk://"),
     ("zk host without port", "[metadata]\nurl = \"zk://zk1/offloadd\"\n", {},
      "[metadata.url] zk:// host 'zk1' must be host:port"),
+    ("zk empty chroot after the slash", "[metadata]\nurl = \"zk://zk1:2181/\"\n", {},
+     "[metadata.url] zk:// chroot must be /name[/name...] without empty, '.' or '..' parts"),
+    ("zk chroot with ..", "[metadata]\nurl = \"zk://zk1:2181/a/../b\"\n", {},
+     "[metadata.url] zk:// chroot must be /name[/name...] without empty, '.' or '..' parts"),
+    ("zk chroot with .", "[metadata]\nurl = \"zk://zk1:2181/./b\"\n", {},
+     "[metadata.url] zk:// chroot must be /name[/name...] without empty, '.' or '..' parts"),
+    # config check refuses what every command would (issue 23, item 11)
+    ("S3 endpoint without a scheme", "[blobstore]\ndriver = \"aws-s3\"\n"
+     "endpoint = \"localhost:9000\"\n", {},
+     "[blobstore.endpoint] must be an http:// or https:// URL"),
+    ("S3 endpoint port out of range", "[blobstore]\nendpoint = \"http://minio:99999\"\n", {},
+     "[blobstore.endpoint] has a port that is not a number in 1..65535"),
+    ("read endpoint with a space", "[[blobstore.read_endpoints]]\n"
+     "url = \"http://minio 2:9000\"\n", {},
+     "[blobstore.read_endpoints.0.url] must be a URL without spaces"),
+    ("rest catalog without a URL", "[lakehouse]\ncatalog = \"rest\"\n", {},
+     "[lakehouse] catalog = \"rest\" needs catalog_uri"),
     ("bind without port", "[metrics]\nbind = \"localhost\"\n", {}, "[metrics.bind] must be "
      "\"host:port\""),
     ("bind port out of range", "[metrics]\nbind = \"0.0.0.0:70000\"\n", {}, "[metrics.bind]"),
@@ -256,6 +284,36 @@ def test_a_bad_configuration_gives_one_line_naming_the_key_and_exit_code_2(
     assert expected in line, line
     if not env:
         assert str(path) in line  # the file is named
+
+
+@pytest.mark.parametrize("text", ["1", "0", "true", "false", "yes", "no"])
+def test_the_environment_keeps_the_textual_forms_of_booleans(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, text: str) -> None:
+    monkeypatch.setenv("OFFLOADD_SOURCE__VERIFY_CRC", text)
+    path = write(tmp_path, "[source]\nverify_crc = true\n")
+    assert config.load(path).source.verify_crc is (text in ("1", "true", "yes"))
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize(("kind", "expected"), [
+    ("device", "/dev/zero: is a device or socket, not a config file"),
+    ("oversize", "larger than 16 MiB"),
+    ("latin-1", "not UTF-8 text (byte 0xe9 on line 2)"),
+])
+def test_a_config_file_is_bounded_utf8_text(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], kind: str, expected: str) -> None:
+    """Issue 23, item 11: --config /dev/zero grew to 13 GB; a Latin-1 file was a traceback."""
+    path = Path("/dev/zero")
+    if kind == "oversize":
+        path = tmp_path / "big.toml"
+        with path.open("wb") as fh:
+            fh.write(b"#" * (16 * 1024 * 1024 + 1))
+    elif kind == "latin-1":
+        path = tmp_path / "latin1.toml"
+        path.write_bytes(b'[daemon]\nlog_level = "INFO"  # caf\xe9\n')
+    rc, lines = check(path, capsys)
+    assert rc == 2
+    assert len(lines) == 1 and expected in lines[0], lines
 
 
 def test_the_table_has_at_least_twenty_cases() -> None:

@@ -352,6 +352,19 @@ ARG_CASES = [
     ("verify-orphan-grace-inf", ["verify", "--orphan-grace", "inf"], 2,
      r"--orphan-grace: inf is not a finite number"),
     ("offload-now-no-daemon", ["offload-now"], 1, r"no daemon pid file"),
+    # issue 23, item 11: ASCII digits only, and bounds on what sizes the process
+    ("from-arabic-indic-digits", ["read", "--topic", TOPIC, "--from", "\u0661\u0662:\u0660"],
+     2, r"--from: position .* is not of the form LEDGER:ENTRY"),
+    ("count-arabic-indic-digits", ["read", "--topic", TOPIC, "--count", "\u0661\u0662"], 2,
+     r"--count: '\u0661\u0662' is not a positive integer"),
+    ("duration-arabic-indic-digits", ["produce", "--topic", TOPIC, "--duration", "\u0661"], 2,
+     r"--duration: '\u0661' is not a number"),
+    ("produce-a-billion-topics", ["produce", "--topics", "1000000000", "--bytes", "1"], 2,
+     r"--topics: 1000000000 is more than the 100,000 topics allowed"),
+    ("standalone-entry-size-past-the-maximum",
+     ["standalone", "--entry-size", "10000000000000", "--duration", "1"], 2,
+     r"--entry-size: 10000000000000 is more than the 67,108,864 bytes per entry allowed"),
+    ("query-empty", ["query", ""], 2, r"argument sql: the query is empty"),
 ]
 
 
