@@ -22,28 +22,18 @@ from offloadd.model import Position, TopicName
 from offloadd.read.verify import verify
 from offloadd.shell.runtime import Runtime
 from tests.bookkeeper.conftest import Cluster
-from tests.bookkeeper.scale import ZkOps, find_zookeeper, populate, topic_names
+from tests.bookkeeper.scale import (
+    SCALE_CONFIG,
+    ZkOps,
+    find_zookeeper,
+    populate,
+    topic_names,
+)
 from tests.bookkeeper.test_e2e import dump_tasks
 
 pytestmark = [pytest.mark.integration]
 
-CONFIG = """
-[metadata]
-url = "{offloadd_url}"
-session_timeout_s = 10
-[source]
-kind = "bookkeeper"
-pulsar_zk = "{pulsar_url}"
-topics = ["persistent://public/*"]
-[blobstore]
-driver = "filesystem"
-path = "{tier}"
-[offload]
-max_size_per_segment_mbytes = 1
-max_segment_rollover_time_minutes = 0.02
-[metrics]
-enabled = false
-[daemon]
+CONFIG = SCALE_CONFIG + """[daemon]
 pid_file = "{tmp}/offloadd.pid"
 shutdown_deadline_s = 20
 """
