@@ -49,7 +49,6 @@ from tests.bookkeeper.cluster import FakePulsar  # noqa: E402
 from tests.bookkeeper.scale import (  # noqa: E402
     SCALE_CONFIG,
     ZkOps,
-    find_zookeeper,
     populate,
     topic_names,
 )
@@ -95,12 +94,7 @@ async def run_daemon(args: argparse.Namespace, zk: str, ends: dict[TopicName, Po
     ops = ZkOps()
     t0 = time.perf_counter()
     rt = await Runtime.open(config.load(cfg), ownership=Ownership())
-    ours = find_zookeeper(rt.metadata)
-    assert ours is not None, rt.metadata
-    ops.attach(ours, "offloadd")
-    src: Any = rt.source
-    await src._open()
-    ops.attach(src.zk._store, "pulsar")
+    src = await ops.attach_runtime(rt)
     daemon = asyncio.ensure_future(rt.daemon.run(install_signals=False))
     try:
         while True:

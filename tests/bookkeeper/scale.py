@@ -10,11 +10,14 @@ from __future__ import annotations
 import asyncio
 import collections
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from offloadd.metadata.zookeeper import ZooKeeperMetadataStore
 from offloadd.model import Position, TopicName
 from tests.bookkeeper.cluster import FakePulsar
+
+if TYPE_CHECKING:
+    from offloadd.shell.runtime import Runtime
 
 __all__ = [
     "READS", "SCALE_CONFIG", "SIDECAR_HEAD", "SMALL_SEGMENTS", "ZkOps", "find_zookeeper",
@@ -100,6 +103,17 @@ class ZkOps:
             return await inner(start, what, path)
 
         store.call = call  # type: ignore[method-assign]
+
+    async def attach_runtime(self, rt: Runtime) -> Any:
+        """Count both ZooKeeper stores of a sidecar runtime: ours as "offloadd", Pulsar's (opened
+        here, before the daemon runs) as "pulsar". Returns the runtime's source."""
+        ours = find_zookeeper(rt.metadata)
+        assert ours is not None, rt.metadata
+        self.attach(ours, "offloadd")
+        src: Any = rt.source
+        await src._open()
+        self.attach(src.zk._store, "pulsar")
+        return src
 
     def reset(self) -> None:
         self.counts.clear()

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -25,7 +24,6 @@ from tests.bookkeeper.conftest import Cluster
 from tests.bookkeeper.scale import (
     SCALE_CONFIG,
     ZkOps,
-    find_zookeeper,
     populate,
     topic_names,
 )
@@ -55,12 +53,7 @@ async def offload_all_then_idle(cluster: Cluster, tmp_path: Path, n: int,
                                  tier=tmp_path / "tier", tmp=tmp_path))
     rt = await Runtime.open(config.load(cfg), ownership=Ownership())
     ops = ZkOps()
-    ours = find_zookeeper(rt.metadata)
-    assert ours is not None
-    ops.attach(ours, "offloadd")
-    src: Any = rt.source
-    await src._open()
-    ops.attach(src.zk._store, "pulsar")
+    src = await ops.attach_runtime(rt)
     daemon = asyncio.ensure_future(rt.daemon.run(install_signals=False))
     try:
         try:
