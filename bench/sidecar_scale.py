@@ -46,27 +46,16 @@ from offloadd.metadata.zookeeper import ZooKeeperMetadataStore  # noqa: E402
 from offloadd.model import Position, TopicName  # noqa: E402
 from offloadd.shell.runtime import Runtime  # noqa: E402
 from tests.bookkeeper.cluster import FakePulsar  # noqa: E402
-from tests.bookkeeper.scale import ZkOps, find_zookeeper, populate, topic_names  # noqa: E402
+from tests.bookkeeper.scale import (  # noqa: E402
+    SCALE_CONFIG,
+    ZkOps,
+    populate,
+    topic_names,
+)
 from tests.fixtures.fake_bookie import FakeBookie  # noqa: E402
 from tests.fixtures.zookeeper import ZooKeeperServer  # noqa: E402
 
-CONFIG = """
-[metadata]
-url = "{offloadd_url}"
-session_timeout_s = 10
-[source]
-kind = "bookkeeper"
-pulsar_zk = "{pulsar_url}"
-topics = ["persistent://public/*"]
-[blobstore]
-driver = "filesystem"
-path = "{tier}"
-[offload]
-max_size_per_segment_mbytes = 1
-max_segment_rollover_time_minutes = 0.02
-[metrics]
-enabled = false
-[daemon]
+CONFIG = SCALE_CONFIG + """[daemon]
 log_level = "WARNING"
 pid_file = "{tmp}/offloadd.pid"
 """
@@ -105,12 +94,7 @@ async def run_daemon(args: argparse.Namespace, zk: str, ends: dict[TopicName, Po
     ops = ZkOps()
     t0 = time.perf_counter()
     rt = await Runtime.open(config.load(cfg), ownership=Ownership())
-    ours = find_zookeeper(rt.metadata)
-    assert ours is not None, rt.metadata
-    ops.attach(ours, "offloadd")
-    src: Any = rt.source
-    await src._open()
-    ops.attach(src.zk._store, "pulsar")
+    src = await ops.attach_runtime(rt)
     daemon = asyncio.ensure_future(rt.daemon.run(install_signals=False))
     try:
         while True:

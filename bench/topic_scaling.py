@@ -68,6 +68,10 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.procstat import cpu_ticks, rss_bytes  # noqa: E402
+
 MiB = 1024 * 1024
 PY = [sys.executable, "-m", "offloadd"]
 TICK = os.sysconf("SC_CLK_TCK")
@@ -127,24 +131,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def cpu_ticks(pid: int) -> int:
-    """utime + stime of ``pid`` in clock ticks (all its threads)."""
-    with open(f"/proc/{pid}/stat") as fh:
-        fields = fh.read().rsplit(")", 1)[1].split()
-    return int(fields[11]) + int(fields[12])  # fields 14 and 15 of proc(5), after "pid (comm)"
-
-
-def rss_bytes(pid: int) -> int:
-    try:
-        with open(f"/proc/{pid}/status") as fh:
-            for line in fh:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) * 1024
-    except FileNotFoundError:
-        pass
-    return 0
 
 
 class Aborted(Exception):

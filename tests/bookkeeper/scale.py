@@ -10,13 +10,53 @@ from __future__ import annotations
 import asyncio
 import collections
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from offloadd.metadata.zookeeper import ZooKeeperMetadataStore
 from offloadd.model import Position, TopicName
 from tests.bookkeeper.cluster import FakePulsar
 
-__all__ = ["READS", "ZkOps", "find_zookeeper", "populate", "topic_names"]
+if TYPE_CHECKING:
+    from offloadd.shell.runtime import Runtime
+
+__all__ = [
+    "READS", "SCALE_CONFIG", "SIDECAR_HEAD", "SMALL_SEGMENTS", "ZkOps", "find_zookeeper",
+    "populate", "topic_names",
+]
+
+# Config fragments the sidecar tests and benches share (``str.format`` fields left open). The
+# head ends inside ``[source]`` so each user adds its own topics and source keys.
+SIDECAR_HEAD = """
+[metadata]
+url = "{offloadd_url}"
+session_timeout_s = 10
+[source]
+kind = "bookkeeper"
+pulsar_zk = "{pulsar_url}"
+"""
+# the scale test and bench: every public topic, a filesystem tier, no metrics; [daemon] is theirs
+SCALE_CONFIG = SIDECAR_HEAD + """topics = ["persistent://public/*"]
+[blobstore]
+driver = "filesystem"
+path = "{tier}"
+[offload]
+max_size_per_segment_mbytes = 1
+max_segment_rollover_time_minutes = 0.02
+[metrics]
+enabled = false
+"""
+# the soak and pause tests: tiny segments and blocks, so a short run closes many of them; the
+# fragment continues ``[source]`` and ends inside ``[offload]``
+SMALL_SEGMENTS = """reads_in_flight = 32
+readahead_bytes = 262144
+[blobstore]
+driver = "filesystem"
+path = "{tier}"
+[offload]
+max_size_per_segment_mbytes = 0.06
+max_segment_rollover_time_minutes = 0.01
+max_block_size_bytes = 16384
+"""
 
 # what a ZooKeeperMetadataStore.call names its kazoo calls by; the rest are writes
 READS = frozenset({"get", "children", "exists"})
@@ -63,6 +103,17 @@ class ZkOps:
             return await inner(start, what, path)
 
         store.call = call  # type: ignore[method-assign]
+
+    async def attach_runtime(self, rt: Runtime) -> Any:
+        """Count both ZooKeeper stores of a sidecar runtime: ours as "offloadd", Pulsar's (opened
+        here, before the daemon runs) as "pulsar". Returns the runtime's source."""
+        ours = find_zookeeper(rt.metadata)
+        assert ours is not None, rt.metadata
+        self.attach(ours, "offloadd")
+        src: Any = rt.source
+        await src._open()
+        self.attach(src.zk._store, "pulsar")
+        return src
 
     def reset(self) -> None:
         self.counts.clear()

@@ -20,6 +20,7 @@ import pytest
 
 from offloadd.model import TopicName
 from tests.bookkeeper.conftest import open_cluster
+from tests.bookkeeper.scale import SMALL_SEGMENTS
 from tests.bookkeeper.test_soak import Daemon
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
@@ -39,16 +40,7 @@ topics = ["persistent://public/pause/*"]
 read_timeout_s = {read_timeout}
 bookie_connect_timeout_s = 1.0
 bookie_quarantine_s = 30
-reads_in_flight = 32
-readahead_bytes = 262144
-[blobstore]
-driver = "filesystem"
-path = "{tier}"
-[offload]
-max_size_per_segment_mbytes = 0.06
-max_segment_rollover_time_minutes = 0.01
-max_block_size_bytes = 16384
-[metrics]
+""" + SMALL_SEGMENTS + """[metrics]
 bind = "127.0.0.1:{port}"
 [daemon]
 pid_file = "{root}/offloadd.pid"

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -22,28 +21,17 @@ from offloadd.model import Position, TopicName
 from offloadd.read.verify import verify
 from offloadd.shell.runtime import Runtime
 from tests.bookkeeper.conftest import Cluster
-from tests.bookkeeper.scale import ZkOps, find_zookeeper, populate, topic_names
+from tests.bookkeeper.scale import (
+    SCALE_CONFIG,
+    ZkOps,
+    populate,
+    topic_names,
+)
 from tests.bookkeeper.test_e2e import dump_tasks
 
 pytestmark = [pytest.mark.integration]
 
-CONFIG = """
-[metadata]
-url = "{offloadd_url}"
-session_timeout_s = 10
-[source]
-kind = "bookkeeper"
-pulsar_zk = "{pulsar_url}"
-topics = ["persistent://public/*"]
-[blobstore]
-driver = "filesystem"
-path = "{tier}"
-[offload]
-max_size_per_segment_mbytes = 1
-max_segment_rollover_time_minutes = 0.02
-[metrics]
-enabled = false
-[daemon]
+CONFIG = SCALE_CONFIG + """[daemon]
 pid_file = "{tmp}/offloadd.pid"
 shutdown_deadline_s = 20
 """
@@ -65,12 +53,7 @@ async def offload_all_then_idle(cluster: Cluster, tmp_path: Path, n: int,
                                  tier=tmp_path / "tier", tmp=tmp_path))
     rt = await Runtime.open(config.load(cfg), ownership=Ownership())
     ops = ZkOps()
-    ours = find_zookeeper(rt.metadata)
-    assert ours is not None
-    ops.attach(ours, "offloadd")
-    src: Any = rt.source
-    await src._open()
-    ops.attach(src.zk._store, "pulsar")
+    src = await ops.attach_runtime(rt)
     daemon = asyncio.ensure_future(rt.daemon.run(install_signals=False))
     try:
         try:

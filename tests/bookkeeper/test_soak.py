@@ -68,6 +68,7 @@ from offloadd.model.keys import streaming_index_key
 from offloadd.read.reader import TierReader
 from tests.bookkeeper.cluster import FakePulsar, LedgerLife
 from tests.bookkeeper.conftest import Cluster, open_cluster
+from tests.bookkeeper.scale import SIDECAR_HEAD, SMALL_SEGMENTS
 from tests.bookkeeper.test_source import snapshot
 from tests.fixtures.fake_bookie import FakeBookie
 
@@ -78,27 +79,11 @@ _GAP = re.compile(r"^(?P<ledger>\d+):\d+\.\.before ")
 _COMMIT = re.compile(r"topic (?P<topic>\S+): segment (?P<uid>[0-9a-f-]{36}) offloaded:")
 OFFLOADD = [sys.executable, "-m", "offloadd"]
 
-CONFIG = """
-[metadata]
-url = "{offloadd_url}"
-session_timeout_s = 10
-[source]
-kind = "bookkeeper"
-pulsar_zk = "{pulsar_url}"
-topics = ["persistent://public/soak/*"]
+CONFIG = SIDECAR_HEAD + """topics = ["persistent://public/soak/*"]
 read_timeout_s = 1.0
 bookie_connect_timeout_s = 1.0
 bookie_quarantine_s = 3
-reads_in_flight = 32
-readahead_bytes = 262144
-[blobstore]
-driver = "filesystem"
-path = "{tier}"
-[offload]
-max_size_per_segment_mbytes = 0.06
-max_segment_rollover_time_minutes = 0.01
-max_block_size_bytes = 16384
-buffer_max_bytes = 4194304
+""" + SMALL_SEGMENTS + """buffer_max_bytes = 4194304
 retry_base_s = 0.2
 retry_max_s = 1.0
 [retention]

@@ -16,6 +16,22 @@ from typing import IO
 OFFLOADD = [sys.executable, "-m", "offloadd"]
 
 
+def zk_chroot(zk_server: str, name: str) -> str:
+    """Create ``/{name}-{pid}`` on ``zk_server`` and return it: a store of this test's own, which
+    exists (``status`` is read-only and refuses a store that does not exist yet)."""
+    from kazoo.client import KazooClient
+
+    chroot = f"/{name}-{os.getpid()}"
+    zk = KazooClient(hosts=zk_server)
+    zk.start(timeout=10)
+    try:
+        zk.ensure_path(chroot)
+    finally:
+        zk.stop()
+        zk.close()
+    return chroot
+
+
 def offloadd(args: list[str], cwd: Path, *, timeout: float = 60, check: bool = True,
              env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     p = subprocess.run([*OFFLOADD, *args], cwd=cwd, capture_output=True, text=True,

@@ -20,7 +20,7 @@ import pytest
 from offloadd import logs
 from tests.fixtures.s3 import MotoBucket, moto_server, s3_bucket
 from tests.fixtures.zookeeper import zk_server
-from tests.ops.support import DaemonProcess, committed_entries, offloadd, wait_for
+from tests.ops.support import DaemonProcess, committed_entries, offloadd, wait_for, zk_chroot
 
 __all__ = ["moto_server", "s3_bucket", "zk_server"]  # fixtures used below
 
@@ -296,16 +296,7 @@ def test_a_cli_command_on_zookeeper_at_debug_shows_no_form_of_the_password(
     """The whole path: the password in the environment, ``offloadd status`` at DEBUG."""
     password = HOSTILE_PASSWORDS[2] + HOSTILE_PASSWORDS[0] + HOSTILE_PASSWORDS[4]
     TOKENS[password] = [t for t in re.split(r"[^A-Za-z0-9]+", password) if len(t) >= 3]
-    from kazoo.client import KazooClient
-
-    chroot = f"/redact-cli-{os.getpid()}"
-    zk = KazooClient(hosts=zk_server)
-    zk.start(timeout=10)
-    try:  # status is read-only: it refuses a store that does not exist yet
-        zk.ensure_path(chroot)
-    finally:
-        zk.stop()
-        zk.close()
+    chroot = zk_chroot(zk_server, "redact-cli")
     cfg = tmp_path / "offloadd.toml"
     cfg.write_text(f'[metadata]\nurl = "zk://{zk_server}{chroot}"\n'
                    '[daemon]\nlog_level = "DEBUG"\nlog_format = "json"\n')

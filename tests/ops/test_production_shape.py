@@ -9,7 +9,6 @@ offload errors, zero ERROR lines, a clean SIGTERM, ``verify`` OK and every entry
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import time
 import urllib.request
@@ -20,7 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.fixtures.s3 import MotoBucket, moto_server, s3_bucket
 from tests.fixtures.zookeeper import zk_server
-from tests.ops.support import OFFLOADD, DaemonProcess, offloadd, wait_for
+from tests.ops.support import OFFLOADD, DaemonProcess, offloadd, wait_for, zk_chroot
 from tests.ops.test_offload_now import free_port
 
 __all__ = ["moto_server", "s3_bucket", "zk_server"]  # fixtures used below
@@ -68,16 +67,7 @@ def offload_now(cfg: Path, cwd: Path) -> None:
 
 def test_a_70s_daemon_life_in_production_shape(zk_server: str, s3_bucket: MotoBucket,
                                                 tmp_path: Path) -> None:
-    from kazoo.client import KazooClient
-
-    chroot = f"/production-shape-{os.getpid()}"
-    zk = KazooClient(hosts=zk_server)
-    zk.start(timeout=10)
-    try:
-        zk.ensure_path(chroot)
-    finally:
-        zk.stop()
-        zk.close()
+    chroot = zk_chroot(zk_server, "production-shape")
     port = free_port()
     url = f"http://127.0.0.1:{port}/metrics"
     cfg = tmp_path / "offloadd.toml"

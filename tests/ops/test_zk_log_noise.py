@@ -19,7 +19,7 @@ import pytest
 
 from offloadd import logs
 from tests.fixtures.zookeeper import zk_server
-from tests.ops.support import offloadd
+from tests.ops.support import offloadd, zk_chroot
 
 __all__ = ["zk_server"]  # fixture used below
 
@@ -124,16 +124,7 @@ async def test_kazoo_logs_warnings_only_unless_asked(
 def zk_config(zk_server: str, tmp_path: Path) -> Path:
     """A configuration on ZooKeeper with the shipped production log format (JSON), its
     store created (``status`` refuses one that does not exist)."""
-    from kazoo.client import KazooClient
-
-    chroot = f"/noise-cli-{os.getpid()}"
-    zk = KazooClient(hosts=zk_server)
-    zk.start(timeout=10)
-    try:
-        zk.ensure_path(chroot)
-    finally:
-        zk.stop()
-        zk.close()
+    chroot = zk_chroot(zk_server, "noise-cli")
     cfg = tmp_path / "offloadd.toml"
     cfg.write_text(f'[metadata]\nurl = "zk://{zk_server}{chroot}"\n'
                    '[daemon]\nlog_format = "json"\n[metrics]\nenabled = false\n')

@@ -4,7 +4,6 @@ last one, so a block longer than the fetched head is the normal case, not a trun
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 from pathlib import Path
 
@@ -18,7 +17,8 @@ from offloadd.model.keys import streaming_data_key, streaming_index_key
 from offloadd.offload.roller import RollPolicy
 from offloadd.read.check import read_back
 from offloadd.read.reader import TierReader
-from tests.offload.test_pipeline import TOPIC, Rig, _has_position, stop, until
+from tests.offload.test_pipeline import TOPIC, Rig
+from tests.read.support import offload_one_segment
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -45,18 +45,7 @@ async def offload_one_big_block(tmp: Path) -> tuple[Rig, Segment]:
     rig = Rig(tmp, RolloverPolicy(max_entries=100_000),
               RollPolicy(256 * MiB, 600, 64 * MiB), buffer_cap=64 * MiB)
     await rig.write(3 * 1024, size=1024)
-    off = rig.offloader()
-    task = asyncio.create_task(off.run())
-
-    async def committed() -> bool:
-        return any(s.complete for s in await rig.segments())
-
-    await until(lambda: _has_position(off))
-    off.trigger()
-    await until(committed, timeout=60)
-    await stop(task, off)
-    (seg,) = [s for s in await rig.segments() if s.complete]
-    return rig, seg
+    return rig, await offload_one_segment(rig, timeout=60)
 
 
 async def test_check_of_a_multi_mib_block_reads_only_its_head_and_passes(tmp_path: Path

@@ -11,24 +11,17 @@ from pathlib import Path
 
 import pytest
 
+import offloadd.format as fmt
 from offloadd.blobstore.memory import MemoryBlobStore
 from offloadd.errors import FormatError
-from offloadd.format import (
-    LedgerIndex,
-    SectionInput,
-    StreamingIndex,
-    build_ledger_metadata,
-    decode_index,
-    encode_ledger_index,
-    encode_streaming_index,
-)
 from offloadd.format.checksum import CHECKSUM_OFFSET
 from offloadd.ledger.local import RolloverPolicy
 from offloadd.model.catalog import Segment
 from offloadd.model.keys import streaming_data_key, streaming_index_key
 from offloadd.offload.roller import RollPolicy
 from offloadd.read.reader import TierReader
-from tests.offload.test_pipeline import TOPIC, Rig, _has_position, stop, until
+from tests.offload.test_pipeline import TOPIC, Rig, stop, until
+from tests.read.support import offload_one_segment
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -40,11 +33,11 @@ def test_a_streaming_index_records_checksums_in_a_field_pulsar_parses() -> None:
     from offloadd._proto.mldataformats_pb2 import ManagedLedgerInfo
     from offloadd.format._index import IndexEntry
 
-    sections = [SectionInput(7, 10, 100, 0, [IndexEntry(0, 1, 0)]),
-                SectionInput(8, 5, 50, 0, [IndexEntry(0, 2, 300)])]
-    plain = decode_index(encode_streaming_index(600, sections), "idx")
-    marked = decode_index(encode_streaming_index(600, sections, checksummed=True), "idx")
-    assert isinstance(plain, StreamingIndex) and isinstance(marked, StreamingIndex)
+    sections = [fmt.SectionInput(7, 10, 100, 0, [IndexEntry(0, 1, 0)]),
+                fmt.SectionInput(8, 5, 50, 0, [IndexEntry(0, 2, 300)])]
+    plain = fmt.decode_index(fmt.encode_streaming_index(600, sections), "idx")
+    marked = fmt.decode_index(fmt.encode_streaming_index(600, sections, checksummed=True), "idx")
+    assert isinstance(plain, fmt.StreamingIndex) and isinstance(marked, fmt.StreamingIndex)
     assert not plain.records_checksums and marked.records_checksums
     for s in marked.sections:  # what Pulsar does with the bytes: parse, build (required fields)
         info = ManagedLedgerInfo.LedgerInfo.FromString(s.ledger_info)
@@ -56,10 +49,10 @@ def test_a_streaming_index_records_checksums_in_a_field_pulsar_parses() -> None:
 def test_a_ledger_index_records_checksums_in_the_custom_metadata() -> None:
     from offloadd.format._index import IndexEntry
 
-    def index(custom: dict[str, bytes | str]) -> LedgerIndex:
-        meta = build_ledger_metadata(last_entry_id=3, length=40, custom_metadata=custom)
-        idx = decode_index(encode_ledger_index(500, meta, [IndexEntry(0, 1, 0)]), "idx")
-        assert isinstance(idx, LedgerIndex)
+    def index(custom: dict[str, bytes | str]) -> fmt.LedgerIndex:
+        meta = fmt.build_ledger_metadata(last_entry_id=3, length=40, custom_metadata=custom)
+        idx = fmt.decode_index(fmt.encode_ledger_index(500, meta, [IndexEntry(0, 1, 0)]), "idx")
+        assert isinstance(idx, fmt.LedgerIndex)
         return idx
 
     assert not index({"application": b"pulsar"}).records_checksums
@@ -71,28 +64,17 @@ async def offloaded(tmp: Path) -> tuple[Rig, Segment]:
     """One segment of 8 blocks (4 KiB blocks, one ledger) in a memory store."""
     rig = Rig(tmp, RolloverPolicy(max_entries=100_000), RollPolicy(1 << 20, 600, 4 * KiB))
     await rig.write(28)
-    off = rig.offloader()
-    task = asyncio.create_task(off.run())
-
-    async def committed() -> bool:
-        return any(s.complete for s in await rig.segments())
-
-    await until(lambda: _has_position(off))
-    off.trigger()
-    await until(committed)
-    await stop(task, off)
-    (seg,) = [s for s in await rig.segments() if s.complete]
-    return rig, seg
+    return rig, await offload_one_segment(rig)
 
 
-def forget_records(blob: MemoryBlobStore, seg: Segment) -> StreamingIndex:
+def forget_records(blob: MemoryBlobStore, seg: Segment) -> fmt.StreamingIndex:
     """Both objects without user metadata, the index re-encoded without its record: a pair
     as Pulsar writes it, or offloadd's older one whose metadata was lost."""
     ikey, dkey = streaming_index_key(seg.uid), streaming_data_key(seg.uid)
-    idx = decode_index(blob.objects[ikey].data, ikey)
-    assert isinstance(idx, StreamingIndex) and idx.records_checksums
-    raw = encode_streaming_index(idx.data_object_length, [
-        SectionInput(s.ledger_id, s.entries, s.size, s.timestamp, s.blocks)
+    idx = fmt.decode_index(blob.objects[ikey].data, ikey)
+    assert isinstance(idx, fmt.StreamingIndex) and idx.records_checksums
+    raw = fmt.encode_streaming_index(idx.data_object_length, [
+        fmt.SectionInput(s.ledger_id, s.entries, s.size, s.timestamp, s.blocks)
         for s in idx.sections])
     blob.objects[ikey] = dataclasses.replace(blob.objects[ikey], data=raw, metadata={})
     blob.objects[dkey] = dataclasses.replace(blob.objects[dkey], metadata={})
@@ -118,8 +100,8 @@ async def test_without_metadata_the_index_record_keeps_the_check(tmp_path: Path)
     for k in (key, streaming_index_key(seg.uid)):
         blob.objects[k] = dataclasses.replace(blob.objects[k], metadata={})
     assert await read(rig, seg) == rig.payloads
-    block = decode_index(blob.objects[streaming_index_key(seg.uid)].data, "i")
-    assert isinstance(block, StreamingIndex)
+    block = fmt.decode_index(blob.objects[streaming_index_key(seg.uid)].data, "i")
+    assert isinstance(block, fmt.StreamingIndex)
     at = block.sections[0].blocks[2].offset
     rot(blob, key, at + CHECKSUM_OFFSET, at + 128 + 12 + 3)  # the mark and a payload byte
     with pytest.raises(FormatError, match=r"\(block 3 at byte \d+\) at byte 36: block "
@@ -186,7 +168,7 @@ async def test_verify_reports_a_ledger_object_without_its_metadata(tmp_path: Pat
     seg = next(s for s in await rig.segments() if s.complete)
     ikey = f"{seg.uid}-ledger-{seg.ranges[0].ledger_id}-index"
     idx = await TierReader(rig.metadata, blob).index(ikey)
-    assert isinstance(idx, LedgerIndex) and idx.records_checksums
+    assert isinstance(idx, fmt.LedgerIndex) and idx.records_checksums
     blob.objects[ikey] = dataclasses.replace(blob.objects[ikey], metadata={})
     rep = await verify(rig.metadata, blob, wiring.local_view(rig.store.source),
                        [TOPIC], grace_s=0)

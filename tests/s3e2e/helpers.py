@@ -38,6 +38,18 @@ rollover_bytes = 1572864
 rollover_minutes = 0.25
 """
 
+# The damage tests' policy: one ledger, segments of many small blocks, so damage can hit a block
+# in the middle of a committed segment.
+BLOCKS_POLICY = """
+[offload]
+max_size_per_segment_mbytes = 1
+max_segment_rollover_time_minutes = 0.05
+max_block_size_bytes = 65536
+min_block_size_bytes = 0
+[source]
+rollover_bytes = 3000000
+"""
+
 
 def free_port() -> int:
     with socket.socket() as s:

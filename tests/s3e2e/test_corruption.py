@@ -32,6 +32,7 @@ from offloadd.model.catalog import Segment
 from offloadd.read.reader import TierReader
 from tests.fixtures.s3 import MotoBucket
 from tests.s3e2e.helpers import (
+    BLOCKS_POLICY,
     committed_uids,
     get_bytes,
     put_bytes,
@@ -44,15 +45,7 @@ from tests.s3e2e.helpers import (
 pytestmark = pytest.mark.integration
 
 TOPIC = "persistent://public/default/topic-0"
-POLICY = """
-[offload]
-max_size_per_segment_mbytes = 1
-max_segment_rollover_time_minutes = 0.05
-max_block_size_bytes = 65536
-min_block_size_bytes = 0
-[source]
-rollover_bytes = 3000000
-"""
+POLICY = BLOCKS_POLICY
 
 
 @dataclass(frozen=True)

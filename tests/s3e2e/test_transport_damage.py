@@ -28,22 +28,14 @@ from offloadd.model import TopicName, catalog
 from offloadd.read.reader import TierReader
 from tests.fixtures.faultproxy import FaultPlan, FaultProxy
 from tests.fixtures.s3 import MotoBucket, moto_server
-from tests.s3e2e.helpers import committed_uids, run, s3_config, source_crcs
+from tests.s3e2e.helpers import BLOCKS_POLICY, committed_uids, run, s3_config, source_crcs
 
 __all__ = ["moto_server"]
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
 TOPIC = "persistent://public/default/topic-0"
-POLICY = """
-[offload]
-max_size_per_segment_mbytes = 1
-max_segment_rollover_time_minutes = 0.05
-max_block_size_bytes = 65536
-min_block_size_bytes = 0
-[source]
-rollover_bytes = 3000000
-"""
+POLICY = BLOCKS_POLICY
 
 
 @dataclass(frozen=True)

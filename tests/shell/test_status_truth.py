@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import signal
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -66,6 +68,20 @@ shutdown_deadline_s = 5
 """
 
 
+@contextmanager
+def producing_daemon(tmp_path: Path, cfg: Path) -> Iterator[DaemonProcess]:
+    """``offloadd run`` on ``cfg`` once it is offloading a produced topic; closed on exit."""
+    d = DaemonProcess(tmp_path, cfg)
+    try:
+        d.wait_logged("offloadd ready")
+        offloadd(["produce", "--config", str(cfg), "--topic", TOPIC, "--bytes", "20000"],
+                 tmp_path)
+        d.wait_logged(f"offloading topic {TOPIC}")
+        yield d
+    finally:
+        d.close()
+
+
 @pytest.mark.integration
 @pytest.mark.timeout(120)
 def test_status_of_a_killed_daemon_is_not_ok(tmp_path: Path) -> None:
@@ -79,12 +95,7 @@ def test_status_of_a_killed_daemon_is_not_ok(tmp_path: Path) -> None:
         port = s.getsockname()[1]
     cfg = tmp_path / "offloadd.toml"
     cfg.write_text(CONFIG.format(port=port))
-    d = DaemonProcess(tmp_path, cfg)
-    try:
-        d.wait_logged("offloadd ready")
-        offloadd(["produce", "--config", str(cfg), "--topic", TOPIC, "--bytes", "20000"],
-                 tmp_path)
-        d.wait_logged(f"offloading topic {TOPIC}")
+    with producing_daemon(tmp_path, cfg) as d:
         offloadd(["offload-now", "--config", str(cfg), "--wait", "--timeout", "60"], tmp_path)
         alive = offloadd(["status", "--config", str(cfg), "--json"], tmp_path)
         assert json.loads(alive.stdout)["members"][0].get("alive") is True
@@ -97,8 +108,6 @@ def test_status_of_a_killed_daemon_is_not_ok(tmp_path: Path) -> None:
         j = offloadd(["status", "--config", str(cfg), "--json"], tmp_path, check=False)
         st = json.loads(j.stdout)
         assert j.returncode == 1 and st["members"][0]["alive"] is False
-    finally:
-        d.close()
 
 
 @pytest.mark.integration
@@ -115,12 +124,7 @@ def test_verify_fails_while_a_topic_is_stuck_failing(tmp_path: Path) -> None:
     cfg = tmp_path / "offloadd.toml"
     cfg.write_text(CONFIG.format(port=port) + '[blobstore]\npath = "tier-is-a-file/objects"\n'
                    "[offload]\nretry_base_s = 30\nretry_max_s = 30\n")
-    d = DaemonProcess(tmp_path, cfg)
-    try:
-        d.wait_logged("offloadd ready")
-        offloadd(["produce", "--config", str(cfg), "--topic", TOPIC, "--bytes", "20000"],
-                 tmp_path)
-        d.wait_logged(f"offloading topic {TOPIC}")
+    with producing_daemon(tmp_path, cfg) as d:
         offloadd(["offload-now", "--config", str(cfg), "--wait", "--timeout", "60"], tmp_path,
                  check=False)
         assert d.stop() == 0
@@ -128,8 +132,6 @@ def test_verify_fails_while_a_topic_is_stuck_failing(tmp_path: Path) -> None:
         assert p.returncode == 1, p.stdout + p.stderr
         assert "offload is failing: " in p.stdout, p.stdout
         assert "tier-is-a-file" in p.stdout and "verify: FAILED" in p.stdout
-    finally:
-        d.close()
 
 
 @pytest.mark.integration
