@@ -71,6 +71,8 @@ def test_standalone_streams_three_topics_that_verify_and_read_back(tmp_path: Pat
               tmp_path, timeout=180)
     summary = json.loads(out.stdout.strip().splitlines()[-1])
     assert summary["bytes_written"] >= 50_000_000
+    # issue 23 item 12: the summary is printed once (stdout), not repeated in the log
+    assert "bytes_written" not in out.stderr, out.stderr
     rep = json.loads(run(["verify", "--json"], tmp_path).stdout)
     assert rep["ok"], rep
     assert len(rep["topics"]) == 3 and rep["orphans"] == []

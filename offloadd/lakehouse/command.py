@@ -60,6 +60,9 @@ def _sql(text: str) -> str:
     return text
 
 
+_sql.__name__ = "SQL statement"  # argparse may name the type function in a refusal
+
+
 def cmd_query(settings: Settings, args: argparse.Namespace) -> int:
     from offloadd import lakehouse
 

@@ -148,7 +148,11 @@ class TierReader:
         self._cache_size = index_cache
 
     async def segments(self, topic: TopicName, *, committed_only: bool = True) -> list[Segment]:
-        info, _ = await managed_ledger.load(self.metadata, topic.managed_ledger)
+        try:
+            info, _ = await managed_ledger.load(self.metadata, topic.managed_ledger)
+        except NotFound as exc:
+            # the caller named a topic, not a metadata path: say which topic is missing
+            raise NotFound(f"topic {topic} does not exist: {exc}") from exc
         segs = catalog.segments(info)
         return [s for s in segs if s.complete] if committed_only else segs
 

@@ -32,8 +32,10 @@ MAX_ENTRY_SIZE = 64 * 1024 * 1024  # far above Pulsar's own 5 MiB default maxMes
 
 def _positive_int(text: str) -> int:
     # ASCII digits only: int() also takes "١٢", "1_000" and " 12 "
-    if not text.isascii() or not text.isdigit() or int(text) <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
+    if not text.isascii() or not text.isdigit() or (len(text) <= 30 and int(text) <= 0):
+        raise argparse.ArgumentTypeError(f"{text[:40]!r} is not a positive integer")
+    if len(text) > 30:  # over 4300 digits int() raises ValueError; no size or count has 30
+        raise argparse.ArgumentTypeError(f"{text[:20]}... ({len(text)} digits) is too large")
     return int(text)
 
 
@@ -129,6 +131,15 @@ def _common_options(sp: argparse.ArgumentParser, *, config_required: bool = Fals
                         "set-up under ./data)"))
     sp.add_argument("--log-level", choices=LOG_LEVELS, type=str.upper,
                     help="log verbosity on stderr (default: [daemon] log_level, INFO)")
+
+
+# argparse names a type function in some refusals ("invalid _positive_int value"): give each
+# the name a user reads, never the internal one
+for _fn, _name in ((_positive_int, "positive integer"), (_positive_float, "positive number"),
+                   (_finite, "number"), (_compressions, "compression list"),
+                   (_topic, "topic name"), (_position, "position"),
+                   (_non_negative_float, "non-negative number")):
+    _fn.__name__ = _name
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -10,7 +10,6 @@ is closed and committed, and the process exits 0 (also on SIGTERM/SIGINT).
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from collections.abc import Callable
@@ -139,7 +138,9 @@ async def _run_standalone(settings: Settings, *, duration: float | None, rate: f
         if problem is not None:  # a run that offloaded nothing did not do its job: exit 1
             summary["problem"] = problem
             log.error("standalone: %s", problem)
-        log.info("standalone finished: %s", json.dumps(summary))
+        # the summary itself goes to stdout once (the command prints it): not again in the log
+        log.info("standalone finished: %d bytes written, drained=%s",
+                 summary.get("bytes_written", 0), drained)
         return summary
     finally:
         await rt.close()

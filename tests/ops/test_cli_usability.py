@@ -201,3 +201,34 @@ def test_standalone_stops_on_the_first_sigterm_while_draining(tmp_path: Path) ->
     assert proc.returncode == 0
     summary = json.loads(out)
     assert summary["drained"] is None  # stopped by the signal, not drained
+
+
+def _type_functions(parser: argparse.ArgumentParser) -> list[tuple[str, str]]:
+    """(option, type function name) for every typed argument of every (sub)command."""
+    out: list[tuple[str, str]] = []
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                out += _type_functions(sub)
+        elif callable(action.type):
+            out.append((action.dest, getattr(action.type, "__name__", repr(action.type))))
+    return out
+
+
+def test_no_type_function_shows_an_internal_name() -> None:
+    # issue 23 item 12: argparse says "invalid <type.__name__> value" when a type function
+    # raises ValueError; "_positive_int" is no name for a user
+    names = _type_functions(cli.build_parser())
+    assert names and not [n for n in names if n[1].startswith("_")], names
+
+
+def test_a_huge_integer_is_refused_by_a_readable_message(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    # int() raises ValueError past 4300 digits: argparse then printed "invalid _positive_int"
+    with pytest.raises(SystemExit) as exc:
+        cli.build_parser().parse_args(["read", "--topic", "persistent://a/b/c", "--count",
+                                       "9" * 5000])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "--count: 99999999999999999999... (5000 digits) is too large" in err, err
+    assert "_positive_int" not in err

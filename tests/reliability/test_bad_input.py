@@ -323,6 +323,7 @@ ARG_CASES = [
     ("topic-non-persistent", ["read", "--topic", "non-persistent://a/b/c"], 2, r"is invalid"),
     ("topic-with-space", ["read", "--topic", "persistent://a/b/c d"], 2, r"is invalid"),
     ("topic-unknown", ["read", "--topic", "persistent://public/default/nope"], 1,
+     r"topic persistent://public/default/nope does not exist: .*"
      r"/managed-ledgers/public/default/persistent/nope does not exist"),
     ("verify-bad-topic", ["verify", "--topic", "a/b/c"], 2, r"is invalid"),
     ("produce-no-amount", ["produce", "--topic", TOPIC], 2, r"needs --bytes N or --duration S"),
