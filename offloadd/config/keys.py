@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any, get_args
 
 from pydantic import AliasChoices, BaseModel, SecretStr
@@ -33,6 +34,23 @@ def aliases_of(model: type[BaseModel]) -> dict[str, str]:
     return out
 
 
+def known_tables(data: dict[str, Any]
+                 ) -> Iterator[tuple[str, str | None, dict[str, Any], type[BaseModel], str]]:
+    """Each table of a config document that a settings model describes: (section, the name
+    inside a per-name section or None, the table, its model, how errors name it)."""
+    for section, table in data.items():
+        tm = table_model(section)
+        if tm is None or not isinstance(table, dict):
+            continue
+        model, nested = tm
+        if not nested:
+            yield section, None, table, model, section
+            continue
+        for name, sub in table.items():
+            if isinstance(sub, dict):
+                yield section, name, sub, model, f"{section}.{key_text(name)}"
+
+
 def canonical_keys(data: dict[str, Any]) -> dict[str, Any]:
     """Rename Pulsar's aliases to our snake_case keys, so an environment override of the
     snake_case key replaces a file's alias instead of clashing with it."""
@@ -49,16 +67,13 @@ def canonical_keys(data: dict[str, Any]) -> dict[str, Any]:
         return out
 
     out = dict(data)
-    for section, table in data.items():
-        tm = table_model(section)
-        if tm is None or not isinstance(table, dict):
-            continue
-        model, nested = tm
-        if nested:
-            out[section] = {k: rename(v, model, f"{section}.{key_text(k)}") if isinstance(v, dict)
-                            else v for k, v in table.items()}
+    for section, name, table, model, where in known_tables(data):
+        if name is None:
+            out[section] = rename(table, model, where)
         else:
-            out[section] = rename(table, model, section)
+            if out[section] is data[section]:
+                out[section] = dict(data[section])
+            out[section][name] = rename(table, model, where)
     return out
 
 

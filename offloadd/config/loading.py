@@ -14,7 +14,13 @@ from pydantic import BaseModel, ValidationError
 from pydantic_settings import SettingsError
 
 from offloadd.config.fields import key_text
-from offloadd.config.keys import aliases_of, canonical_keys, secret_keys, table_model
+from offloadd.config.keys import (
+    aliases_of,
+    canonical_keys,
+    known_tables,
+    secret_keys,
+    table_model,
+)
 from offloadd.config.settings import Settings
 from offloadd.errors import ConfigError
 
@@ -88,17 +94,8 @@ def check_toml_types(data: dict[str, Any]) -> None:
     off — and ``rollover_entries = true`` as 1; TOML has real booleans, so the file must use
     them. The environment is text and keeps its textual forms (``true``/``false``, ``1``/``0``,
     ``yes``/``no``), which the environment source passes as strings after this check."""
-    for section, table in data.items():
-        tm = table_model(section)
-        if tm is None or not isinstance(table, dict):
-            continue
-        model, nested = tm
-        if nested:
-            for name, sub in table.items():
-                if isinstance(sub, dict):
-                    _check_table(sub, model, f"{section}.{key_text(name)}")
-        else:
-            _check_table(table, model, section)
+    for _, _, table, model, where in known_tables(data):
+        _check_table(table, model, where)
 
 
 def _members(ann: Any) -> list[Any]:
