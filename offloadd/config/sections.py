@@ -94,6 +94,10 @@ class SourceSettings(Section):
         'is read over v3), the tail of open ledgers over v3; "v3": everything over v3')
     batch_reads: bool = Field(True, description="one request per run of entries where a "
                               "bookie supports batched reads (BookKeeper 4.17+)")
+    pulsar_policies: bool = Field(
+        True, description="apply the offload policies Pulsar keeps per namespace "
+        "(/admin/policies/<tenant>/<ns>: thresholds, deletion lag), watched; "
+        "docs/sidecar.md")
 
 
 class ReadEndpointSettings(Section):

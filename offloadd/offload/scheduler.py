@@ -68,8 +68,11 @@ class Scheduler:
                  policy: Callable[[TopicName], Callable[[], TopicPolicy]],
                  probe: Callable[[TopicName], TopicProbe | None],
                  settings: Callable[[], SchedulerSettings],
-                 on_gone: Callable[[TopicName], None] = lambda topic: None) -> None:
+                 on_gone: Callable[[TopicName], None] = lambda topic: None,
+                 prepare: Callable[[TopicName], Awaitable[None]] | None = None) -> None:
         self.env = env
+        # awaited before a topic starts: what its policy needs read first (Pulsar's policy)
+        self._prepare = prepare
         self.ownership = ownership
         self._wanted = wanted
         self._policy = policy
@@ -143,6 +146,8 @@ class Scheduler:
         if fence is None:
             return
         recorder = await self._recorder(topic, fence)
+        if self._prepare is not None:
+            await self._prepare(topic)
         off = TopicOffloader(topic, self.env, self._policy(topic), fence, self._probe(topic),
                              status=recorder)
         # every line the task logs carries its topic as a field (offloadd.logs)

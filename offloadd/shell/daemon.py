@@ -21,7 +21,7 @@ import signal
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +31,7 @@ from offloadd.blobstore.base import ConditionalWrites, StoreView, WriteFence
 from offloadd.commit.batch import CommitBatcher
 from offloadd.commit.ownership import Ownership
 from offloadd.config import Settings
+from offloadd.config.effective import EffectivePolicy
 from offloadd.errors import OffloaddError
 from offloadd.ledger.base import SourceView
 from offloadd.ledger.metered import MeteredSource, SourceReadProbe
@@ -48,6 +49,8 @@ from offloadd.offload.threshold import TailLog, Thresholds
 from offloadd.offload.throttle import Throttle
 from offloadd.offload.topic import OffloadEnv, TopicOffloader, TopicPolicy, TopicProbe
 from offloadd.retry import Backoff
+from offloadd.shell import policies
+from offloadd.shell.policies import PulsarPolicyView
 
 log = logging.getLogger(__name__)
 MiB = 1024 * 1024
@@ -99,8 +102,13 @@ class Daemon:
                  probe_factory: ProbeFactory | None = None,
                  on_buffer: Callable[[int, int], None] | None = None,
                  metrics: Metrics | None = None,
-                 discovery_interval_s: float = 1.0) -> None:
+                 discovery_interval_s: float = 1.0,
+                 pulsar_policies: PulsarPolicyView | None = None) -> None:
         self.settings = settings
+        # Pulsar's namespace policies (sidecar mode), a level of each topic's policy
+        self.pulsar_policies = pulsar_policies
+        if pulsar_policies is not None:
+            pulsar_policies.on_change = self._pulsar_policy_changed
         self.source = source.source
         self.source_view = source
         self.metadata = metadata
@@ -129,7 +137,8 @@ class Daemon:
         self.scheduler = Scheduler(
             env, ownership=ownership or Ownership(), wanted=self.wanted, policy=self._policy_fn,
             probe=probe_factory or (lambda topic: None), settings=self._scheduler_settings,
-            on_gone=self._forget)
+            on_gone=self._forget,
+            prepare=self._prepare_policy if pulsar_policies is not None else None)
         self._stop = asyncio.Event()
         self._discovery_interval = discovery_interval_s
         self.ready = False
@@ -172,9 +181,22 @@ class Daemon:
         return waited
 
     # ---- configuration -------------------------------------------------------------------
+    def effective(self, topic: TopicName) -> EffectivePolicy:
+        """``topic``'s offload policy over offloadd's levels and Pulsar's, with sources."""
+        return policies.effective(self.settings, topic, self.pulsar_policies)
+
+    async def _prepare_policy(self, topic: TopicName) -> None:
+        if self.pulsar_policies is not None:
+            await self.pulsar_policies.prepare(topic.ns)
+
+    def _pulsar_policy_changed(self, ns: str) -> None:
+        for t, r in self.topics.items():  # idle topics sleep long: let them see it now
+            if t.ns == ns:
+                r.offloader.wake.set()
+
     def policy(self, topic: TopicName) -> TopicPolicy:
         s = self.settings
-        p = s.policy_for(topic)
+        p = self.effective(topic).policy
         return TopicPolicy(RollPolicy(max_bytes=max(int(p.max_size_per_segment_mbytes * MiB), 1),
                                       max_age_s=p.max_segment_rollover_time_minutes * 60,
                                       max_block_size=p.max_block_size_bytes,
@@ -382,8 +404,10 @@ class Daemon:
             await asyncio.sleep(self.settings.retention.interval_s)
             log.debug("gc pass starting")
             try:
+                gcs = replace(wiring.gc_settings(self.settings), deletion_lag_ms=lambda t: (
+                    self.effective(t).policy.deletion_lag_ms))
                 report = await gc_pass(self.metadata, self.tier, self.source_view,
-                                       wiring.gc_settings(self.settings), now=time.time(),
+                                       gcs, now=time.time(),
                                        probe=self.metrics)
                 log.debug("gc pass done")
                 if not report.ok:

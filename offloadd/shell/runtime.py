@@ -21,6 +21,7 @@ from offloadd.metadata.base import MetadataStore, Sessions
 from offloadd.metrics import Metrics
 from offloadd.model import TopicName
 from offloadd.offload.scheduler import default_owner_id
+from offloadd.shell import policies
 from offloadd.shell.daemon import Daemon, record_conditional_writes
 from offloadd.shell.httpserver import MetricsServer
 
@@ -97,12 +98,16 @@ class Runtime:
             ownership = ClusterOwnership(metadata, owner_id, sessions=conn.sessions)
         if view.metrics is not None:  # e.g. the BookKeeper client's
             metrics.adopt(view.metrics)
+        pulsar = policies.open_pulsar_policies(settings, view.source)
         daemon = Daemon(settings, source=view, metadata=metadata, tier=tier,
                         ownership=ownership,
                         probe_factory=lambda t: metrics.topic(t.ns, str(t)),
-                        on_buffer=metrics.buffer, metrics=metrics)
-        return cls(settings, metadata, tier.store, view.source, daemon, local, metrics,
-                   tier=tier, view=view)
+                        on_buffer=metrics.buffer, metrics=metrics, pulsar_policies=pulsar)
+        rt = cls(settings, metadata, tier.store, view.source, daemon, local, metrics,
+                 tier=tier, view=view)
+        if pulsar is not None:
+            rt.extras.append(pulsar)
+        return rt
 
     async def start_metrics(self) -> None:
         """Serve /metrics, /healthz, /readyz and /status when ``[metrics] enabled``."""

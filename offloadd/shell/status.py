@@ -62,6 +62,7 @@ from offloadd.model.keys import (
 )
 from offloadd.model.losses import lost_ledgers
 from offloadd.offload.lag import committed_payload_bytes, measure
+from offloadd.shell.policies import policy_detail, policy_lines
 
 EXIT_OK, EXIT_FAILING, EXIT_DATA_LOST = 0, 1, 3
 
@@ -194,6 +195,10 @@ async def collect(settings: Settings, topics: Sequence[TopicName] | None = None,
         c = settings.cost
         prices = Prices(c.storage_per_gb_month, c.put_per_1000, c.get_per_1000)
         out_topics = await topics_status(md, src, names, now_ms, prices)
+        if topics:  # the detail view: each policy value and where it comes from
+            detail = await policy_detail(settings, src.source, names)
+            for t in out_topics:
+                t["policy"] = detail[t["topic"]]
         members = [_liveness(asdict(m)) for m in await cluster.read_members(md)]
         fence = await _conditional_writes(md)
         source = wiring.source_status(settings, src.source)
@@ -364,6 +369,8 @@ def _topic_lines(t: dict[str, Any], owner: str, currency: str = "USD") -> list[s
            f"last {last}{at}; {_lag_text(t.get('lag', {}))}{owner}"]
     if t.get("tier"):
         out.append("  " + _tier_text(t["tier"], currency))
+    if t.get("policy"):
+        out.extend(policy_lines(t["policy"]))
     if failing(t):
         error = (live or {}).get("last_error") or rec.get("last_error")
         if error:

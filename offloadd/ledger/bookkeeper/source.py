@@ -143,6 +143,11 @@ class BookKeeperLedgerSource:
             raise Fatal("the BookKeeper source is not connected")
         return self._zk
 
+    async def pulsar_zk(self) -> PulsarZooKeeper:
+        """The read-only session to Pulsar's metadata store, connected on first use (also
+        read for Pulsar's namespace policies: :mod:`offloadd.ledger.bookkeeper.policies`)."""
+        return await self._open()
+
     async def _open(self) -> PulsarZooKeeper:
         if self._zk is not None:
             return self._zk

@@ -1,0 +1,130 @@
+"""Pulsar's offload policies in the daemon and in ``status --topic`` (sidecar mode).
+
+The daemon asks :func:`effective` for a topic's policy on every roll decision: offloadd's
+levels with the watched Pulsar namespace policy between ``[namespaces."t/ns"]`` and
+``[offload]`` (:mod:`offloadd.config.effective`). ``status --topic`` reads the same nodes once
+(:func:`policy_detail`) and prints each value with its source (:func:`policy_lines`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
+
+from offloadd.config import Settings
+from offloadd.config.effective import EffectivePolicy, effective_policy
+from offloadd.errors import OffloaddError
+from offloadd.ledger.base import LedgerSource
+from offloadd.model import TopicName
+
+if TYPE_CHECKING:
+    from offloadd.ledger.bookkeeper.policies import NamespacePolicies, NamespacePolicy
+
+log = logging.getLogger(__name__)
+
+__all__ = ["PulsarPolicyView", "effective", "open_pulsar_policies", "policy_detail",
+           "policy_lines"]
+
+
+class PulsarPolicyView(Protocol):
+    """What the daemon needs of :class:`~offloadd.ledger.bookkeeper.policies.NamespacePolicies`."""
+
+    on_change: Callable[[str], None] | None
+
+    def get(self, ns: str) -> NamespacePolicy | None: ...
+
+    async def prepare(self, ns: str) -> None: ...
+
+
+def reads_pulsar_policies(settings: Settings) -> bool:
+    return settings.source.kind == "bookkeeper" and settings.source.pulsar_policies
+
+
+def effective(settings: Settings, topic: TopicName,
+              pulsar: PulsarPolicyView | None) -> EffectivePolicy:
+    """``topic``'s policy: offloadd's levels and, when watched, its namespace's Pulsar policy."""
+    state = pulsar.get(topic.ns) if pulsar is not None else None
+    if state is None or state.policy is None:
+        return effective_policy(settings, topic)
+    return effective_policy(settings, topic, state.policy, state.path)
+
+
+def open_pulsar_policies(settings: Settings, source: LedgerSource) -> NamespacePolicies | None:
+    """The daemon's watcher of Pulsar's namespace policies, on the BookKeeper source's session
+    (None: not sidecar mode, or ``[source] pulsar_policies = false``). Watches are armed as
+    namespaces' first topics start."""
+    if not reads_pulsar_policies(settings):
+        return None
+    from offloadd.ledger.bookkeeper import BookKeeperLedgerSource
+    from offloadd.ledger.bookkeeper.policies import NamespacePolicies
+
+    if not isinstance(source, BookKeeperLedgerSource):
+        return None
+    return NamespacePolicies(source.pulsar_zk)
+
+
+async def policy_detail(settings: Settings, source: LedgerSource,
+                        topics: Sequence[TopicName]) -> dict[str, dict[str, Any]]:
+    """Each topic's effective policy with each value's source (``status --topic``): one read
+    of each namespace's Pulsar policy node, no watch."""
+    states: dict[str, NamespacePolicy | None] = {}
+    errors: dict[str, str] = {}
+    if reads_pulsar_policies(settings):
+        from offloadd.ledger.bookkeeper import BookKeeperLedgerSource
+        from offloadd.ledger.bookkeeper.policies import read_namespace_policy
+
+        if isinstance(source, BookKeeperLedgerSource):
+            for ns in sorted({t.ns for t in topics}):
+                try:
+                    states[ns] = await read_namespace_policy(await source.pulsar_zk(), ns)
+                except OffloaddError as exc:
+                    errors[ns] = f"Pulsar's namespace policy not read: {exc}"
+    out: dict[str, dict[str, Any]] = {}
+    for topic in topics:
+        state = states.get(topic.ns)
+        if state is None or state.policy is None:
+            eff = effective_policy(settings, topic)
+        else:
+            eff = effective_policy(settings, topic, state.policy, state.path)
+        doc = eff.to_json()
+        problem = errors.get(topic.ns) or (state.error and f"{state.path}: {state.error}"
+                                          if state is not None else None)
+        if problem:
+            doc["pulsar_error"] = problem
+        out[str(topic)] = doc
+    return out
+
+
+def _size(n: int) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale:
+            return f"{n / scale:g} {unit}"
+    return f"{n} B"
+
+
+def _duration(seconds: float) -> str:
+    for unit, scale in (("h", 3600), ("min", 60)):
+        if seconds >= scale and seconds % scale == 0:
+            return f"{seconds / scale:g} {unit}"
+    return f"{seconds:g} s"
+
+
+def policy_lines(doc: dict[str, Any]) -> list[str]:
+    """``status --topic`` text: the mapped values, each with its source."""
+    def one(key: str, text: str) -> str:
+        return f"{text} ({doc[key]['source']})"
+
+    nbytes = doc["threshold_bytes"]["value"]
+    seconds = doc["threshold_seconds"]["value"]
+    lag = doc["deletion_lag_ms"]["value"]
+    rp = doc["read_priority"]
+    lines = ["  policy: " + "; ".join([
+        one("threshold_bytes", "threshold " + (_size(nbytes) if nbytes >= 0 else "none")),
+        one("threshold_seconds",
+            "age threshold " + (_duration(seconds) if seconds >= 0 else "none")),
+        one("deletion_lag_ms", f"deletion lag {_duration(lag / 1000)}"),
+        f"read priority {rp['value']} ({rp['source']}; not used by offloadd)"])]
+    if doc.get("pulsar_error"):
+        lines.append(f"  policy warning: {doc['pulsar_error']}")
+    return lines

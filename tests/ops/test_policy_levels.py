@@ -1,0 +1,93 @@
+"""Which level sets each offload policy value, with Pulsar's namespace policy among offloadd's
+(pure: :func:`offloadd.config.effective.effective_policy`)::
+
+    [topics."..."]  >  [namespaces."t/ns"]  >  Pulsar namespace policy  >  [offload]  >  default
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from offloadd.config import Settings
+from offloadd.config.effective import PULSAR_FIELDS, effective_policy, pulsar_level
+from offloadd.metadata.pulsar_policies import PulsarOffloadPolicy
+from offloadd.model import TopicName
+
+TOPIC = TopicName.parse("persistent://t/ns/x")
+WHERE = "/admin/policies/t/ns"
+TOPIC_LEVEL = 'offloadd.toml [topics."persistent://t/ns/x"]'
+NS_LEVEL = 'offloadd.toml [namespaces."t/ns"]'
+PULSAR_LEVEL = f"pulsar namespace policy {WHERE}"
+OFFLOAD_LEVEL = "offloadd.toml [offload]"
+
+values = {
+    "threshold_bytes": st.none() | st.integers(-1, 2**40),
+    "threshold_seconds": st.none() | st.integers(-1, 10**6).map(float),
+    "deletion_lag_ms": st.none() | st.integers(0, 10**10),
+}
+level = st.fixed_dictionaries({k: v for k, v in values.items()})
+pulsar = st.none() | st.builds(
+    PulsarOffloadPolicy, st.none() | st.integers(-5, 2**40), st.none() | st.integers(-5, 10**6),
+    st.none() | st.integers(-5, 10**10),
+    st.none() | st.sampled_from(["bookkeeper-first", "tiered-storage-first"]))
+
+
+def _set(d: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in d.items() if v is not None}
+
+
+def _settings(topic: dict[str, Any], ns: dict[str, Any], off: dict[str, Any]) -> Settings:
+    return Settings(offload=_set(off), namespaces={"t/ns": _set(ns)},  # type: ignore[arg-type]
+                    topics={str(TOPIC): _set(topic)})
+
+
+@settings(max_examples=300, deadline=None)
+@given(level, level, level, pulsar)
+def test_each_value_comes_from_the_most_specific_level_that_sets_it(
+        topic: dict[str, Any], ns: dict[str, Any], off: dict[str, Any],
+        p: PulsarOffloadPolicy | None) -> None:
+    s = _settings(topic, ns, off)
+    eff = effective_policy(s, TOPIC, p, WHERE)
+    mapped = pulsar_level(p) if p is not None else {}
+    defaults = Settings().offload
+    for key in PULSAR_FIELDS:
+        want = next(((v[key], name) for name, v in (
+            (TOPIC_LEVEL, topic), (NS_LEVEL, ns), (PULSAR_LEVEL, mapped), (OFFLOAD_LEVEL, off))
+            if v.get(key) is not None), (getattr(defaults, key), "default"))
+        assert (getattr(eff.policy, key), eff.sources[key]) == want, key
+    if p is None:  # offloadd's own levels only: exactly what it always resolved
+        assert eff.policy == s.policy_for(TOPIC)
+    rp = eff.read_priority
+    if p is not None and p.read_priority is not None:
+        assert (rp.value, rp.source) == (p.read_priority, PULSAR_LEVEL)
+    else:
+        assert (rp.value, rp.source) == ("tiered-storage-first", "default")
+
+
+def test_pulsar_values_onto_offloadd_fields() -> None:
+    # thresholds as they are (negative: none); a negative lag (Pulsar: never delete by lag)
+    # is not applied, the next level's is
+    assert pulsar_level(PulsarOffloadPolicy(1 << 30, 3600, 60_000)) == {
+        "threshold_bytes": 1 << 30, "threshold_seconds": 3600.0, "deletion_lag_ms": 60_000}
+    assert pulsar_level(PulsarOffloadPolicy(-7, -2, -1)) == {
+        "threshold_bytes": -1, "threshold_seconds": -1.0}
+    assert pulsar_level(PulsarOffloadPolicy(read_priority="bookkeeper-first")) == {}
+
+
+def test_the_sources_as_status_shows_them() -> None:
+    s = Settings(offload={"threshold_seconds": 30},  # type: ignore[arg-type]
+                 namespaces={"t/ns": {"deletion_lag_ms": 5}})  # type: ignore[dict-item]
+    eff = effective_policy(s, TOPIC, PulsarOffloadPolicy(1 << 30, 600, 9, "bookkeeper-first"),
+                           WHERE)
+    assert eff.to_json() == {
+        "threshold_bytes": {"value": 1 << 30, "source": PULSAR_LEVEL},
+        "threshold_seconds": {"value": 600.0, "source": PULSAR_LEVEL},
+        "deletion_lag_ms": {"value": 5, "source": NS_LEVEL},
+        "read_priority": {"value": "bookkeeper-first", "source": PULSAR_LEVEL,
+                          "applied": False}}
+    plain = effective_policy(s, TopicName.parse("persistent://t/other/y"))
+    assert plain.sources == {**plain.sources, "threshold_seconds": OFFLOAD_LEVEL,
+                             "threshold_bytes": "default", "deletion_lag_ms": "default"}
