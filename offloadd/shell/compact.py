@@ -16,6 +16,7 @@ import socket
 import time
 import uuid
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 from offloadd import wiring
@@ -53,14 +54,18 @@ def merge_settings(settings: Settings, topic: TopicName,
 async def compact_once(settings: Settings, topic: TopicName, metadata: MetadataStore,
                        tier: StoreView, fence: Fence, *, acquire: Acquire | None = None,
                        target_bytes: int | None = None, max_groups: int | None = None,
-                       sizes: dict[uuid.UUID, int] | None = None) -> MergeReport:
+                       sizes: dict[uuid.UUID, int] | None = None,
+                       deletion_lag_ms: int | None = None) -> MergeReport:
     """One merge pass over ``topic`` under ``fence`` (its owner's); ``sizes`` as
-    :func:`~offloadd.offload.merge.compact_topic` takes it."""
+    :func:`~offloadd.offload.merge.compact_topic` takes it; ``deletion_lag_ms``: the topic's
+    effective lag when the caller knows more levels than the file's (the daemon: Pulsar's)."""
     uploads = Uploads(tier.store, topic.managed_ledger, settings.offload.blocks_in_flight,
                       acquire, part_size=settings.blobstore.part_size_bytes)
     reader = TierReader(metadata, tier.store)
-    return await compact_topic(topic, metadata, reader, uploads, fence,
-                               merge_settings(settings, topic, target_bytes),
+    merge = merge_settings(settings, topic, target_bytes)
+    if deletion_lag_ms is not None:
+        merge = replace(merge, deletion_lag_ms=deletion_lag_ms)
+    return await compact_topic(topic, metadata, reader, uploads, fence, merge,
                                wall_ms=lambda: int(time.time() * 1000), max_groups=max_groups,
                                sizes=sizes)
 

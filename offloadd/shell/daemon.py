@@ -454,7 +454,8 @@ class Daemon:
                     rep = await compact_once(
                         self.settings, topic, self.metadata, self.tier, running.offloader.fence,
                         acquire=acquire, max_groups=self.settings.compact.max_merges_per_pass,
-                        sizes=sizes.setdefault(topic, {}))
+                        sizes=sizes.setdefault(topic, {}),
+                        deletion_lag_ms=self.effective(topic).policy.deletion_lag_ms)
                 except OffloaddError as exc:  # Fenced included: the topic moved on
                     log.warning("topic %s: merge pass failed (tried again next interval): %s",
                                 topic, exc)

@@ -126,7 +126,12 @@ class NamespacePolicies:
         if new.error is not None:
             log.warning("Pulsar's offload policy node %s is malformed: %s", new.path, new.error)
         elif old is None:
-            if new.policy is not None and not new.policy.empty:
+            if node is None:  # Pulsar writes it when it creates the namespace
+                log.warning("namespace %s: no Pulsar policy node %s; only offloadd's own "
+                            "levels apply (if Pulsar's configuration store is not [source] "
+                            "pulsar_zk, its policies are not read: docs/sidecar.md)", ns,
+                            new.path)
+            elif new.policy is not None and not new.policy.empty:
                 log.info("namespace %s: Pulsar's offload policy (%s): %s", ns, new.path,
                          new.policy.describe())
         elif old.policy != new.policy:
