@@ -107,6 +107,7 @@ class Daemon:
         self.settings = settings
         # Pulsar's namespace policies (sidecar mode), a level of each topic's policy
         self.pulsar_policies = pulsar_policies
+        self._effective = policies.EffectivePolicies(pulsar_policies)
         if pulsar_policies is not None:
             pulsar_policies.on_change = self._pulsar_policy_changed
         self.source = source.source
@@ -161,6 +162,7 @@ class Daemon:
         return r.offloader.probe if r is not None else None
 
     def _forget(self, topic: TopicName) -> None:
+        self._effective.forget(topic)
         if self.metrics is not None:
             self.metrics.forget_topic(topic.ns, str(topic))
 
@@ -183,7 +185,7 @@ class Daemon:
     # ---- configuration -------------------------------------------------------------------
     def effective(self, topic: TopicName) -> EffectivePolicy:
         """``topic``'s offload policy over offloadd's levels and Pulsar's, with sources."""
-        return policies.effective(self.settings, topic, self.pulsar_policies)
+        return self._effective.get(self.settings, topic)
 
     async def _prepare_policy(self, topic: TopicName) -> None:
         if self.pulsar_policies is not None:

@@ -91,3 +91,38 @@ def test_the_sources_as_status_shows_them() -> None:
     plain = effective_policy(s, TopicName.parse("persistent://t/other/y"))
     assert plain.sources == {**plain.sources, "threshold_seconds": OFFLOAD_LEVEL,
                              "threshold_bytes": "default", "deletion_lag_ms": "default"}
+
+
+class _Watched:
+    """A stand-in for the watcher's view: the state object is replaced on each change."""
+
+    on_change = None
+
+    def __init__(self) -> None:
+        from offloadd.ledger.bookkeeper.policies import NamespacePolicy
+
+        self.state = NamespacePolicy(WHERE, PulsarOffloadPolicy(threshold_bytes=100))
+
+    def get(self, ns: str) -> Any:
+        return self.state if ns == "t/ns" else None
+
+    async def prepare(self, ns: str) -> None:
+        return None
+
+
+def test_the_daemon_memo_follows_reloads_and_pulsar_changes() -> None:
+    from offloadd.ledger.bookkeeper.policies import NamespacePolicy
+    from offloadd.shell.policies import EffectivePolicies
+
+    watched = _Watched()
+    memo = EffectivePolicies(watched)
+    s = Settings()
+    first = memo.get(s, TOPIC)
+    assert first.policy.threshold_bytes == 100 and memo.get(s, TOPIC) is first
+    reloaded = Settings(topics={str(TOPIC): {"threshold_bytes": 7}})  # type: ignore[dict-item]
+    assert memo.get(reloaded, TOPIC).policy.threshold_bytes == 7
+    watched.state = NamespacePolicy(WHERE, PulsarOffloadPolicy(threshold_bytes=200))
+    assert memo.get(s, TOPIC).policy.threshold_bytes == 200
+    assert memo.get(s, TOPIC).sources["threshold_bytes"] == PULSAR_LEVEL
+    memo.forget(TOPIC)
+    assert memo.get(s, TOPIC).policy.threshold_bytes == 200
