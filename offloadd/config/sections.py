@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 
 from offloadd.config.fields import MiB, Section, alias, http_url, topic_keys
 
@@ -98,6 +98,22 @@ class SourceSettings(Section):
         True, description="apply the offload policies Pulsar keeps per namespace "
         "(/admin/policies/<tenant>/<ns>: thresholds, deletion lag), watched; "
         "docs/sidecar.md")
+    pulsar_configuration_zk: str | None = Field(
+        None, description="Pulsar's configuration store (its configurationMetadataStoreUrl) "
+        "when it is not pulsar_zk: where the namespace policies are read (same credentials)")
+
+    @field_validator("pulsar_configuration_zk")
+    @classmethod
+    def _check_configuration_zk(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        if not v.startswith("zk://"):
+            raise ValueError('must be "zk://host:port[,host:port...][/chroot]"')
+        try:  # the same rules as [metadata] url's
+            MetadataSettings(url=v)
+        except ValidationError as exc:
+            raise ValueError(str(exc.errors()[0]["msg"]).removeprefix("Value error, ")) from None
+        return v
 
 
 class ReadEndpointSettings(Section):

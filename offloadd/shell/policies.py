@@ -19,7 +19,11 @@ from offloadd.ledger.base import LedgerSource
 from offloadd.model import TopicName
 
 if TYPE_CHECKING:
-    from offloadd.ledger.bookkeeper.policies import NamespacePolicies, NamespacePolicy
+    from offloadd.ledger.bookkeeper.policies import (
+        ConfigurationStore,
+        NamespacePolicies,
+        NamespacePolicy,
+    )
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +87,24 @@ def open_pulsar_policies(settings: Settings, source: LedgerSource) -> NamespaceP
 
     if not isinstance(source, BookKeeperLedgerSource):
         return None
-    return NamespacePolicies(source.pulsar_zk)
+    store = configuration_store(settings, source)
+    if store is None:
+        return NamespacePolicies(source.pulsar_zk)
+    return NamespacePolicies(store, close_zk=store.close)
+
+
+def configuration_store(settings: Settings, source: Any) -> ConfigurationStore | None:
+    """A session of its own to ``[source] pulsar_configuration_zk``, with the source's
+    credentials and timeouts (None: the policies are read on the source's session);
+    ``ConfigError`` for a bad URL."""
+    url = settings.source.pulsar_configuration_zk
+    if not url:
+        return None
+    from offloadd.ledger.bookkeeper.policies import ConfigurationStore
+
+    o = source.options
+    return ConfigurationStore(url, session_timeout_s=o.session_timeout_s,
+                              connect_timeout_s=o.connect_timeout_s, auth=o.zk_auth)
 
 
 async def policy_detail(settings: Settings, source: LedgerSource,
@@ -97,11 +118,17 @@ async def policy_detail(settings: Settings, source: LedgerSource,
         from offloadd.ledger.bookkeeper.policies import read_namespace_policy
 
         if isinstance(source, BookKeeperLedgerSource):
-            for ns in sorted({t.ns for t in topics}):
-                try:
-                    states[ns] = await read_namespace_policy(await source.pulsar_zk(), ns)
-                except OffloaddError as exc:
-                    errors[ns] = f"Pulsar's namespace policy not read: {exc}"
+            store = configuration_store(settings, source)
+            try:
+                for ns in sorted({t.ns for t in topics}):
+                    try:
+                        zk = await (store() if store is not None else source.pulsar_zk())
+                        states[ns] = await read_namespace_policy(zk, ns)
+                    except OffloaddError as exc:
+                        errors[ns] = f"Pulsar's namespace policy not read: {exc}"
+            finally:
+                if store is not None:
+                    await store.close()
     out: dict[str, dict[str, Any]] = {}
     for topic in topics:
         state = states.get(topic.ns)

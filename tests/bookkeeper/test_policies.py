@@ -183,3 +183,34 @@ async def test_pulsar_policies_off(cluster: Cluster, tmp_path: Path) -> None:
         assert rt.daemon.policy(TOPIC).thresholds.bytes is None
     finally:
         await rt.close()
+
+
+async def test_a_separate_configuration_store(cluster: Cluster, tmp_path: Path) -> None:
+    """Pulsar's configuration store on another ZooKeeper (here: another chroot of the test's):
+    ``[source] pulsar_configuration_zk`` is where the namespace policies are read."""
+    from offloadd.metadata.zookeeper import ZooKeeperMetadataStore
+
+    global_url = cluster.pulsar_url.replace("/pulsar-", "/pulsar-global-")
+    writer = await ZooKeeperMetadataStore.open(global_url, session_timeout_s=4.0,
+                                               connect_timeout_s=10.0)
+    await writer.create(NS_NODE, namespace_policies(offload_policies(threshold_seconds=3600)))
+    await cluster.pulsar.append(TOPIC, [b"x"])
+    cfg = tmp_path / "offloadd.toml"
+    cfg.write_text(CONFIG.format(offloadd_url=cluster.offloadd_url,
+                                 pulsar_url=cluster.pulsar_url, tier=tmp_path / "tier",
+                                 tmp=tmp_path).replace(
+        'kind = "bookkeeper"',
+        f'kind = "bookkeeper"\npulsar_configuration_zk = "{global_url}"'))
+    settings = config.load(cfg)
+    rt = await Runtime.open(settings, ownership=Ownership())
+    daemon = asyncio.ensure_future(rt.daemon.run(install_signals=False))
+    try:
+        await until(lambda: TOPIC in rt.daemon.topics, "the topic to start", 30)
+        assert rt.daemon.policy(TOPIC).thresholds.seconds == 3600
+        text = render_text(await collect(settings, [TOPIC]))
+        assert f"age threshold 1 h (pulsar namespace policy {NS_NODE})" in text, text
+    finally:
+        rt.daemon.request_stop()
+        await asyncio.gather(daemon, return_exceptions=True)
+        await rt.close()
+        await writer.close()

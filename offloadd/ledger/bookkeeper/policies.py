@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
-from offloadd.errors import FormatError, NotFound, OffloaddError
+from offloadd.errors import ConfigError, FormatError, NotFound, OffloaddError
 from offloadd.ledger.bookkeeper.zk import PulsarZooKeeper
 from offloadd.metadata.base import Versioned
 from offloadd.metadata.pulsar_policies import (
@@ -29,11 +29,11 @@ from offloadd.metadata.pulsar_policies import (
     namespace_policies_path,
     parse_namespace_policies,
 )
-from offloadd.metadata.zookeeper import Watch
+from offloadd.metadata.zookeeper import Watch, ZooKeeperUrl
 
 log = logging.getLogger(__name__)
 
-__all__ = ["NamespacePolicies", "NamespacePolicy", "read_namespace_policy"]
+__all__ = ["ConfigurationStore", "NamespacePolicies", "NamespacePolicy", "read_namespace_policy"]
 
 RETRY_S = 5.0  # a watch that could not be armed (session down) is tried again this often
 
@@ -69,13 +69,47 @@ async def read_namespace_policy(zk: PulsarZooKeeper, ns: str) -> NamespacePolicy
     return _state(path, node, None)
 
 
+class ConfigurationStore:
+    """A read-only session of its own to Pulsar's configuration store, for when it is not the
+    ZooKeeper of ``[source] pulsar_zk`` (``[source] pulsar_configuration_zk``): opened on first
+    use; :meth:`close` ends it."""
+
+    def __init__(self, url: str, *, session_timeout_s: float = 10.0,
+                 connect_timeout_s: float = 15.0,
+                 auth: Sequence[tuple[str, str]] = ()) -> None:
+        try:
+            ZooKeeperUrl.parse(url)
+        except ValueError as exc:
+            raise ConfigError(f"[source] pulsar_configuration_zk: {exc}") from None
+        self.url = url
+        self._opts = (session_timeout_s, connect_timeout_s, tuple(auth))
+        self._zk: PulsarZooKeeper | None = None
+        self._lock = asyncio.Lock()
+
+    async def __call__(self) -> PulsarZooKeeper:
+        async with self._lock:
+            if self._zk is None:
+                timeout, connect, auth = self._opts
+                self._zk = await PulsarZooKeeper.open(self.url, session_timeout_s=timeout,
+                                                      connect_timeout_s=connect, auth=auth)
+            return self._zk
+
+    async def close(self) -> None:
+        async with self._lock:
+            zk, self._zk = self._zk, None
+        if zk is not None:
+            await zk.close()
+
+
 class NamespacePolicies:
     """The watched namespace policies. ``open_zk`` gives the session to Pulsar's configuration
     store; ``on_change(ns)`` is called when a namespace's policy in force changes."""
 
     def __init__(self, open_zk: Callable[[], Awaitable[PulsarZooKeeper]],
-                 on_change: Callable[[str], None] | None = None) -> None:
+                 on_change: Callable[[str], None] | None = None, *,
+                 close_zk: Callable[[], Awaitable[None]] | None = None) -> None:
         self._open_zk = open_zk
+        self._close_zk = close_zk  # a session of the watcher's own (ConfigurationStore)
         self.on_change = on_change
         self._states: dict[str, NamespacePolicy] = {}
         self._watches: dict[str, Watch] = {}
@@ -128,8 +162,8 @@ class NamespacePolicies:
         elif old is None:
             if node is None:  # Pulsar writes it when it creates the namespace
                 log.warning("namespace %s: no Pulsar policy node %s; only offloadd's own "
-                            "levels apply (if Pulsar's configuration store is not [source] "
-                            "pulsar_zk, its policies are not read: docs/sidecar.md)", ns,
+                            "levels apply (is Pulsar's configuration store elsewhere? set "
+                            "[source] pulsar_configuration_zk: docs/sidecar.md)", ns,
                             new.path)
             elif new.policy is not None and not new.policy.empty:
                 log.info("namespace %s: Pulsar's offload policy (%s): %s", ns, new.path,
@@ -149,6 +183,8 @@ class NamespacePolicies:
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        if self._close_zk is not None:
+            await self._close_zk()
 
     async def stop(self) -> None:  # as the runtime stops its extras
         await self.close()
