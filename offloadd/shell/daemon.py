@@ -107,9 +107,7 @@ class Daemon:
         self.settings = settings
         # Pulsar's namespace policies (sidecar mode), a level of each topic's policy
         self.pulsar_policies = pulsar_policies
-        self._effective = policies.EffectivePolicies(pulsar_policies)
-        if pulsar_policies is not None:
-            pulsar_policies.on_change = self._pulsar_policy_changed
+        self._effective = policies.EffectivePolicies(pulsar_policies, wake=self._wake_namespace)
         self.source = source.source
         self.source_view = source
         self.metadata = metadata
@@ -139,7 +137,7 @@ class Daemon:
             env, ownership=ownership or Ownership(), wanted=self.wanted, policy=self._policy_fn,
             probe=probe_factory or (lambda topic: None), settings=self._scheduler_settings,
             on_gone=self._forget,
-            prepare=self._prepare_policy if pulsar_policies is not None else None)
+            prepare=self._effective.prepare if pulsar_policies is not None else None)
         self._stop = asyncio.Event()
         self._discovery_interval = discovery_interval_s
         self.ready = False
@@ -187,11 +185,7 @@ class Daemon:
         """``topic``'s offload policy over offloadd's levels and Pulsar's, with sources."""
         return self._effective.get(self.settings, topic)
 
-    async def _prepare_policy(self, topic: TopicName) -> None:
-        if self.pulsar_policies is not None:
-            await self.pulsar_policies.prepare(topic.ns)
-
-    def _pulsar_policy_changed(self, ns: str) -> None:
+    def _wake_namespace(self, ns: str) -> None:
         for t, r in self.topics.items():  # idle topics sleep long: let them see it now
             if t.ns == ns:
                 r.offloader.wake.set()

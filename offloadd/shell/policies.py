@@ -58,9 +58,17 @@ class EffectivePolicies:
     reload) or its namespace's Pulsar policy changed: the daemon asks on every step of every
     topic, and resolving the levels costs some 40 µs."""
 
-    def __init__(self, pulsar: PulsarPolicyView | None) -> None:
+    def __init__(self, pulsar: PulsarPolicyView | None,
+                 wake: Callable[[str], None] | None = None) -> None:
         self.pulsar = pulsar
         self._memo: dict[TopicName, tuple[Settings, object, EffectivePolicy]] = {}
+        if pulsar is not None and wake is not None:  # a namespace's policy changed
+            pulsar.on_change = wake
+
+    async def prepare(self, topic: TopicName) -> None:
+        """Before ``topic`` starts: its namespace's Pulsar policy is watched (and read)."""
+        if self.pulsar is not None:
+            await self.pulsar.prepare(topic.ns)
 
     def get(self, settings: Settings, topic: TopicName) -> EffectivePolicy:
         state = self.pulsar.get(topic.ns) if self.pulsar is not None else None
