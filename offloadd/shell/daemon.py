@@ -616,7 +616,8 @@ def _restart_keys(settings: Settings) -> list[str]:
     """Configuration read once at start: a SIGHUP that changes these says so."""
     keys = [f"{sec}.{k}" for sec in ("metadata", "blobstore", "metrics", "lakehouse")
             for k in type(getattr(settings, sec)).model_fields]
-    return [*keys, "source.kind", "source.path", "daemon.pid_file", "daemon.log_format",
+    return [*keys, "source.kind", "source.path", "source.pulsar_policies",
+            "source.pulsar_configuration_zk", "daemon.pid_file", "daemon.log_format",
             "offload.buffer_max_bytes", "offload.blocks_in_flight", "offload.retry_base_s",
             "offload.retry_max_s"]
 

@@ -167,7 +167,8 @@ async def test_daemon_applies_the_namespace_threshold_live_and_status_names_sour
         await rt.close()
 
 
-async def test_pulsar_policies_off(cluster: Cluster, tmp_path: Path) -> None:
+async def test_pulsar_policies_off(cluster: Cluster, tmp_path: Path,
+                                   caplog: pytest.LogCaptureFixture) -> None:
     await cluster.pulsar.append(TOPIC, [b"x"])
     await cluster.pulsar.zk.create(NS_NODE, namespace_policies(offload_policies(
         threshold_bytes=GiB)))
@@ -181,6 +182,11 @@ async def test_pulsar_policies_off(cluster: Cluster, tmp_path: Path) -> None:
     try:
         assert rt.daemon.pulsar_policies is None
         assert rt.daemon.policy(TOPIC).thresholds.bytes is None
+        on = settings.model_copy(update={"source": settings.source.model_copy(
+            update={"pulsar_policies": True})})
+        with caplog.at_level(logging.WARNING):
+            rt.daemon.reload(on)  # the watcher is made at start: say so, do not pretend
+        assert "source.pulsar_policies: takes effect after a restart" in caplog.text
     finally:
         await rt.close()
 
