@@ -220,3 +220,36 @@ async def test_a_separate_configuration_store(cluster: Cluster, tmp_path: Path) 
         await asyncio.gather(daemon, return_exceptions=True)
         await rt.close()
         await writer.close()
+
+
+async def test_a_watch_that_cannot_be_armed_is_tried_again(
+        cluster: Cluster, caplog: pytest.LogCaptureFixture,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from offloadd.errors import Retriable
+    from offloadd.ledger.bookkeeper import policies
+
+    monkeypatch.setattr(policies, "RETRY_S", 0.1)
+    await cluster.pulsar.zk.create(NS_NODE, namespace_policies(offload_threshold=42))
+    src = cluster.source()
+    attempts = 0
+
+    async def flaky() -> Any:
+        nonlocal attempts
+        attempts += 1
+        if attempts < 3:
+            raise Retriable("ZooKeeper connection lost")
+        return await src.pulsar_zk()
+
+    watcher = NamespacePolicies(flaky)
+    try:
+        with caplog.at_level(logging.WARNING):
+            await watcher.prepare("public/default")  # never raises
+        assert watcher.get("public/default") is None
+        assert "public/default" in caplog.text and "trying again" in caplog.text
+        await until(lambda: watcher.get("public/default") is not None, "the retry")
+        assert watcher.get("public/default").policy == PulsarOffloadPolicy(  # type: ignore
+            threshold_bytes=42)
+        assert attempts == 3
+    finally:
+        await watcher.close()
+        await src.close()
