@@ -43,6 +43,7 @@ from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
 from dataclasses import replace
 from functools import lru_cache
+from itertools import islice
 
 import crc32c
 
@@ -140,15 +141,18 @@ def crc32c_of(view: Buffer, at: int, sums: PieceSums | None) -> int:
     if k1 <= k0:
         return crc32c.crc32c(mv)
     crc = crc32c.crc32c(mv[:starts[k0] - at])
+    if isinstance(starts, range):  # pieces of one length (chunks): no length to look up
+        t0, t1, t2, t3 = _shift_tables(starts.step)
+        for c in islice(crcs, k0, k1):
+            crc = t0[crc & 255] ^ t1[crc >> 8 & 255] ^ t2[crc >> 16 & 255] ^ t3[crc >> 24] ^ c
+        return crc32c.crc32c(mv[starts[k1] - at:], crc)
     size = -1
-    t0: tuple[int, ...] = ()
-    t1 = t2 = t3 = t0
     for k in range(k0, k1):
         n = starts[k + 1] - starts[k]
         if n != size:
             size = n
             t0, t1, t2, t3 = _shift_tables(n)
-        crc = t0[crc & 255] ^ t1[(crc >> 8) & 255] ^ t2[(crc >> 16) & 255] ^ t3[crc >> 24] ^ crcs[k]
+        crc = t0[crc & 255] ^ t1[crc >> 8 & 255] ^ t2[crc >> 16 & 255] ^ t3[crc >> 24] ^ crcs[k]
     return crc32c.crc32c(mv[starts[k1] - at:], crc)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import struct
+from collections.abc import Sequence
 from itertools import pairwise
 
 import crc32c
@@ -51,7 +52,7 @@ def pieces(draw: st.DrawFn) -> tuple[bytes, PieceSums, int, int]:
     if draw(st.booleans()):
         size = draw(st.integers(1, max(1, n // 3)))
         first = draw(st.integers(0, n))
-        starts = list(range(first, draw(st.integers(first, n)) + 1, size))
+        starts: Sequence[int] = range(first, draw(st.integers(first, n)) + 1, size)
     else:
         starts = sorted(set(draw(st.lists(st.integers(0, n), max_size=12))))
     crcs = [crc32c.crc32c(data[x:y]) for x, y in pairwise(starts)]
