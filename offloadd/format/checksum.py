@@ -83,21 +83,25 @@ def _multmodp(a: int, b: int) -> int:
 
 def _powers() -> tuple[int, ...]:
     out = [1 << 30]  # x^1
-    for _ in range(31):
+    for _ in range(63):
         out.append(_multmodp(out[-1], out[-1]))
     return tuple(out)
 
 
-_X2N = _powers()  # _X2N[k] = x^(2^k) mod P
+# _X2N[k] = x^(2^k) mod P. Not wrapped at k = 32 as zlib does for CRC-32: for the Castagnoli
+# polynomial x^(2^32) is not x mod P, so every power a length up to 2^61 bytes needs is kept.
+_X2N = _powers()
 
 
 def _x8nmodp(n: int) -> int:
     """x^(8·n) mod P: the factor that shifts a CRC past ``n`` bytes."""
+    if n >= 1 << 61:
+        raise ValueError(f"length {n} is past 2^61 bytes")
     p = 1 << 31  # x^0
     k = 3
     while n:
         if n & 1:
-            p = _multmodp(_X2N[k & 31], p)  # x has order 2^32 - 1 at most: k wraps safely
+            p = _multmodp(_X2N[k], p)
         n >>= 1
         k += 1
     return p

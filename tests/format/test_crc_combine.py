@@ -124,3 +124,15 @@ class TestStampFromPieces:
         sums = chunk_sums_of(data, chunk, 0)
         assert ([stamp_part(p, sums).buffers[0] for p in parts]
                 == [stamp_part(p).buffers[0] for p in parts])
+
+
+class TestLongLengths:
+    """Lengths no test can hold in memory: the shift by ``m + n`` bytes must be the shift by
+    ``m`` then by ``n`` (CRC32C's x^(2^32) is not x mod P: no exponent may wrap)."""
+
+    @given(st.integers(0, 2**32 - 1), st.integers(0, 2**32 - 1), st.integers(0, 2**32 - 1),
+           st.integers(0, 2**44), st.integers(0, 2**44))
+    def test_combining_is_associative_at_any_length(self, a: int, b: int, c: int, m: int,
+                                                    n: int) -> None:
+        left = crc32c_combine(crc32c_combine(a, b, m), c, n)
+        assert left == crc32c_combine(a, crc32c_combine(b, c, n), m + n)
