@@ -8,6 +8,12 @@ readers skip without looking. offloadd writes, at bytes 36..43 of the header::
 
 so every block can be checked on its own by a ranged read, while Pulsar still reads the object.
 
+The stamp costs no pass over the bytes when the source has already made one: a source that
+checks what it reads against its store's checksums hands on the CRC32Cs it computed over the
+bytes read (``EntryRun.sums``), and the block's CRC is *combined* from them
+(:func:`crc32c_combine`, :func:`crc32c_of`); only the bytes no piece covers (at most a piece at
+each end of a block, and the padding) are passed through CRC32C again.
+
 Whether a block must carry the mark is *not* decided by the mark: a damaged mark would otherwise
 switch the check off for exactly the block whose bytes are suspect. The caller says so from
 metadata it trusts (offloadd writes every block of its objects with the mark, and says so in the
@@ -33,14 +39,18 @@ reader still refuses an object some of whose blocks carry the mark and one does 
 from __future__ import annotations
 
 import struct
+from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
 from dataclasses import replace
+from functools import lru_cache
+from itertools import islice
 
 import crc32c
 
 from offloadd.errors import FormatError
 from offloadd.format.block import HEADER_LEN
 from offloadd.format.layout import Part
+from offloadd.model.frames import PieceSums
 
 CHECKSUM_MARK = 0x4F464443
 CHECKSUM_OFFSET = 36
@@ -53,20 +63,125 @@ _FIELD = struct.Struct(">II")
 Buffer = bytes | bytearray | memoryview
 
 
-def stamp_part(part: Part) -> Part:
-    """The same part with the checksum written into its header (the payload is not copied)."""
+# CRC32C combine, as zlib's crc32_combine: polynomials over GF(2) in CRC32C's reflected bit
+# order (bit 31 is x^0), so the CRC of A+B is x^(8·len(B))·crc(A) + crc(B) mod P; the pre- and
+# post-conditioning (0xFFFFFFFF) cancel out in that sum.
+_POLY = 0x82F63B78  # the Castagnoli polynomial, reflected
+
+
+def _multmodp(a: int, b: int) -> int:
+    """a·b mod P (reflected)."""
+    p = 0
+    m = 1 << 31
+    while m:
+        if a & m:
+            p ^= b
+        m >>= 1
+        b = (b >> 1) ^ _POLY if b & 1 else b >> 1
+    return p
+
+
+def _powers() -> tuple[int, ...]:
+    out = [1 << 30]  # x^1
+    for _ in range(63):
+        out.append(_multmodp(out[-1], out[-1]))
+    return tuple(out)
+
+
+# _X2N[k] = x^(2^k) mod P. Not wrapped at k = 32 as zlib does for CRC-32: for the Castagnoli
+# polynomial x^(2^32) is not x mod P, so every power a length up to 2^61 bytes needs is kept.
+_X2N = _powers()
+
+
+def _x8nmodp(n: int) -> int:
+    """x^(8·n) mod P: the factor that shifts a CRC past ``n`` bytes."""
+    if n >= 1 << 61:
+        raise ValueError(f"length {n} is past 2^61 bytes")
+    p = 1 << 31  # x^0
+    k = 3
+    while n:
+        if n & 1:
+            p = _multmodp(_X2N[k], p)
+        n >>= 1
+        k += 1
+    return p
+
+
+def crc32c_combine(crc1: int, crc2: int, len2: int) -> int:
+    """The CRC32C of ``A + B`` from ``crc1`` = CRC32C(A), ``crc2`` = CRC32C(B) and ``len2`` =
+    len(B), without the bytes (O(log len2) polynomial products)."""
+    if len2 < 0:
+        raise ValueError(f"length must be >= 0, got {len2}")
+    return _multmodp(_x8nmodp(len2), crc1) ^ crc2
+
+
+@lru_cache(maxsize=8)
+def _shift_tables(n: int) -> tuple[tuple[int, ...], ...]:
+    """Four byte-indexed tables of ``crc ↦ x^(8n)·crc mod P`` (linear in ``crc``), so folding
+    many pieces of one length costs four look-ups each, not a polynomial product."""
+    factor = _x8nmodp(n)
+    basis = [_multmodp(factor, 1 << i) for i in range(32)]
+    tables = []
+    for j in range(4):
+        t = [0] * 256
+        for v in range(1, 256):
+            low = v & -v
+            t[v] = t[v ^ low] ^ basis[8 * j + low.bit_length() - 1]
+        tables.append(tuple(t))
+    return tuple(tables)
+
+
+def crc32c_of(view: Buffer, at: int, sums: PieceSums | None) -> int:
+    """CRC32C of ``view``, which holds bytes ``at .. at + len(view)`` of the data ``sums``
+    describes: the pieces lying wholly inside are combined from their CRCs, only the bytes
+    outside them are read."""
+    mv = memoryview(view)
+    end = at + len(mv)
+    if sums is None:
+        return crc32c.crc32c(mv)
+    starts, crcs = sums.starts, sums.crcs
+    k0 = bisect_left(starts, at)
+    k1 = min(bisect_right(starts, end) - 1, len(crcs))
+    if k1 <= k0:
+        return crc32c.crc32c(mv)
+    crc = crc32c.crc32c(mv[:starts[k0] - at])
+    if isinstance(starts, range):  # pieces of one length (chunks): no length to look up
+        t0, t1, t2, t3 = _shift_tables(starts.step)
+        for c in islice(crcs, k0, k1):
+            crc = t0[crc & 255] ^ t1[crc >> 8 & 255] ^ t2[crc >> 16 & 255] ^ t3[crc >> 24] ^ c
+        return crc32c.crc32c(mv[starts[k1] - at:], crc)
+    size = -1
+    for k in range(k0, k1):
+        n = starts[k + 1] - starts[k]
+        if n != size:
+            size = n
+            t0, t1, t2, t3 = _shift_tables(n)
+        crc = t0[crc & 255] ^ t1[crc >> 8 & 255] ^ t2[crc >> 16 & 255] ^ t3[crc >> 24] ^ crcs[k]
+    return crc32c.crc32c(mv[starts[k1] - at:], crc)
+
+
+def stamp_part(part: Part, sums: PieceSums | None = None) -> Part:
+    """The same part with the checksum written into its header (the payload is not copied).
+
+    ``sums``: CRC32Cs of pieces of the run the part's payload is a view of (``EntryRun.sums``):
+    the payload's CRC is combined from them (:func:`crc32c_of`) instead of read again.
+    """
     header = bytearray(part.buffers[0])
     if len(header) != HEADER_LEN:
         raise ValueError("a part's first buffer must be its 128-byte block header")
+    rest = part.buffers[1:]
     crc = 0
-    for b in part.buffers[1:]:
+    if sums is not None and rest and part.block.payload_len:
+        crc = crc32c_of(rest[0], part.block.start, sums)
+        rest = rest[1:]
+    for b in rest:
         crc = crc32c.crc32c(b, crc)
     _FIELD.pack_into(header, CHECKSUM_OFFSET, CHECKSUM_MARK, crc)
     return replace(part, buffers=(bytes(header), *part.buffers[1:]))
 
 
-def stamp_parts(parts: Sequence[Part]) -> list[Part]:
-    return [stamp_part(p) for p in parts]
+def stamp_parts(parts: Sequence[Part], sums: PieceSums | None = None) -> list[Part]:
+    return [stamp_part(p, sums) for p in parts]
 
 
 def verify_block_checksum(buf: Buffer, block_offset: int, block_len: int, obj: str, *,

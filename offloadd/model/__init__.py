@@ -13,7 +13,7 @@ Imports nothing of offloadd but :mod:`offloadd.errors` and the generated protobu
 (an import-linter contract in ``pyproject.toml`` says so).
 """
 
-from offloadd.model.frames import FRAME, FRAME_OVERHEAD, EntryRun
+from offloadd.model.frames import FRAME, FRAME_OVERHEAD, EntryRun, PieceSums
 from offloadd.model.positions import INT64_MAX, LedgerDesc, LedgerState, Position, TopicName
 
 __all__ = [
@@ -23,6 +23,7 @@ __all__ = [
     "EntryRun",
     "LedgerDesc",
     "LedgerState",
+    "PieceSums",
     "Position",
     "TopicName",
 ]

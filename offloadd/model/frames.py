@@ -15,10 +15,24 @@ import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-__all__ = ["FRAME", "FRAME_OVERHEAD", "EntryRun"]
+__all__ = ["FRAME", "FRAME_OVERHEAD", "EntryRun", "PieceSums"]
 
 FRAME = struct.Struct(">iq")  # payload length, entry id
 FRAME_OVERHEAD = FRAME.size  # 12 bytes in front of every payload
+
+
+@dataclass(frozen=True)
+class PieceSums:
+    """CRC32Cs of consecutive pieces of a run's ``data``, computed from those very bytes.
+
+    Piece ``k`` is ``data[starts[k]:starts[k + 1]]`` and its CRC32C is ``crcs[k]``; the pieces
+    need not reach either end of ``data``. A source that has already passed every byte through
+    CRC32C (to check it against its store) hands these on, so the block checksum is derived
+    from them (``format/checksum.py``, CRC32C combine) instead of a second pass over the bytes.
+    """
+
+    starts: Sequence[int]  # len(crcs) + 1 boundaries, ascending, relative to ``data``
+    crcs: Sequence[int]
 
 
 @dataclass(frozen=True)
@@ -35,6 +49,7 @@ class EntryRun:
     data: memoryview
     offsets: Sequence[int]
     crcs: Sequence[int] | None = None
+    sums: PieceSums | None = None
 
     @property
     def count(self) -> int:

@@ -122,7 +122,7 @@ class SegmentAttempt:
         others unparked. How many parts were submitted."""
         assert self.parts is not None
         try:
-            blocks = stamp_parts(self.add(run.entries))
+            blocks = stamp_parts(self.add(run.entries), run.entries.sums)
             parts = self.parts.add(blocks)
         except BaseException:
             run.release()

@@ -28,6 +28,12 @@ import asyncio
 import collections
 from collections.abc import Callable
 
+# A free array serves a read of at least a 1/LEASE_SLACK of its length (the rest of a segment,
+# of a ledger: reads of odd sizes): a new one would be zero-filled, page by page, for every such
+# read (issue 22: 64 MiB arrays made per block cost more CPU than the rest of the path). A read
+# that then uses under a quarter of its array is copied out of it (``runs.py`` SMALL_RUN).
+LEASE_SLACK = 4
+
 
 class OffloadBuffer:
     def __init__(self, cap_bytes: int, on_change: Callable[[int, int], None] | None = None) -> None:
@@ -71,12 +77,18 @@ class OffloadBuffer:
         return False
 
     def lease(self, size: int) -> bytearray:
-        """A byte array of at least ``size`` bytes, recycled when one is free."""
+        """A byte array of at least ``size`` bytes: the smallest free one up to
+        :data:`LEASE_SLACK` times ``size``, else a new one."""
+        best = -1
         for i, b in enumerate(self._free):
-            if size <= len(b) <= 2 * size:
-                self._free_bytes -= len(b)
-                self.leased += len(b)
-                return self._free.pop(i)
+            if size <= len(b) <= LEASE_SLACK * size and (
+                    best < 0 or len(b) < len(self._free[best])):
+                best = i
+        if best >= 0:
+            b = self._free.pop(best)
+            self._free_bytes -= len(b)
+            self.leased += len(b)
+            return b
         self.leased += size
         return bytearray(size)
 

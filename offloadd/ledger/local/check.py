@@ -4,6 +4,10 @@ See :mod:`offloadd.ledger.local`: the frames are checked chunk by chunk against 
 offsets that cut them against ``.osum`` (reading at most a chunk more at each end), and only
 where no chunk record covers them (or a chunk does not match, so the error names the entry)
 entry by entry: frame header and payload CRC32C.
+
+The chunk CRC32Cs computed over the run's bytes are handed on with the run (``EntryRun.sums``,
+the chunks lying wholly inside it): the block checksum is combined from them
+(``format/checksum.py``) instead of a second pass over the same bytes.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ from offloadd.ledger.local.records import (
     chunk_crcs,
     uint32s,
 )
-from offloadd.model import FRAME, FRAME_OVERHEAD, EntryRun, TopicName
+from offloadd.model import FRAME, FRAME_OVERHEAD, EntryRun, PieceSums, TopicName
 
 log = logging.getLogger(__name__)
 
@@ -52,13 +56,15 @@ class RunCheck:
         self.crcs: Sequence[int] = run.crcs if run.crcs is not None else ()
         self.end = base + len(run.data)
 
-    def run(self, log_fd: int, raw: memoryview, published: tuple[int, int]) -> None:
+    def run(self, log_fd: int, raw: memoryview,
+            published: tuple[int, int]) -> PieceSums | None:
         """``raw``: the ``.off`` records the run's offsets were made of; ``published``:
-        (entries, end of their frames) — records past it may be cut."""
+        (entries, end of their frames) — records past it may be cut. Returns the CRC32Cs of
+        the whole chunks of the run's bytes, as computed from them (the run's ``sums``)."""
         count = len(self.offsets) - 1
         # the frames
-        bad, covered = compare_chunks(log_fd, self.files.log, self.files.sum, CHUNK,
-                                       self.base, self.view, published[1])
+        bad, covered, sums = compare_chunks(log_fd, self.files.log, self.files.sum, CHUNK,
+                                             self.base, self.view, published[1])
         for k in bad:
             lo = max(k * CHUNK, self.base) - self.base
             hi = min((k + 1) * CHUNK, self.end) - self.base
@@ -67,9 +73,9 @@ class RunCheck:
         # the run's .off records: where its frames start, and the next one's start (the
         # ledger's last entry's end comes from its frame header, checked with the frames)
         with opened(self.files.off) as off_fd:
-            off_bad, off_covered = compare_chunks(off_fd, self.files.off, self.files.osum,
-                                                   OFF_CHUNK, OFF_SIZE * self.first, raw,
-                                                   OFF_SIZE * published[0])
+            off_bad, off_covered, _ = compare_chunks(off_fd, self.files.off, self.files.osum,
+                                                      OFF_CHUNK, OFF_SIZE * self.first, raw,
+                                                      OFF_SIZE * published[0])
         for k in off_bad:
             lo = k * OFF_CHUNK // OFF_SIZE - self.first
             self.entries(max(lo - 1, 0), min(lo + OFF_CHUNK // OFF_SIZE, count))
@@ -79,6 +85,7 @@ class RunCheck:
         uncovered = min(bisect_right(self.offsets, covered - self.base) - 1,
                         max(off_covered // OFF_SIZE - self.first - 1, 0))
         self.entries(max(uncovered, 0), count)
+        return sums
 
     def suspect(self, data: Path, sums: Path, k: int, chunk: int) -> None:
         log.warning("topic %s: ledger %d: bytes %d..%d of %s do not match their chunk "
@@ -127,12 +134,14 @@ class RunCheck:
 
 
 def compare_chunks(fd: int, path: Path, sums: Path, chunk: int, base: int, view: memoryview,
-                    published: int) -> tuple[list[int], int]:
+                    published: int) -> tuple[list[int], int, PieceSums | None]:
     """Compare bytes ``base .. base+len(view)`` of the file at ``fd`` (``view`` holds them)
     with the chunk CRC32Cs in ``sums``, reading at most a chunk more at each end.
 
-    Returns the chunks that do not match and where the covered bytes end: chunks with a record
-    and wholly within ``published`` are compared; from the returned offset on nothing is.
+    Returns the chunks that do not match, where the covered bytes end (chunks with a record
+    and wholly within ``published`` are compared; from the returned offset on nothing is), and
+    the CRC32Cs computed of the chunks lying wholly inside ``view`` (offsets relative to it;
+    what the bytes are, matching their records or not).
     """
     end = base + len(view)
     k0 = base // chunk
@@ -140,14 +149,22 @@ def compare_chunks(fd: int, path: Path, sums: Path, chunk: int, base: int, view:
         with opened(sums) as sum_fd:
             k1 = min(os.fstat(sum_fd).st_size // CRC_SIZE, published // chunk, -(-end // chunk))
             if k1 <= k0:
-                return [], base
+                return [], base, None
             want = uint32s(pread(sum_fd, CRC_SIZE * (k1 - k0), CRC_SIZE * k0, sums))
     except FileNotFoundError:  # a ledger written before the records existed
-        return [], base
+        return [], base, None
     head = pread(fd, base - k0 * chunk, k0 * chunk, path)
     stop = min(end, k1 * chunk)
     tail = pread(fd, k1 * chunk - end, end, path) if k1 * chunk > end else b""
     got = chunk_crcs(head, view[:stop - base], tail, chunk)
     bad = [k0 + i for i, (g, w) in enumerate(zip(got, want, strict=True)) if g != w]
-    return bad, stop
+    # got[0] covers the head too, got[-1] the tail: only the chunks between lie in view
+    first = 1 if head else 0
+    last = len(got) - (1 if tail else 0)
+    inside = None
+    if last > first:
+        at = k0 * chunk - base  # where got[0]'s chunk starts, relative to view
+        inside = PieceSums(range(at + first * chunk, at + last * chunk + 1, chunk),
+                           got[first:last])
+    return bad, stop, inside
 

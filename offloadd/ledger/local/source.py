@@ -9,6 +9,7 @@ import time
 from array import array
 from bisect import bisect_right
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 from offloadd.errors import ConfigError, Conflict, FormatError, NotFound, Retriable
@@ -339,8 +340,10 @@ class LocalLedgerSource(LedgerSource, LedgerDeleter, LocalCopies, EntryChecksums
             if self._verify_crc:
                 # here, while the bytes are cache-hot; the whole published range bounds which
                 # chunk records may be used (past it a dead writer's torn bytes may be cut)
-                RunCheck(topic, files, base, run).run(log_fd, memoryview(raw),
-                                                      scan(off_fd, log_fd))
+                sums = RunCheck(topic, files, base, run).run(log_fd, memoryview(raw),
+                                                             scan(off_fd, log_fd))
+                if sums is not None:
+                    run = replace(run, sums=sums)
         return run
 
     async def _moved(self, topic: TopicName, ledger_id: int, last_known: int) -> bool:

@@ -1,0 +1,113 @@
+"""User CPU per GiB of the offload path at 64 KiB entries, this tree against a baseline tree
+(issue 22, "one pass per byte").
+
+Writes ``--mib`` MiB of history (2 topics, ``--entry-size`` bytes per entry) with the embedded
+writer, then runs the daemon alone in a fresh process until every entry is committed to the
+filesystem tier (``bench/offload_throughput.py``'s child, the same settings but the daemon's
+default 64 MiB blocks), alternating: the baseline code (``--baseline DIR``: a tree holding an
+``offloadd`` package, put first on ``PYTHONPATH``), this tree with the source check (``[source]
+verify_crc``, the default) and this tree without it. The figures are ratios taken in one run
+on a shared machine: other tenants only ever add CPU time, so the least of each kind is the
+figure to compare, with the median beside it. Prints one JSON document.
+
+    git archive main offloadd | tar -x -C /tmp/base
+    .venv/bin/python bench/one_pass.py --baseline /tmp/base [--mib 512] [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from offload_throughput import CONFIG, OFFLOAD, _fresh
+
+GiB = 1024**3
+
+
+def _config(cwd: Path, block: int, verify: bool) -> None:
+    (cwd / "bench.toml").write_text(CONFIG.format(
+        seg_mib=128, block=block, buffer=256 * 1024 * 1024, ledger=48 * 1024 * 1024,
+        verify="true" if verify else "false"))
+
+
+def _child(cwd: Path, pythonpath: str | None, poll_s: float) -> dict[str, float]:
+    env = dict(os.environ)
+    if pythonpath is not None:
+        env["PYTHONPATH"] = pythonpath
+    # the child's own loop (is every entry committed yet?) runs in the measured process: its
+    # interval is a knob so that its share can be told from the offload path's
+    code = OFFLOAD.replace("await asyncio.sleep(0.05)", f"await asyncio.sleep({poll_s})")
+    assert code != OFFLOAD or poll_s == 0.05
+    p = subprocess.run([sys.executable, "-c", code], cwd=cwd, capture_output=True, text=True,
+                       timeout=1800, env=env)
+    if p.returncode != 0:
+        raise SystemExit(f"child failed:\n{p.stderr[-4000:]}")
+    out: dict[str, float] = json.loads(p.stdout.strip().splitlines()[-1])
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--baseline", required=True, help="a tree holding the baseline offloadd")
+    ap.add_argument("--mib", type=int, default=512)
+    ap.add_argument("--entry-size", type=int, default=64 * 1024)
+    ap.add_argument("--block-mib", type=int, default=64)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--poll-s", type=float, default=0.05,
+                    help="how often the child checks that everything is committed "
+                    "(bench/offload_throughput.py: 0.05)")
+    args = ap.parse_args()
+    baseline = str(Path(args.baseline).resolve())
+    if not (Path(baseline) / "offloadd" / "__init__.py").exists():
+        raise SystemExit(f"{baseline} holds no offloadd package")
+    block = args.block_mib * 1024 * 1024
+    started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    kinds = {"before": (baseline, True), "after": (None, True),
+             "after_without_source_check": (None, False)}
+    with tempfile.TemporaryDirectory(prefix="offloadd-onepass-") as d:
+        cwd = Path(d)
+        _config(cwd, block, verify=True)
+        subprocess.run([sys.executable, "-m", "offloadd", "produce", "--config", "bench.toml",
+                        "--topics", "2", "--bytes", str(args.mib * 1024 * 1024),
+                        "--entry-size", str(args.entry_size)], cwd=cwd, check=True,
+                       capture_output=True, timeout=1800)
+        data_bytes = sum(f.stat().st_size for f in (cwd / "data" / "ledgers").glob("*.log"))
+        pristine = cwd / "pristine"
+        (cwd / "data").rename(pristine)
+        samples: dict[str, list[dict[str, float]]] = {k: [] for k in kinds}
+        for _ in range(args.repeats):
+            for kind, (path, verify) in kinds.items():
+                _fresh(cwd, pristine)
+                _config(cwd, block, verify)
+                os.sync()
+                samples[kind].append(_child(cwd, path, args.poll_s))
+    gib = data_bytes / GiB
+    out: dict[str, object] = {}
+    for kind, runs in samples.items():
+        user = [r["user_s"] / gib for r in runs]
+        out[kind] = {
+            "user_s_per_gib_min": round(min(user), 3),
+            "user_s_per_gib_median": round(statistics.median(user), 3),
+            "sys_s_per_gib_min": round(min(r["sys_s"] for r in runs) / gib, 3),
+            "mib_s_max": round(max(data_bytes / 2**20 / r["wall_s"] for r in runs), 1),
+            "user_s_per_gib": [round(u, 3) for u in user],
+        }
+    before, after = samples["before"], samples["after"]
+    out["after_over_before_user_min"] = round(
+        min(r["user_s"] for r in after) / max(min(r["user_s"] for r in before), 1e-9), 3)
+    print(json.dumps({"benchmark": "one_pass", "started": started, "baseline": baseline,
+                      "mib": args.mib, "poll_s": args.poll_s,
+                      "entry_size": args.entry_size, "block_mib": args.block_mib,
+                      "bytes": data_bytes, "repeats": args.repeats,
+                      "load_average": os.getloadavg(), "results": out}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
