@@ -167,7 +167,7 @@ shutdown_deadline_s = 5
     try:
         d.wait_logged("ready")
         topic = "persistent://public/default/secret"
-        cmd("produce", "--config", str(cfg), "--topic", topic, "--bytes", "50000")
+        cmd("produce", "--json", "--config", str(cfg), "--topic", topic, "--bytes", "50000")
         d.wait_logged(f"offloading topic {topic}")
         d.signal(signal.SIGUSR1)
         wait_for(lambda: sum(committed_entries(tmp_path).values()) > 0, 10, "a commit")
