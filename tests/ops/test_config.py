@@ -391,6 +391,54 @@ def test_config_check_json_lists_every_problem(
     assert json.loads(capsys.readouterr().out)["ok"] is True
 
 
+class TestSizes:
+    """Sizes with units in the file and the environment (issue 23 item 12)."""
+
+    def test_byte_keys_take_units_and_plain_integers(
+            self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch.setenv("OFFLOADD_SOURCE__ROLLOVER_BYTES", "2MB")
+        monkeypatch.setenv("OFFLOADD_OFFLOAD__BUFFER_MAX_BYTES", "268435456")
+        s = config.load(write(tmp_path, "[offload]\nmax_block_size_bytes = \"64MiB\"\n"
+                              "read_buffer_bytes = \"1.5 GiB\"\nthreshold_bytes = -1\n"
+                              "flow_permits_per_second = \"10MiB\"\n"
+                              "[topics.\"persistent://t/ns/x\"]\nmax_block_size_bytes = "
+                              "\"512KiB\"\n[blobstore]\npart_size_bytes = 8388608\n"))
+        assert s.offload.max_block_size_bytes == 64 * 2**20
+        assert s.offload.read_buffer_bytes == 3 * 2**29
+        assert s.offload.threshold_bytes == -1
+        assert s.offload.flow_permits_per_second == 10 * 2**20
+        assert s.policy_for(TopicName.parse("persistent://t/ns/x")).max_block_size_bytes == 2**19
+        assert s.source.rollover_bytes == 2_000_000
+        assert s.offload.buffer_max_bytes == 2**28 and s.blobstore.part_size_bytes == 2**23
+
+    def test_mbytes_keys_keep_mib_for_plain_numbers(self, tmp_path: Path) -> None:
+        s = config.load(write(tmp_path, "[offload]\nmax_size_per_segment_mbytes = 32\n"
+                              "[retention]\nmax_size_mbytes = \"1GiB\"\n"
+                              "[compact]\ntarget_mbytes = \"100MB\"\n"))
+        assert s.offload.max_size_per_segment_mbytes == 32.0
+        assert s.retention.max_size_mbytes == 1024.0
+        assert s.compact.target_mbytes == pytest.approx(100e6 / 2**20)
+
+    def test_a_bad_size_names_the_key_and_the_forms(
+            self, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        p = write(tmp_path, "[offload]\nmax_block_size_bytes = \"64 megs\"\n"
+                  "max_size_per_segment_mbytes = \"lots\"\n")
+        rc, lines = check(p, capsys)
+        assert rc == 2 and len(lines) == 2, lines
+        block = next(ln for ln in lines if "max_block_size_bytes" in ln)
+        assert (f"{p}: [offload.max_block_size_bytes] must be an integer number of bytes, or a "
+                "size with a unit: \"64MiB\", \"2MB\", \"512KiB\", \"1GiB\"") in block
+        assert "(got '64 megs')" in block
+        segment = next(ln for ln in lines if "max_size_per_segment_mbytes" in ln)
+        assert (f"{p}: [offload.max_size_per_segment_mbytes] must be a number of MiB, or a "
+                "size with a unit: \"64MiB\"") in segment
+
+    def test_a_size_still_meets_the_key_s_bounds(self, tmp_path: Path) -> None:
+        with pytest.raises(ConfigError, match=r"\[offload.max_block_size_bytes\] must be >= 1024 "
+                           r"\(got 1000\)"):
+            config.load(write(tmp_path, "[offload]\nmax_block_size_bytes = \"1KB\"\n"))
+
+
 def test_secret_values_are_never_echoed_in_errors(tmp_path: Path) -> None:
     cases = [
         '[metadata]\nacl_digest = "hunter2-no-colon"\n',
