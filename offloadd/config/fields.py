@@ -64,11 +64,14 @@ def alias(*names: str) -> Any:
 def topic_keys(names: Iterable[str]) -> None:
     """Every table key must be a full topic name (``persistent://tenant/ns/topic``); for a
     validator, so the error names the key."""
+    problems = []  # every bad key, a line each
     for name in names:
         try:
             TopicName.parse(name)
         except ConfigError as exc:
-            raise ValueError(str(exc)) from None
+            problems.append(str(exc))
+    if problems:
+        raise ValueError("\n".join(problems))
 
 
 class Section(BaseModel):

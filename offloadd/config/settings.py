@@ -70,12 +70,15 @@ class Settings(BaseSettings):
     @field_validator("namespaces")
     @classmethod
     def _check_namespaces(cls, v: dict[str, PolicyOverride]) -> dict[str, PolicyOverride]:
+        problems = []  # every bad key, a line each
         for name in v:
             if name.count("/") != 1 or not all(name.split("/")):
-                raise ValueError(f'namespace key {name!r} must be "tenant/namespace"')
-            if {".", ".."} & set(name.split("/")):
-                raise ValueError(f"namespace key {name!r}: '.' and '..' cannot be a tenant or "
-                                 "namespace name")
+                problems.append(f'namespace key {name!r} must be "tenant/namespace"')
+            elif {".", ".."} & set(name.split("/")):
+                problems.append(f"namespace key {name!r}: '.' and '..' cannot be a tenant or "
+                                "namespace name")
+        if problems:
+            raise ValueError("\n".join(problems))
         return v
 
     @model_validator(mode="after")

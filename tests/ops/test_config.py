@@ -369,6 +369,19 @@ def test_every_check_across_keys_is_reported_at_once(
     assert all(line.startswith(f"offloadd: config error: {p}: [") for line in lines)
 
 
+def test_every_bad_namespace_and_topic_key_is_reported(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    p = write(tmp_path, "[namespaces.public]\nmode = \"ledger\"\n[namespaces.\"a/b/c\"]\n"
+              "mode = \"ledger\"\n[topics.\"x/y\"]\nmode = \"ledger\"\n"
+              "[topics.\"persistent://a/b/..\"]\nmode = \"ledger\"\n")
+    rc, lines = check(p, capsys)
+    assert rc == 2 and len(lines) == 4, lines
+    for expected in ("[namespaces] namespace key 'public'", "[namespaces] namespace key 'a/b/c'",
+                     "[topics] topic name 'x/y' is invalid",
+                     "[topics] topic name 'persistent://a/b/..' is invalid"):
+        assert any(expected in line for line in lines), (expected, lines)
+
+
 def test_every_credentials_problem_of_a_section_is_reported(tmp_path: Path) -> None:
     p = write(tmp_path, "[blobstore]\naccess_key_id = \"AKIAEXAMPLE\"\n"
               "sse_kms_key_id = \"k\"\n")
