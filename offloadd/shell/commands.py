@@ -479,17 +479,13 @@ def _same_deployment(base: str, ours: str, auth: dict[str, str]) -> None:
 def cmd_config(args: argparse.Namespace) -> int:
     from offloadd import config
 
-    if args.config_command == "reference":
-        if args.log_level:
-            from offloadd import logs
-
-            logs.configure("auto", args.log_level)
-        print(config.reference_markdown(), end="")
-        return 0
     if args.log_level:
         from offloadd import logs
 
         logs.configure("auto", args.log_level)
+    if args.config_command == "reference":
+        print(config.reference_markdown(), end="")
+        return 0
     try:
         settings = config.load(args.config)
     except ConfigError as exc:
