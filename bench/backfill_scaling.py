@@ -118,7 +118,7 @@ def main() -> None:
         for share, entry, rollover in MIX:
             cfg = write_config(work / "produce.toml", metadata=hist / "metadata",
                                tier=work / "unused", rollover=rollover * MiB, **common)
-            offloadd(["produce", "--config", str(cfg), "--topic", TOPIC, "--bytes",
+            offloadd(["produce", "--json", "--config", str(cfg), "--topic", TOPIC, "--bytes",
                       str(int(args.mib * MiB * share)), "--entry-size", str(entry)], work)
         ledgers = len(list((hist / "ledgers").glob("*.off")))
         pristine = work / "pristine-metadata"
@@ -137,7 +137,7 @@ def main() -> None:
                 cfg = write_config(run_dir / "offloadd.toml", metadata=run_dir / "metadata",
                                    tier=tier, rollover=64 * MiB, **common)
                 t0 = time.monotonic()
-                out = offloadd(["backfill", "--config", str(cfg), "--topic", TOPIC,
+                out = offloadd(["backfill", "--json", "--config", str(cfg), "--topic", TOPIC,
                                 "--master", master, "--spark-conf", "spark.ui.enabled=false"],
                                run_dir)
                 rep = json.loads(out.strip().splitlines()[-1])

@@ -56,7 +56,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="offloadd-lakelag-") as d:
         root = Path(d)
         t0 = time.monotonic()
-        out = subprocess.run([sys.executable, "-m", "offloadd", "standalone", "--duration",
+        out = subprocess.run([sys.executable, "-m", "offloadd", "standalone", "--json",
+                              "--duration",
                               str(a.seconds), "--rate", str(a.rate), "--topics", str(a.topics)],
                              cwd=root, capture_output=True, text=True, check=True,
                              env={**os.environ, "OFFLOADD_METRICS__ENABLED": "false"})

@@ -48,7 +48,7 @@ enabled = false
 log_level = "WARNING"
 """)
         proc = subprocess.Popen(
-            [sys.executable, "-m", "offloadd", "standalone", "--config", "slow.toml",
+            [sys.executable, "-m", "offloadd", "standalone", "--json", "--config", "slow.toml",
              "--rate", str(a.rate), "--topics", "3", "--duration", str(a.seconds)],
             cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         peak = 0

@@ -59,7 +59,7 @@ def _produce(cwd: Path, cfg: Path, topics: int, nbytes: int) -> None:
     # produce writes the topics in turn, one batch each of at most 1/20 of the rate: this rate
     # makes a batch one topic's share, so that every topic gets some
     per_topic = nbytes // topics
-    subprocess.run([*OFFLOADD, "produce", "--config", str(cfg), "--topics", str(topics),
+    subprocess.run([*OFFLOADD, "produce", "--json", "--config", str(cfg), "--topics", str(topics),
                     "--bytes", str(nbytes), "--rate", str(per_topic * 20)], cwd=cwd, check=True,
                    capture_output=True, timeout=1800)
 

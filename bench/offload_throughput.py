@@ -160,7 +160,7 @@ def bench_one(entry_size: int, mib: int, block: int, repeats: int) -> dict[str, 
     with tempfile.TemporaryDirectory(prefix="offloadd-bench-") as d:
         cwd = Path(d)
         _config(cwd, block, verify=True)
-        subprocess.run([sys.executable, "-m", "offloadd", "produce", "--config",
+        subprocess.run([sys.executable, "-m", "offloadd", "produce", "--json", "--config",
                         "bench.toml", "--topics", "2", "--bytes", str(mib * 1024 * 1024),
                         "--entry-size", str(entry_size)], cwd=cwd, check=True,
                        capture_output=True, timeout=1800)

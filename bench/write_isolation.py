@@ -89,7 +89,8 @@ enabled = false
 [daemon]
 log_level = "WARNING"
 """)
-        subprocess.run([sys.executable, "-m", "offloadd", "produce", "--config", "bench.toml",
+        subprocess.run([sys.executable, "-m", "offloadd", "produce", "--json", "--config",
+                        "bench.toml",
                         "--topics", "2", "--bytes", str(a.history_mib * 1024 * 1024)],
                        cwd=cwd, check=True, capture_output=True, timeout=900)
         alone = writer(cwd, a.seconds, a.rate, a.batch, "persistent://public/default/live-a")

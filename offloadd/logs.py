@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import base64
 import contextvars
+import datetime
 import json
 import logging
 import re
@@ -92,6 +93,16 @@ class JsonFormatter(logging.Formatter):
         if record.exc_text:
             out["exc"] = record.exc_text
         return json.dumps(out, ensure_ascii=False)
+
+
+class TextFormatter(logging.Formatter):
+    """Plain lines whose time is a full ISO-8601 timestamp in local time with its UTC offset
+    (``2026-11-27T21:30:59.123+01:00``): a line copied out of a terminal or a file must say
+    which day it was, and a time without its offset is ambiguous across hosts."""
+
+    def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:
+        t = datetime.datetime.fromtimestamp(record.created).astimezone()
+        return t.isoformat(timespec="milliseconds")
 
 
 def _char_forms(c: str) -> list[str]:
@@ -238,8 +249,8 @@ def configure(fmt: str = "auto", level: str = "INFO", secrets: Iterable[str] = (
     (a one-shot command's connection chatter, which would bury its answer)."""
     use_json = fmt == "json" or (fmt == "auto" and not sys.stderr.isatty())
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonFormatter() if use_json else logging.Formatter(
-        "%(asctime)s %(levelname)-7s %(name)s: %(message)s", "%H:%M:%S"))
+    handler.setFormatter(JsonFormatter() if use_json else TextFormatter(
+        "%(asctime)s %(levelname)-7s %(name)s: %(message)s"))
     handler.addFilter(RedactFilter(secrets))
     handler.addFilter(SessionRedactFilter())
     root = logging.getLogger()

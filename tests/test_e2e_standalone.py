@@ -67,7 +67,7 @@ def wait_for(pred: Callable[[], bool], timeout: float, what: str) -> None:
 @pytest.mark.timeout(240)
 def test_standalone_streams_three_topics_that_verify_and_read_back(tmp_path: Path) -> None:
     """The README's scenario: 30 s at 2 MB/s over 3 topics, then verify and read."""
-    out = run(["standalone", "--duration", "30", "--rate", "2000000", "--topics", "3"],
+    out = run(["standalone", "--json", "--duration", "30", "--rate", "2000000", "--topics", "3"],
               tmp_path, timeout=180)
     summary = json.loads(out.stdout.strip().splitlines()[-1])
     assert summary["bytes_written"] >= 50_000_000
@@ -152,7 +152,8 @@ flow_permits_per_second = 100000
 [source]
 rollover_bytes = 700000
 """)
-    proc = subprocess.Popen([*OFFLOADD, "standalone", "--config", str(cfg), "--rate", "600000",
+    proc = subprocess.Popen([*OFFLOADD, "standalone", "--json", "--config", str(cfg), "--rate",
+                             "600000",
                              "--topics", "1"], cwd=tmp_path, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     try:
@@ -170,7 +171,7 @@ rollover_bytes = 700000
     dead_uid, _, _, dead_ranges = dead[0]
 
     # restart (a short run, fast tier): recovery redoes the assigned segment first
-    run(["standalone", "--duration", "3", "--rate", "200000", "--topics", "1"], tmp_path,
+    run(["standalone", "--json", "--duration", "3", "--rate", "200000", "--topics", "1"], tmp_path,
         timeout=150)
     after = _segments(tmp_path)[name]
     assert all(s[2] for s in after)
@@ -202,7 +203,8 @@ max_block_size_bytes = 4194304
 max_size_per_segment_mbytes = 64
 flow_permits_per_second = 1000000
 """)
-    proc = subprocess.Popen([*OFFLOADD, "standalone", "--config", str(cfg), "--rate", "20000000",
+    proc = subprocess.Popen([*OFFLOADD, "standalone", "--json", "--config", str(cfg), "--rate",
+                             "20000000",
                              "--topics", "3", "--duration", "25"], cwd=tmp_path,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     peak = 0

@@ -1,9 +1,10 @@
 """``offloadd backfill --config F --topic T [--master URL]``: the command around :mod:`.job`.
 
-Prints one JSON report on stdout at the end (also when segments failed); the progress bar and
-logs go to stderr. Exit codes: 0 all planned segments offloaded, 1 some failed (they stay
-ASSIGNED: rerun), 2 bad usage/config, 130 interrupted (SIGINT/SIGTERM: running Spark jobs are
-cancelled, committed segments stay, the rest is redone by the next run).
+Prints a summary on stdout at the end (also when segments failed), with ``--json`` the JSON
+report instead; the progress bar and logs go to stderr. Exit codes: 0 all planned segments
+offloaded, 1 some failed (they stay ASSIGNED: rerun), 2 bad usage/config, 130 interrupted
+(SIGINT/SIGTERM: running Spark jobs are cancelled, committed segments stay, the rest is redone
+by the next run).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from offloadd.backfill.job import BackfillFailed, run_backfill
 from offloadd.backfill.progress import TerminalBar
 from offloadd.backfill.spark import parse_conf, session
 from offloadd.config import Settings
+from offloadd.model.sizes import size_text
 
 
 def backfill_command(settings: Settings, args: argparse.Namespace) -> int:
@@ -52,9 +54,9 @@ def backfill_command(settings: Settings, args: argparse.Namespace) -> int:
                                         max_attempts=args.max_attempts,
                                         sinks=[TerminalBar(str(topic))], metrics_bind=bind)
         except BackfillFailed as exc:
-            print(json.dumps(exc.report.to_json()))
+            _show(exc.report.to_json(), args.json)
             raise
-        print(json.dumps(report.to_json()))
+        _show(report.to_json(), args.json)
         return 0
 
     try:
@@ -67,3 +69,21 @@ def backfill_command(settings: Settings, args: argparse.Namespace) -> int:
         for s in started:
             with contextlib.suppress(Exception):
                 s.stop()
+
+
+def _show(report: dict[str, Any], as_json: bool) -> None:
+    print(json.dumps(report) if as_json else report_text(report))
+
+
+def report_text(r: dict[str, Any]) -> str:
+    """The report of a run for a reader (``--json`` prints ``r`` itself)."""
+    lines = [f"backfill {r['topic']}: {'OK' if r['ok'] else 'FAILED'}: "
+             f"{r['offloaded_segments']} segment(s) offloaded ({r['new_segments']} new, "
+             f"{r['redone_segments']} redone), {r['skipped_segments']} already offloaded, "
+             f"{r['failed_segments']} failed after {r['failed_attempts']} failed attempt(s)",
+             f"  {r['entries']:,} entries, {size_text(r['bytes'])} in {r['seconds']:.1f} s "
+             f"({r['throughput_mib_s']} MiB/s while uploading), from {r['first'] or '-'} to "
+             f"{r['last'] or '-'}"]
+    if not r["ok"]:
+        lines.append("  the failed segments stay assigned: run the same command again")
+    return "\n".join(lines)

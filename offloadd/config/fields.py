@@ -8,12 +8,52 @@ from collections.abc import Iterable
 from typing import Any
 from urllib.parse import urlsplit
 
-from pydantic import AliasChoices, BaseModel, ConfigDict
+from pydantic import AliasChoices, BaseModel, BeforeValidator, ConfigDict
 
 from offloadd.errors import ConfigError
 from offloadd.model import TopicName
+from offloadd.model.sizes import SIZE_UNITS, parse_size
 
 MiB = 1024 * 1024
+
+
+_PLAIN_INT = re.compile(r"-?[0-9]+")
+
+
+def _size_in(unit: int, plain: str, *, fractions: bool) -> BeforeValidator:
+    """A key that also takes a size with a unit (``"64MiB"``, ``"2MB"``, :mod:`~offloadd.model
+    .sizes`), as a number of ``unit`` bytes; a plain number (TOML's, or the environment's
+    text; with ``fractions``, a decimal one too) keeps the key's own unit and goes to the
+    field's checks unchanged."""
+
+    def convert(v: object) -> object:
+        if not isinstance(v, str):
+            return v
+        text = v.strip()
+        if _PLAIN_INT.fullmatch(text) or (fractions and _is_number(text)):
+            return v
+        try:
+            n = parse_size(text)
+        except ValueError:
+            raise ValueError(f"must be {plain}, or a size with a unit: {SIZE_UNITS}") from None
+        return n if unit == 1 else n / unit
+
+    return BeforeValidator(convert)
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return text.isascii()
+
+
+# Annotated[int, BYTES]: a byte count that also takes "64MiB"; Annotated[float, MIBS]: a key in
+# MiB (*_mbytes), a plain number still MiB; Annotated[float, BYTES_PER_S]: a rate in bytes/s
+BYTES = _size_in(1, "an integer number of bytes", fractions=False)
+MIBS = _size_in(MiB, "a number of MiB", fractions=True)
+BYTES_PER_S = _size_in(1, "a number of bytes per second", fractions=True)
 
 
 def alias(*names: str) -> Any:
@@ -24,11 +64,14 @@ def alias(*names: str) -> Any:
 def topic_keys(names: Iterable[str]) -> None:
     """Every table key must be a full topic name (``persistent://tenant/ns/topic``); for a
     validator, so the error names the key."""
+    problems = []  # every bad key, a line each
     for name in names:
         try:
             TopicName.parse(name)
         except ConfigError as exc:
-            raise ValueError(str(exc)) from None
+            problems.append(str(exc))
+    if problems:
+        raise ValueError("\n".join(problems))
 
 
 class Section(BaseModel):

@@ -28,9 +28,12 @@ from offloadd.errors import ConfigError
 def load(path: Path | str | None, **overrides: Any) -> Settings:
     """Read the TOML file (if any) and the environment.
 
-    Every problem is a ``ConfigError`` of one line: where the value came from (the file or the
-    ``OFFLOADD_...`` variable), the key as ``[section.key]``, and what is allowed. Values of
-    secret fields and of unknown keys (a misspelt secret is still a secret) are never echoed.
+    Every problem is a line of the ``ConfigError`` (all of them, not the first: an operator
+    fixes a file in one round, not one problem per restart): where the value came from (the
+    file or the ``OFFLOADD_...`` variable), the key as ``[section.key]``, and what is allowed.
+    Values of secret fields and of unknown keys (a misspelt secret is still a secret) are never
+    echoed. The checks across keys (``Settings``' own) run once every value on its own is
+    valid: they need the values.
     """
     where = str(path) if path is not None else "<defaults>"
     data: dict[str, Any] = {}
@@ -45,22 +48,29 @@ def load(path: Path | str | None, **overrides: Any) -> Settings:
             raise ConfigError(f"{where}: cannot read ({exc.strerror})") from None
     try:
         data = canonical_keys(data)
-        check_toml_types(data)
     except ConfigError as exc:
         raise ConfigError(f"{where}: {exc}") from None
+    typed = toml_type_problems(data)
+    problems = [f"{where}: {msg}" for _, msg in typed]
     for key, value in overrides.items():
         section, _, field = key.partition("__")
         data.setdefault(section, {})[field] = value
-    env = offloadd_environment()
+    env, env_problems = offloadd_environment_problems()
+    problems += env_problems
     try:
-        return Settings(**data)
+        settings = Settings(**data)
     except ValidationError as exc:
-        errors = exc.errors()
-        raise ConfigError(describe(errors[0], where, env, len(errors) - 1)) from None
+        seen = {loc for loc, _ in typed}  # a value refused above is not reported twice
+        for err in exc.errors():
+            if tuple(str(p) for p in err["loc"]) not in seen:
+                problems += describe_all(err, where, env)
     except SettingsError as exc:
-        raise ConfigError(describe_env_error(exc, env)) from None
+        problems.append(describe_env_error(exc, env))
     except ConfigError as exc:
-        raise ConfigError(f"{where}: {exc}") from None
+        problems += [f"{where}: {line}" for line in str(exc).splitlines()]
+    if problems:
+        raise ConfigError("\n".join(problems))
+    return settings
 
 
 MAX_CONFIG_BYTES = 16 * 1024 * 1024
@@ -88,14 +98,17 @@ def read_config_text(path: Path | str) -> str:
                           f"{line}); TOML files are UTF-8: re-save it as UTF-8") from None
 
 
-def check_toml_types(data: dict[str, Any]) -> None:
-    """Refuse the file's booleans where numbers go and numbers (or quoted words) where
-    booleans go. pydantic's lax mode takes ``verify_crc = 0`` as false — checksums silently
-    off — and ``rollover_entries = true`` as 1; TOML has real booleans, so the file must use
-    them. The environment is text and keeps its textual forms (``true``/``false``, ``1``/``0``,
-    ``yes``/``no``), which the environment source passes as strings after this check."""
-    for _, _, table, model, where in known_tables(data):
-        _check_table(table, model, where)
+def toml_type_problems(data: dict[str, Any]) -> list[tuple[tuple[str, ...], str]]:
+    """The file's booleans where numbers go and numbers (or quoted words) where booleans go,
+    as (key path, message). pydantic's lax mode takes ``verify_crc = 0`` as false — checksums
+    silently off — and ``rollover_entries = true`` as 1; TOML has real booleans, so the file
+    must use them. The environment is text and keeps its textual forms (``true``/``false``,
+    ``1``/``0``, ``yes``/``no``), which the environment source passes as strings after this
+    check."""
+    out: list[tuple[tuple[str, ...], str]] = []
+    for section, name, table, model, where in known_tables(data):
+        _check_table(table, model, where, (section,) if name is None else (section, name), out)
+    return out
 
 
 def _members(ann: Any) -> list[Any]:
@@ -105,37 +118,41 @@ def _members(ann: Any) -> list[Any]:
     return [ann]
 
 
-def _check_table(table: dict[str, Any], model: type[BaseModel], where: str) -> None:
+def _check_table(table: dict[str, Any], model: type[BaseModel], where: str,
+                 loc: tuple[str, ...], out: list[tuple[tuple[str, ...], str]]) -> None:
     for key, value in table.items():
         f = model.model_fields.get(key)
         if f is None:
             continue  # unknown keys are the model's to name
         members = _members(f.annotation)
-        loc = f"[{where}.{key_text(key)}]"
+        shown = f"[{where}.{key_text(key)}]"
         words = [w for m in members if get_origin(m) is Literal for w in get_args(m)]
         if bool in members and not isinstance(value, bool) and value not in words and (
                 isinstance(value, int | float | str)):
             got = (f"the string {value!r} (TOML's booleans are unquoted)"
                    if isinstance(value, str) else f"{value!r}")
             also = "".join(f" or {w!r}" for w in words)
-            raise ConfigError(f"{loc} must be true or false{also}, not {got}")
+            out.append(((*loc, key), f"{shown} must be true or false{also}, not {got}"))
         if isinstance(value, bool) and bool not in members and (
                 int in members or float in members):
             kind = "an integer" if int in members else "a number"
-            raise ConfigError(f"{loc} must be {kind}, not the boolean {str(value).lower()}")
+            out.append(((*loc, key), f"{shown} must be {kind}, not the boolean "
+                        f"{str(value).lower()}"))
         for m in members:
             if isinstance(m, type) and issubclass(m, BaseModel) and isinstance(value, dict):
-                _check_table(value, m, f"{where}.{key_text(key)}")
+                _check_table(value, m, f"{where}.{key_text(key)}", (*loc, key), out)
             if get_origin(m) is list and isinstance(value, list):
                 item = get_args(m)[0] if get_args(m) else None
                 if isinstance(item, type) and issubclass(item, BaseModel):
                     for n, v in enumerate(value):
                         if isinstance(v, dict):
-                            _check_table(v, item, f"{where}.{key_text(key)}[{n}]")
+                            _check_table(v, item, f"{where}.{key_text(key)}[{n}]",
+                                         (*loc, key, str(n)), out)
 
 
-def offloadd_environment() -> dict[tuple[str, ...], str]:
-    """``OFFLOADD_*`` variables meant for the configuration, by key path.
+def offloadd_environment_problems() -> tuple[dict[tuple[str, ...], str], list[str]]:
+    """``OFFLOADD_*`` variables meant for the configuration, by key path, and a problem for
+    each that names no key.
 
     A variable whose name starts with a section name (``OFFLOADD_OFFLOAD_...``) is taken as
     meant for the configuration and must name a real key: a typo such as one underscore
@@ -143,6 +160,7 @@ def offloadd_environment() -> dict[tuple[str, ...], str]:
     ours to judge and are left alone.
     """
     found: dict[tuple[str, ...], str] = {}
+    problems: list[str] = []
     sections = list(Settings.model_fields)
     for name in os.environ:
         if not name.upper().startswith("OFFLOADD_"):
@@ -166,9 +184,9 @@ def offloadd_environment() -> dict[tuple[str, ...], str]:
                                               list(tm[0].model_fields), n=1)
             if guess:
                 hint = f"; did you mean OFFLOADD_{section.upper()}__{guess[0].upper()}?"
-        raise ConfigError(f"environment {name}: names no configuration key (the form is "
-                          f"OFFLOADD_<SECTION>__<KEY>{hint})")
-    return found
+        problems.append(f"environment {name}: names no configuration key (the form is "
+                        f"OFFLOADD_<SECTION>__<KEY>{hint})")
+    return found, problems
 
 
 _TYPE_WORDS = {
@@ -184,7 +202,13 @@ _BOUND_WORDS = {"greater_than": ">", "greater_than_equal": ">=", "less_than": "<
                 "less_than_equal": "<="}
 
 
-def describe(err: Any, where: str, env: dict[tuple[str, ...], str], more: int) -> str:
+def describe_all(err: Any, where: str, env: dict[tuple[str, ...], str]) -> list[str]:
+    """One line per problem of a pydantic error: a check across keys may report several, one
+    a line (see ``Settings._check_levels``)."""
+    return describe(err, where, env).splitlines()
+
+
+def describe(err: Any, where: str, env: dict[tuple[str, ...], str]) -> str:
     loc = tuple(str(p) for p in err["loc"])
     kind = err["type"]
     ctx = err.get("ctx") or {}
@@ -214,11 +238,10 @@ def describe(err: Any, where: str, env: dict[tuple[str, ...], str], more: int) -
         if loc[:n] in env:
             source = f"environment {env[loc[:n]]}"
             break
-    if more:
-        msg += f" (and {more} more problem{'s' if more > 1 else ''})"
-    if not loc:  # a whole-model check: its message names its own keys
-        return f"{source}: {msg}"
-    return f"{source}: [{'.'.join(key_text(p) for p in loc)}] {msg}"
+    # a whole-model check's message names its own keys; one may hold several problems, a line
+    # each, and each line gets the prefix
+    prefix = f"{source}: " if not loc else f"{source}: [{'.'.join(key_text(p) for p in loc)}] "
+    return "\n".join(prefix + line for line in msg.splitlines())
 
 
 def _suggest(loc: tuple[str, ...]) -> str:

@@ -8,6 +8,7 @@ from typing import Any, Literal, get_args, get_origin
 
 from pydantic import BaseModel, SecretStr
 
+from offloadd.config.fields import BYTES, BYTES_PER_S, MIBS
 from offloadd.config.keys import aliases_of, table_model
 from offloadd.config.policy import PolicyOverride
 from offloadd.config.settings import ORPHAN_GRACE_FACTOR, Settings
@@ -28,8 +29,19 @@ def reference_markdown() -> str:
         "that starts with a section name but names no key is an error.",
         "- Keys are snake_case; where Pulsar has a name for the same setting (broker.conf or "
         "offload policies) it is accepted as an alias.",
-        "- Unknown keys are errors. Every error is one line naming the file or variable, "
-        "the key and what is allowed; `offloadd` exits 2.",
+        "- Unknown keys are errors. Every problem is reported, all at once and one line "
+        "each, naming the file or variable, the key and what is allowed; `offloadd` exits 2. "
+        "The checks across keys (below) run once every value on its own is valid.",
+        "- Sizes: a key typed *size (bytes)* takes an integer number of bytes or a string "
+        "with a unit: `\"64MiB\"`, `\"2MB\"`, `\"512KiB\"`, `\"1GiB\"` (KB, MB, GB, TB are "
+        "powers of 1000, KiB, MiB, GiB, TiB powers of 1024; case-insensitive; a fraction "
+        "where the result is whole bytes, `\"1.5GiB\"`). Keys named `*_mbytes` keep their "
+        "unit: a plain number is MiB (`64`, `0.5`), a string with a unit is converted "
+        "(`\"1GiB\"` = 1024). Rates in bytes/s take the same units (`\"10MiB\"` per "
+        "second). The environment takes the same forms "
+        "(`OFFLOADD_OFFLOAD__MAX_BLOCK_SIZE_BYTES=64MiB`), and so do the command-line byte "
+        "options (`--rate 2MB`, `--bytes 1GiB`, `--entry-size 4KiB`, `--target-bytes "
+        "64MiB`).",
         "- Secrets (marked *secret*) are never printed or logged.", "",
     ]
     for section in Settings.model_fields:
@@ -68,7 +80,7 @@ def reference_markdown() -> str:
     lines += [
         "## Checks across keys", "",
         "A configuration that would load but could only fail is refused at load time, "
-        "with the same one-line error and exit code 2:", "",
+        "with the same error lines (every problem found) and exit code 2:", "",
         "- Every number is finite: `nan` and `inf` (valid TOML, and accepted by float "
         "parsers from the environment) are refused everywhere, as they are for command-line "
         "flags (`--rate`, `--duration`, `--grace`, `--orphan-grace`).",
@@ -215,6 +227,9 @@ def _type_text(f: Any) -> str:
     else:
         text = {int: "integer", float: "number", bool: "boolean", str: "string",
                 Path: "path", SecretStr: "string"}.get(base, str(base))
+    sizes = {BYTES: "size (bytes)", MIBS: "number of MiB or a size",
+             BYTES_PER_S: "bytes/s or a size"}
+    text = next((v for k, v in sizes.items() if any(m is k for m in f.metadata)), text)
     bounds = []
     for m in f.metadata:
         for attr, sym in (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<")):

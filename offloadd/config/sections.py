@@ -6,11 +6,20 @@ The offload policy's sections, which resolve per topic, are in :mod:`offloadd.co
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 
-from offloadd.config.fields import MiB, Section, alias, http_url, topic_keys
+from offloadd.config.fields import (
+    BYTES,
+    BYTES_PER_S,
+    MIBS,
+    MiB,
+    Section,
+    alias,
+    http_url,
+    topic_keys,
+)
 
 S3_MIN_PART_SIZE = 5 * MiB  # S3 refuses a smaller part but the last: EntityTooSmall
 DEFAULT_PART_SIZE = 8 * MiB  # a multipart part, and a reader's ranged GET
@@ -64,10 +73,11 @@ class SourceSettings(Section):
     rollover_entries: int = Field(50_000, ge=1,
                                   validation_alias=alias("rollover_entries",
                                                           "managedLedgerMaxEntriesPerLedger"))
-    rollover_bytes: int = Field(64 * MiB, ge=1)
+    rollover_bytes: Annotated[int, BYTES] = Field(64 * MiB, ge=1)
     rollover_minutes: float = Field(1.0, gt=0, validation_alias=alias(
         "rollover_minutes", "managedLedgerMaxLedgerRolloverTimeMinutes"))
-    max_entry_bytes: int = Field(5 * MiB, ge=1, description="larger entries are refused")
+    max_entry_bytes: Annotated[int, BYTES] = Field(
+        5 * MiB, ge=1, description="larger entries are refused")
     verify_crc: bool = Field(True, description="check what is offloaded against the store's "
                              "checksums (chunk CRC32Cs, and each entry's where no chunk record "
                              "covers it): bit rot fails the segment instead of being uploaded "
@@ -88,7 +98,8 @@ class SourceSettings(Section):
     bookie_quarantine_s: float = Field(10.0, ge=0,
                                        description="a failed bookie is asked last this long")
     reads_in_flight: int = Field(1024, ge=1, le=65536, description="entry reads per ledger")
-    readahead_bytes: int = Field(8 * MiB, ge=0, description="read ahead of the offloader")
+    readahead_bytes: Annotated[int, BYTES] = Field(
+        8 * MiB, ge=0, description="read ahead of the offloader")
     bookie_protocol: Literal["auto", "v3"] = Field(
         "auto", description='"auto": bulk reads over protocol v2 (a bookie that refuses it '
         'is read over v3), the tail of open ledgers over v3; "v3": everything over v3')
@@ -153,17 +164,17 @@ class BlobstoreSettings(Section):
         30.0, gt=0, description="deadline of one store operation, all retries and waits "
         "included (also an endpoint that never answers Expect: 100-continue); /readyz turns "
         "503 within twice this when the store stops answering (docs/s3.md)")
-    min_transfer_rate_bytes_per_s: float = Field(
+    min_transfer_rate_bytes_per_s: Annotated[float, BYTES_PER_S] = Field(
         1048576.0, gt=0, description="an operation that moves N bytes gets N / this more "
         "seconds on top of request_timeout_s (large blocks over slow links)")
     max_attempts: int = Field(8, ge=1)
-    min_part_size_bytes: int = Field(
+    min_part_size_bytes: Annotated[int, BYTES] = Field(
         S3_MIN_PART_SIZE, ge=0,
         description="aws-s3 driver: the store's smallest multipart part but the last (S3: 5 MiB, "
         "EntityTooSmall below); part_size_bytes is checked against it. "
         "Lower only for a store that takes smaller parts (Ceph's rgw_multipart_min_part_size, "
         "a test server)")
-    part_size_bytes: int = Field(
+    part_size_bytes: Annotated[int, BYTES] = Field(
         DEFAULT_PART_SIZE, ge=1,
         description="multipart part size: a data object's parts are runs of whole blocks, each "
         "part at least this long but the last (blocks are sized by their content, never padded "
@@ -197,13 +208,16 @@ class BlobstoreSettings(Section):
 
     @model_validator(mode="after")
     def _check_credentials(self) -> BlobstoreSettings:
+        problems = []  # every one, a line each
         if (self.access_key_id is None) != (self.secret_access_key is None):
-            raise ValueError("set both access_key_id and secret_access_key, or neither "
-                             "(neither: the standard AWS credential chain)")
+            problems.append("set both access_key_id and secret_access_key, or neither "
+                            "(neither: the standard AWS credential chain)")
         if self.session_token is not None and self.access_key_id is None:
-            raise ValueError("session_token needs access_key_id and secret_access_key")
+            problems.append("session_token needs access_key_id and secret_access_key")
         if self.sse_kms_key_id is not None and self.sse != "aws:kms":
-            raise ValueError('sse_kms_key_id needs sse = "aws:kms"')
+            problems.append('sse_kms_key_id needs sse = "aws:kms"')
+        if problems:
+            raise ValueError("\n".join(problems))
         return self
 
 
@@ -239,7 +253,7 @@ class RetentionSettings(Section):
     max_age_minutes: float = Field(-1.0, validation_alias=alias(
         "max_age_minutes", "defaultRetentionTimeInMinutes"),
         description="delete offloaded ledgers closed longer ago than this; negative = off")
-    max_size_mbytes: float = Field(-1.0, validation_alias=alias(
+    max_size_mbytes: Annotated[float, MIBS] = Field(-1.0, validation_alias=alias(
         "max_size_mbytes", "defaultRetentionSizeInMB"),
         description="delete the oldest offloaded ledgers while the topic is bigger; "
                     "negative = off")
@@ -273,13 +287,15 @@ class LakehouseSettings(Section):
                                     "empty = all")
     interval_s: float = Field(5.0, gt=0, description="how often the follower looks for newly "
                               "committed segments")
-    commit_max_bytes: int = Field(32 * MiB, ge=1, description="payload bytes per table commit "
+    commit_max_bytes: Annotated[int, BYTES] = Field(
+        32 * MiB, ge=1, description="payload bytes per table commit "
                                   "(larger backlogs commit in several snapshots)")
     compact_interval_s: float = Field(300.0, gt=0, description="how often small files are "
                                       "compacted and old snapshots expired")
     compact_min_files: int = Field(8, ge=2, description="compact a day partition once it has "
                                    "this many small files")
-    compact_small_file_bytes: int = Field(16 * MiB, ge=1, description="data files below this "
+    compact_small_file_bytes: Annotated[int, BYTES] = Field(
+        16 * MiB, ge=1, description="data files below this "
                                           "size are small")
     snapshot_max_age_minutes: float = Field(60.0, gt=0, description="expire snapshots older "
                                             "than this (the current one is always kept)")
@@ -334,7 +350,8 @@ class CompactSettings(Section):
     enabled: bool = Field(False, description="run the merger in the daemon too, at most "
                           "max_merges_per_pass merges per topic every interval_s, under the "
                           "upload throttle (off by default: `offloadd compact` merges on demand)")
-    target_mbytes: float = Field(64.0, gt=0, description="a merged segment's data object stays "
+    target_mbytes: Annotated[float, MIBS] = Field(
+        64.0, gt=0, description="a merged segment's data object stays "
                                  "within this; segments this size or larger are never merged")
     interval_s: float = Field(600.0, gt=0, description="period of the daemon's merge pass")
     max_merges_per_pass: int = Field(4, ge=1, description="merges per topic per daemon pass")

@@ -27,7 +27,7 @@ from offloadd.config.sections import (
 from offloadd.model import TopicName
 
 # gc must not take a live upload for an abandoned one: orphan_grace_s must be at least this many
-# times the longest an upload can legitimately stay open (see Settings._check_orphan_grace)
+# times the longest an upload can legitimately stay open (see Settings._orphan_grace_problems)
 ORPHAN_GRACE_FACTOR = 2
 
 
@@ -70,17 +70,22 @@ class Settings(BaseSettings):
     @field_validator("namespaces")
     @classmethod
     def _check_namespaces(cls, v: dict[str, PolicyOverride]) -> dict[str, PolicyOverride]:
+        problems = []  # every bad key, a line each
         for name in v:
             if name.count("/") != 1 or not all(name.split("/")):
-                raise ValueError(f'namespace key {name!r} must be "tenant/namespace"')
-            if {".", ".."} & set(name.split("/")):
-                raise ValueError(f"namespace key {name!r}: '.' and '..' cannot be a tenant or "
-                                 "namespace name")
+                problems.append(f'namespace key {name!r} must be "tenant/namespace"')
+            elif {".", ".."} & set(name.split("/")):
+                problems.append(f"namespace key {name!r}: '.' and '..' cannot be a tenant or "
+                                "namespace name")
+        if problems:
+            raise ValueError("\n".join(problems))
         return v
 
     @model_validator(mode="after")
     def _check_levels(self) -> Settings:
-        # every level's effective policy must be usable, not only each value on its own
+        # every level's effective policy must be usable, not only each value on its own; every
+        # problem is reported (one a line), not the first
+        problems: list[str] = []
         levels: list[tuple[str, list[PolicyOverride]]] = [("offload", [])]
         levels += [(f"namespaces.{key_text(ns)}", [o]) for ns, o in self.namespaces.items()]
         for name, o in self.topics.items():
@@ -90,31 +95,33 @@ class Settings(BaseSettings):
             p = self._merge(overrides)
             if p.min_block_size_bytes is not None and (
                     p.min_block_size_bytes > p.max_block_size_bytes):
-                raise ValueError(
+                problems.append(
                     f"[{where}] min_block_size_bytes ({p.min_block_size_bytes}) must not exceed "
                     f"max_block_size_bytes ({p.max_block_size_bytes})")
-            self._check_part_size(where, p)
+        problems += self._part_size_problems()
         if self.offload.retry_base_s > self.offload.retry_max_s:
-            raise ValueError(f"[offload] retry_base_s ({self.offload.retry_base_s}) must not "
-                             f"exceed retry_max_s ({self.offload.retry_max_s})")
-        self._check_orphan_grace([(where, self._merge(o)) for where, o in levels])
+            problems.append(f"[offload] retry_base_s ({self.offload.retry_base_s}) must not "
+                            f"exceed retry_max_s ({self.offload.retry_max_s})")
+        problems += self._orphan_grace_problems([(w, self._merge(o)) for w, o in levels])
+        if problems:
+            raise ValueError("\n".join(problems))
         return self
 
-    def _check_part_size(self, where: str, p: OffloadPolicy) -> None:
+    def _part_size_problems(self) -> list[str]:
         """S3 refuses a multipart part under its minimum but the last (EntityTooSmall): a part
         size below it fails every segment, forever. Blocks are not parts (several small blocks
         travel in one part, offload/parts.py), so block sizes are free."""
         if self.blobstore.driver != "aws-s3":
-            return
+            return []
         floor = self.blobstore.min_part_size_bytes
-        if self.blobstore.part_size_bytes < floor:
-            raise ValueError(
-                f"[blobstore] part_size_bytes ({self.blobstore.part_size_bytes}) is below the "
+        if self.blobstore.part_size_bytes >= floor:
+            return []
+        return [f"[blobstore] part_size_bytes ({self.blobstore.part_size_bytes}) is below the "
                 f"store's smallest multipart part ({floor} bytes, [blobstore] "
                 "min_part_size_bytes): S3 refuses every part but the last under it "
-                f"(EntityTooSmall); set part_size_bytes to at least {floor}")
+                f"(EntityTooSmall); set part_size_bytes to at least {floor}"]
 
-    def _check_orphan_grace(self, levels: list[tuple[str, OffloadPolicy]]) -> None:
+    def _orphan_grace_problems(self, levels: list[tuple[str, OffloadPolicy]]) -> list[str]:
         """gc aborts incomplete uploads and removes unreferenced objects older than
         ``orphan_grace_s``. A segment's upload starts with its first block and completes when
         it closes: by ``max_segment_rollover_time_minutes``, plus the time the broker-wide
@@ -137,12 +144,12 @@ class Settings(BaseSettings):
             if took > longest:
                 longest, worst = took, why
         need = ORPHAN_GRACE_FACTOR * longest
-        if self.retention.orphan_grace_s < need:
-            raise ValueError(
-                f"[retention] orphan_grace_s ({self.retention.orphan_grace_s:g}) must be at "
+        if self.retention.orphan_grace_s >= need:
+            return []
+        return [f"[retention] orphan_grace_s ({self.retention.orphan_grace_s:g}) must be at "
                 f"least {need:.0f}: a segment's upload may stay open {longest:.0f} s "
                 f"({worst}), and gc must not take the daemon's live uploads for abandoned "
-                f"ones (the grace is {ORPHAN_GRACE_FACTOR}x that; docs/config.md)")
+                f"ones (the grace is {ORPHAN_GRACE_FACTOR}x that; docs/config.md)"]
 
     def _merge(self, overrides: list[PolicyOverride]) -> OffloadPolicy:
         fields: dict[str, Any] = {k: getattr(self.offload, k) for k in OffloadPolicy.model_fields}

@@ -25,32 +25,99 @@ def add_commands(sub: Any, topic_type: Any, positive_int: Any,
                         "'SELECT count(*) FROM topic_0'",
                         description="Run SQL over the topic tables with DuckDB. A topic's table "
                         "is named by its local name (\"topic-0\" or topic_0) or its full "
-                        "\"tenant.namespace.topic\".")
+                        "\"tenant.namespace.topic\".",
+                        **_examples(
+                            "  offloadd query --config offloadd.toml 'SELECT count(*) FROM "
+                            "topic_0'\n"
+                            "  offloadd query 'SELECT key, count(*) FROM topic_0 GROUP BY key' "
+                            "--json\n"))
     common(sp)
     sp.add_argument("sql", type=_sql, help="the query, e.g. \"SELECT key, count(*) FROM "
                     "topic_0 GROUP BY key\"")
     sp.add_argument("--json", action="store_true", help="one JSON array of row objects")
     sp.add_argument("--max-rows", type=positive_int, help="print at most this many rows")
 
-    sp = sub.add_parser("lakehouse", help="the Iceberg projection of offloaded messages")
+    sp = sub.add_parser("lakehouse", help="the Iceberg projection of offloaded messages",
+                        description="The Iceberg projection of offloaded messages "
+                        "(docs/lakehouse.md).", **_examples(
+                            "  offloadd lakehouse sync --config offloadd.toml\n"
+                            "  offloadd lakehouse maintain --config offloadd.toml\n"
+                            "  offloadd lakehouse tables --config offloadd.toml --json\n"))
     lsub = sp.add_subparsers(dest="lakehouse_command", required=True, metavar="SUBCOMMAND",
                             help="sync, maintain or tables")
     s = lsub.add_parser("sync", help="project committed segments into the tables, then exit "
-                        "(or --follow)")
+                        "(or --follow)", description="Project committed segments into the "
+                        "topic tables, then exit (or keep following with --follow). Exit 1 "
+                        "when a topic failed.", **_examples(
+                            "  offloadd lakehouse sync --config offloadd.toml\n"
+                            "  offloadd lakehouse sync --config offloadd.toml --topic "
+                            "persistent://public/default/orders --maintain --json\n"
+                            "  offloadd lakehouse sync --config offloadd.toml --follow\n"))
     common(s)
     s.add_argument("--topic", type=topic_type, action="append", metavar="TOPIC",
                    help="only this topic (repeatable), e.g. persistent://public/default/orders")
     s.add_argument("--follow", action="store_true", help="keep following until SIGTERM/SIGINT")
     s.add_argument("--max-commits", type=positive_int, help="per topic, then stop")
     s.add_argument("--maintain", action="store_true", help="then compact and expire snapshots")
+    s.add_argument("--json", action="store_true", help=JSON_HELP)
     s = lsub.add_parser("maintain", help="compact small files, expire old snapshots (and apply "
-                        "retention when configured)")
+                        "retention when configured)", description="Compact the tables' small "
+                        "files and expire old snapshots (and delete the rows of ledgers "
+                        "retention deleted, when [lakehouse] delete_with_retention is on).",
+                        **_examples(
+                            "  offloadd lakehouse maintain --config offloadd.toml\n"
+                            "  offloadd lakehouse maintain --config offloadd.toml --topic "
+                            "persistent://public/default/orders --json\n"))
     common(s)
     s.add_argument("--topic", type=topic_type, action="append", metavar="TOPIC",
                    help="only this topic (repeatable), e.g. persistent://public/default/orders")
-    s = lsub.add_parser("tables", help="the tables: rows, files, last projected position")
+    s.add_argument("--json", action="store_true", help=JSON_HELP)
+    s = lsub.add_parser("tables", help="the tables: rows, files, last projected position",
+                        description="The topic tables: rows, data files, snapshots, last "
+                        "projected position.", **_examples(
+                            "  offloadd lakehouse tables --config offloadd.toml\n"
+                            "  offloadd lakehouse tables --config offloadd.toml --json\n"))
     common(s)
     s.add_argument("--json", action="store_true", help="one JSON document instead of a table")
+
+
+JSON_HELP = "one JSON report on stdout instead of text (for scripts)"
+
+
+def sync_text(result: dict[str, Any]) -> str:
+    """``lakehouse sync``'s report for a reader (``--json`` prints ``result`` itself)."""
+    lines = []
+    for r in result["topics"]:
+        line = (f"{r['topic']}: {r['rows']:,} row(s) from {r['entries']:,} entries in "
+                f"{r['commits']} commit(s), projected up to {r['last_position'] or '-'}")
+        if r.get("undecodable"):
+            line += f", {r['undecodable']} undecodable entries"
+        if r.get("lost"):
+            line += f", deleted by retention before projection: {', '.join(r['lost'])}"
+        if r.get("error"):
+            line = f"FAILED {line}: {r['error']}"
+        lines.append(line)
+    if not result["topics"]:
+        lines.append("no topic to project")
+    if "maintenance" in result:
+        lines.append(maintain_text(result["maintenance"]))
+    return "\n".join(lines)
+
+
+def maintain_text(reports: list[dict[str, Any]]) -> str:
+    """``lakehouse maintain``'s report for a reader."""
+    lines = [f"{r['topic']}: {r['files_rewritten']} small file(s) rewritten into "
+             f"{r['files_written']}, {r['snapshots_expired']} snapshot(s) expired"
+             + (", rows of retention-deleted ledgers removed"
+                if r.get("rows_deleted_with_retention") else "")
+             for r in reports]
+    return "\n".join(lines) if lines else "maintain: no table to maintain"
+
+
+def _examples(lines: str) -> dict[str, Any]:
+    """A sub-parser's ``epilog`` of examples, kept line by line in ``--help``."""
+    return {"epilog": "examples:\n" + lines.rstrip(),
+            "formatter_class": argparse.RawDescriptionHelpFormatter}
 
 
 def _sql(text: str) -> str:
@@ -107,7 +174,7 @@ def cmd_lakehouse(settings: Settings, args: argparse.Namespace, run: Any) -> int
                 topics: list[TopicName] | None = args.topic
                 if args.lakehouse_command == "maintain":
                     out: list[dict[str, Any]] = [r.to_json() for r in await proj.maintain(topics)]
-                    print(json.dumps(out, indent=1))
+                    print(json.dumps(out, indent=1) if args.json else maintain_text(out))
                     return 0
                 if args.follow:
                     stop = asyncio.Event()
@@ -120,7 +187,7 @@ def cmd_lakehouse(settings: Settings, args: argparse.Namespace, run: Any) -> int
                 result: dict[str, Any] = {"topics": [r.to_json() for r in reps]}
                 if args.maintain:
                     result["maintenance"] = [r.to_json() for r in await proj.maintain(topics)]
-                print(json.dumps(result, indent=1))
+                print(json.dumps(result, indent=1) if args.json else sync_text(result))
                 return 1 if any(r.error for r in reps) else 0
             finally:
                 await bs.close()

@@ -7,6 +7,7 @@
 ``keys.py``         every object key and metadata path, built and parsed
 ``objects.py``      the user metadata of the objects offloadd writes
 ``losses.py``       entries a Pulsar cluster deleted before offloadd held them
+``sizes.py``        sizes with units (``"64MiB"``, ``"2MB"``): parsed and shown
 ==================  ==========================================================================
 
 Imports nothing of offloadd but :mod:`offloadd.errors` and the generated protobuf classes

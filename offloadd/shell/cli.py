@@ -18,6 +18,7 @@ from typing import Any
 from offloadd import __version__
 from offloadd.errors import ConfigError, OffloaddError
 from offloadd.model import Position, TopicName
+from offloadd.model.sizes import SIZE_UNITS, parse_size
 from offloadd.shell import commands
 
 log = logging.getLogger("offloadd")
@@ -52,8 +53,53 @@ def _at_most(limit: int, what: str) -> Callable[[str], int]:
     return parse
 
 
+def _size(text: str) -> int:
+    """A positive number of bytes: an integer, or a size with a unit ("64MiB", "2MB")."""
+    if text.isascii() and text.strip().isdigit():
+        return _positive_int(text.strip())
+    try:
+        v = parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if v <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive size")
+    return v
+
+
+def _size_at_most(limit: int, what: str) -> Callable[[str], int]:
+    """A size no larger than ``limit`` (named ``what`` in the refusal)."""
+
+    def parse(text: str) -> int:
+        v = _size(text)
+        if v > limit:
+            raise argparse.ArgumentTypeError(f"{v} is more than the {limit:,} {what} allowed")
+        return v
+
+    parse.__name__ = "size"  # what argparse says when a type function fails otherwise
+    return parse
+
+
+def _rate(text: str) -> float:
+    """A positive number of bytes per second: a number, or a size with a unit ("2MB")."""
+    try:
+        float(text)
+    except ValueError:
+        pass
+    else:
+        return _positive_float(text)  # a plain number, with its own refusals (nan, inf)
+    try:
+        v = parse_size(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text[:40]!r} is not a rate: bytes per second as a number, or a size with a "
+            f"unit per second: {SIZE_UNITS}") from None
+    if v <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive rate")
+    return float(v)
+
+
 _topic_count = _at_most(MAX_TOPICS, "topics")
-_entry_size = _at_most(MAX_ENTRY_SIZE, "bytes per entry")
+_entry_size = _size_at_most(MAX_ENTRY_SIZE, "bytes per entry")
 
 
 def _positive_float(text: str) -> float:
@@ -129,6 +175,10 @@ def _common_options(sp: argparse.ArgumentParser, *, config_required: bool = Fals
                     help="TOML configuration file" + (
                         "" if config_required else " (default: the embedded standalone "
                         "set-up under ./data)"))
+    _log_level(sp)
+
+
+def _log_level(sp: argparse.ArgumentParser) -> None:
     sp.add_argument("--log-level", choices=LOG_LEVELS, type=str.upper,
                     help="log verbosity on stderr (default: [daemon] log_level, INFO)")
 
@@ -138,7 +188,8 @@ def _common_options(sp: argparse.ArgumentParser, *, config_required: bool = Fals
 for _fn, _name in ((_positive_int, "positive integer"), (_positive_float, "positive number"),
                    (_finite, "number"), (_compressions, "compression list"),
                    (_topic, "topic name"), (_position, "position"),
-                   (_non_negative_float, "non-negative number")):
+                   (_non_negative_float, "non-negative number"), (_size, "size"),
+                   (_rate, "rate")):
     _fn.__name__ = _name
 
 
@@ -162,34 +213,44 @@ def build_parser() -> argparse.ArgumentParser:
         config_required=True)
 
     sp = cmd("standalone", "embedded writer + daemon + metrics, no external service",
-             "  offloadd standalone --duration 30 --rate 2000000 --topics 3\n"
-             "  offloadd standalone --config my.toml          # until SIGTERM or Ctrl-C\n")
+             "  offloadd standalone --duration 30 --rate 2MB --topics 3\n"
+             "  offloadd standalone --config my.toml          # until SIGTERM or Ctrl-C\n"
+             "  offloadd standalone --duration 10 --json | jq .drained\n")
+    sp.add_argument("--json", action="store_true",
+                    help="the summary as one JSON document on stdout instead of text (for scripts)")
     sp.add_argument("--duration", type=_positive_float, metavar="SECONDS",
                     help="seconds to write (default: until SIGTERM/SIGINT)")
-    sp.add_argument("--rate", type=_positive_float, default=1_000_000, metavar="BYTES_PER_S",
-                    help="total bytes/s written across all topics (default 1000000)")
+    sp.add_argument("--rate", type=_rate, default=1_000_000, metavar="BYTES_PER_S",
+                    help="total bytes/s written across all topics, a number or a size such as "
+                    "2MB or 1MiB (default 1000000)")
     sp.add_argument("--entry-size", type=_entry_size, default=1024, metavar="BYTES",
-                    help=f"payload bytes per entry (default 1024, at most {MAX_ENTRY_SIZE:,})")
+                    help="payload bytes per entry, e.g. 1024 or 4KiB (default 1024, at most "
+                    f"{MAX_ENTRY_SIZE:,})")
     sp.add_argument("--topics", type=_topic_count, default=3, metavar="K",
                     help="write K topics, persistent://public/default/topic-0 .. topic-(K-1) "
                     f"(default 3, at most {MAX_TOPICS:,})")
     _payload_args(sp, default_compression="lz4,zstd,snappy,zlib,none")
 
     sp = cmd("produce", "the embedded writer alone (history, live load)",
-             "  offloadd produce --topic persistent://public/default/orders --bytes 104857600\n"
-             "  offloadd produce --topics 4 --duration 60 --rate 4000000\n")
+             "  offloadd produce --topic persistent://public/default/orders --bytes 100MiB\n"
+             "  offloadd produce --topics 4 --duration 60 --rate 4MB --json\n")
+    sp.add_argument("--json", action="store_true",
+                    help="the totals as one JSON document on stdout instead of text (for scripts)")
     g = sp.add_mutually_exclusive_group(required=True)
     g.add_argument("--topic", type=_topic, help="the one topic to write: " + TOPIC_HELP)
     g.add_argument("--topics", type=_topic_count, metavar="K",
                    help="write K topics, persistent://public/default/topic-0 .. topic-(K-1) "
                    f"(at most {MAX_TOPICS:,})")
-    sp.add_argument("--bytes", type=_positive_int, metavar="N", help="stop after N bytes")
+    sp.add_argument("--bytes", type=_size, metavar="N",
+                    help="stop after N bytes, e.g. 104857600 or 100MiB")
     sp.add_argument("--duration", type=_positive_float, metavar="SECONDS",
                     help="stop after this many seconds")
-    sp.add_argument("--rate", type=_positive_float, metavar="BYTES_PER_S",
-                    help="total bytes/s across topics (default: as fast as possible)")
+    sp.add_argument("--rate", type=_rate, metavar="BYTES_PER_S",
+                    help="total bytes/s across topics, a number or a size such as 2MB or 1MiB "
+                    "(default: as fast as possible)")
     sp.add_argument("--entry-size", type=_entry_size, default=1024, metavar="BYTES",
-                    help=f"payload bytes per entry (default 1024, at most {MAX_ENTRY_SIZE:,})")
+                    help="payload bytes per entry, e.g. 1024 or 4KiB (default 1024, at most "
+                    f"{MAX_ENTRY_SIZE:,})")
     _payload_args(sp, default_compression="none")
 
     sp = cmd("status", "per topic: failing or not, last error, lag, segments by state",
@@ -221,7 +282,8 @@ def build_parser() -> argparse.ArgumentParser:
              "  offloadd read --topic persistent://public/default/orders --count 5\n"
              "  offloadd read --topic persistent://public/default/orders --from 42:1000 "
              "--count 10\n"
-             "  offloadd read --topic persistent://public/default/orders --raw > payloads.bin\n",
+             "  offloadd read --topic persistent://public/default/orders --raw > payloads.bin\n"
+             "  offloadd read --topic persistent://public/default/orders --count 3 --json\n",
              description="Print offloaded entries in log order, one per line as "
              "LEDGER:ENTRY<TAB>base64(payload). Exits 1 when --from names an entry the tier "
              "does not hold (past the end, or deleted by retention).")
@@ -231,8 +293,12 @@ def build_parser() -> argparse.ArgumentParser:
                     "entry)")
     sp.add_argument("--count", type=_positive_int, metavar="N",
                     help="print at most N entries (default: all)")
-    sp.add_argument("--raw", action="store_true",
-                    help="write the raw payload bytes, concatenated, instead of lines")
+    form = sp.add_mutually_exclusive_group()
+    form.add_argument("--raw", action="store_true",
+                      help="write the raw payload bytes, concatenated, instead of lines")
+    form.add_argument("--json", action="store_true",
+                      help="one JSON object a line instead of text: {\"position\": "
+                      "\"L:E\", \"payload\": base64} (for scripts)")
 
     sp = cmd("verify", "check every committed segment; exit 0 only if all is well",
              "  offloadd verify --config /etc/offloadd/offloadd.toml\n"
@@ -283,25 +349,32 @@ def build_parser() -> argparse.ArgumentParser:
     sp = cmd("compact", "merge each topic's small adjacent segments in the tier",
              "  offloadd compact --config offloadd.toml\n"
              "  offloadd compact --config offloadd.toml --topic "
-             "persistent://public/default/orders --target-bytes 67108864\n",
+             "persistent://public/default/orders --target-bytes 64MiB\n"
+             "  offloadd compact --config offloadd.toml --json\n",
              description="Merge runs of adjacent committed segments below the target size "
              "into one segment each (same object format), swap them in the catalog in one "
              "compare-and-set, and leave the old objects to gc after the deletion lag "
              "(docs/retention.md, \"Merging small segments\"). Takes each topic's ownership; "
              "a topic a running daemon owns is refused.")
+    sp.add_argument("--json", action="store_true",
+                    help="one JSON report on stdout instead of text (for scripts)")
     sp.add_argument("--topic", type=_topic, help=TOPIC_HELP + " (default: every topic)")
-    sp.add_argument("--target-bytes", type=_positive_int, metavar="N",
-                    help="a merged segment's data object stays within N bytes (default "
-                    "[compact] target_mbytes)")
+    sp.add_argument("--target-bytes", type=_size, metavar="N",
+                    help="a merged segment's data object stays within N bytes, e.g. 67108864 "
+                    "or 64MiB (default [compact] target_mbytes)")
 
     sp = cmd("backfill", "upload a topic's closed history on Spark, then let streaming resume",
              "  offloadd backfill --config offloadd.toml --topic "
              "persistent://public/default/orders\n"
              "  offloadd backfill --config offloadd.toml --topic "
-             "persistent://public/default/orders --master spark://spark-master:7077\n",
+             "persistent://public/default/orders --master spark://spark-master:7077\n"
+             "  offloadd backfill --config offloadd.toml --topic "
+             "persistent://public/default/orders --json\n",
              config_required=True,
              description="Upload a topic's closed history on Spark, then let streaming "
              "resume. Needs the spark extra (pip install 'offloadd[spark]') and Java 17.")
+    sp.add_argument("--json", action="store_true",
+                    help="one JSON report on stdout instead of text (for scripts)")
     sp.add_argument("--topic", type=_topic, required=True, help=TOPIC_HELP)
     sp.add_argument("--master", metavar="URL", help="Spark master URL (default local[*])")
     sp.add_argument("--max-attempts", type=_positive_int, default=3, metavar="N",
@@ -316,16 +389,32 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_commands(sub, _topic, _positive_int, _common_options)
 
-    sp = sub.add_parser("config", help="configuration tools", description="configuration tools")
+    sp = sub.add_parser("config", help="configuration tools", description="configuration tools",
+                        epilog="examples:\n"
+                        "  offloadd config check --config /etc/offloadd/offloadd.toml\n"
+                        "  offloadd config reference > docs/config.md",
+                        formatter_class=argparse.RawDescriptionHelpFormatter)
     csub = sp.add_subparsers(dest="config_command", required=True, metavar="SUBCOMMAND")
     cc = csub.add_parser("check", help="validate a config file (exit 2 if invalid)",
                          description="Validate a config file and the OFFLOADD_* environment; "
-                         "exit 2 with one line naming the problem if invalid.")
+                         "exit 2 with every problem found, one per line, if invalid.",
+                         epilog="examples:\n"
+                         "  offloadd config check --config /etc/offloadd/offloadd.toml\n"
+                         "  OFFLOADD_OFFLOAD__MAX_BLOCK_SIZE_BYTES=64MiB offloadd config check "
+                         "-c my.toml --json",
+                         formatter_class=argparse.RawDescriptionHelpFormatter)
     cc.add_argument("--config", "-c", required=False, metavar="FILE",
                     help="TOML configuration file (default: check the defaults and the "
                     "environment)")
-    csub.add_parser("reference", help="print the configuration reference (Markdown)",
-                    description="Print every configuration key (Markdown).")
+    cc.add_argument("--json", action="store_true",
+                    help="one JSON document on stdout instead of text: {\"ok\": ..., "
+                    "\"problems\": [...]} (for scripts)")
+    _log_level(cc)
+    cr = csub.add_parser("reference", help="print the configuration reference (Markdown)",
+                         description="Print every configuration key (Markdown).",
+                         epilog="examples:\n  offloadd config reference > docs/config.md",
+                         formatter_class=argparse.RawDescriptionHelpFormatter)
+    _log_level(cr)
     return p
 
 
@@ -335,7 +424,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return _dispatch(args)
     except ConfigError as exc:
-        print(f"offloadd: config error: {exc}", file=sys.stderr)
+        for line in str(exc).splitlines() or [""]:  # every problem found, a line each
+            print(f"offloadd: config error: {line}", file=sys.stderr)
         return 2
     except OffloaddError as exc:
         print(f"offloadd: error: {exc}", file=sys.stderr)

@@ -76,7 +76,12 @@ def cmd_standalone(args: argparse.Namespace) -> int:
                                        entry_size=args.entry_size, topics=args.topics,
                                        config_path=args.config, payload=args.payload,
                                        shape=_shape(args)))
-    print(json.dumps(summary))
+    if args.json:
+        print(json.dumps(summary))
+    else:
+        from offloadd.shell.summaries import standalone_text
+
+        print(standalone_text(summary))
     # 1: not everything written was offloaded in time, or nothing was (summary["problem"])
     return 1 if summary.get("drained") is False or summary.get("problem") else 0
 
@@ -141,7 +146,12 @@ def cmd_produce(args: argparse.Namespace) -> int:
                "seconds": round(stats.seconds, 3), "topics": [str(t) for t in topics]}
         if stats.digests:
             out["sent"] = {str(t): d.to_json() for t, d in stats.digests.items()}
-        print(json.dumps(out))
+        if args.json:
+            print(json.dumps(out))
+        else:
+            from offloadd.shell.summaries import produce_text
+
+            print(produce_text(out))
         return 0
 
     try:
@@ -212,6 +222,9 @@ def cmd_read(args: argparse.Namespace) -> int:
             async for e in reader.read(args.topic, args.start, args.count):
                 if args.raw:
                     out.write(e.payload)
+                elif args.json:
+                    out.write(json.dumps({"position": str(e.position), "payload": base64.b64encode(
+                        e.payload).decode()}).encode() + b"\n")
                 else:
                     out.write(f"{e.position}\t".encode() + base64.b64encode(e.payload) + b"\n")
             out.flush()
@@ -313,7 +326,12 @@ def cmd_compact(args: argparse.Namespace) -> int:
     async def go() -> int:
         reports, ok = await run_compact(settings, [args.topic] if args.topic else None,
                                         target_bytes=args.target_bytes)
-        print(json.dumps({"topics": reports, "ok": ok}, indent=2))
+        if args.json:
+            print(json.dumps({"topics": reports, "ok": ok}, indent=2))
+        else:
+            from offloadd.shell.summaries import compact_text
+
+            print(compact_text(reports, ok))
         return 0 if ok else 1
 
     return _run(go())
@@ -461,10 +479,28 @@ def _same_deployment(base: str, ours: str, auth: dict[str, str]) -> None:
 def cmd_config(args: argparse.Namespace) -> int:
     from offloadd import config
 
+    if args.log_level:
+        from offloadd import logs
+
+        logs.configure("auto", args.log_level)
     if args.config_command == "reference":
         print(config.reference_markdown(), end="")
         return 0
-    settings = config.load(args.config)
+    try:
+        settings = config.load(args.config)
+    except ConfigError as exc:
+        if not args.json:
+            raise
+        print(json.dumps({"config": args.config, "ok": False,
+                          "problems": str(exc).splitlines()}, indent=2))
+        return 2
+    if args.json:
+        print(json.dumps({"config": args.config, "ok": True, "problems": [],
+                          "metadata": settings.metadata.url.split("@")[-1],
+                          "driver": settings.blobstore.driver,
+                          "namespace_overrides": len(settings.namespaces),
+                          "topic_overrides": len(settings.topics)}, indent=2))
+        return 0
     print(f"{args.config or '<defaults>'}: ok (metadata {settings.metadata.url.split('@')[-1]}, "
           f"driver {settings.blobstore.driver}, {len(settings.namespaces)} namespace and "
           f"{len(settings.topics)} topic override(s))")

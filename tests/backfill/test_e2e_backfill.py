@@ -72,7 +72,8 @@ def verify(cwd: Path, cfg: Path) -> dict[str, Any]:
 def backfill_killed_midway(cwd: Path, cfg: Path, after: int, timeout: float) -> tuple[int, int]:
     """Run a backfill and SIGKILL its process group (driver, JVM, Python workers) once
     ``after`` segments are committed; returns (committed seen, planned)."""
-    proc = subprocess.Popen([*OFFLOADD, "backfill", "--config", str(cfg), "--topic", TOPIC,
+    proc = subprocess.Popen([*OFFLOADD, "backfill", "--json", "--config", str(cfg), "--topic",
+                             TOPIC,
                              "--master", "local[2]", "--spark-conf", "spark.ui.enabled=false"],
                             cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             text=True, start_new_session=True)
@@ -105,7 +106,8 @@ def backfill_killed_midway(cwd: Path, cfg: Path, after: int, timeout: float) -> 
 def run_scenario(tmp_path: Path, sc: Scenario) -> None:
     cfg = write_config(tmp_path, segment_mbytes=sc.segment_mbytes, block_bytes=MiB)
     for nbytes, entry_size, rollover in sc.runs:
-        offloadd(["produce", "--config", str(cfg), "--topic", TOPIC, "--bytes", str(nbytes),
+        offloadd(["produce", "--json", "--config", str(cfg), "--topic", TOPIC, "--bytes",
+                  str(nbytes),
                   "--entry-size", str(entry_size)], tmp_path,
                  env={"OFFLOADD_SOURCE__ROLLOVER_BYTES": str(rollover)})
     ledgers = sorted((tmp_path / "data" / "ledgers").glob("*.off"))
@@ -119,7 +121,7 @@ def run_scenario(tmp_path: Path, sc: Scenario) -> None:
     assert mid["segments"] < planned  # the kill left work undone...
     assert mid["assigned"] == planned - mid["segments"]  # ...recorded ASSIGNED up front
 
-    again = json.loads(offloadd(["backfill", "--config", str(cfg), "--topic", TOPIC,
+    again = json.loads(offloadd(["backfill", "--json", "--config", str(cfg), "--topic", TOPIC,
                                  "--master", "local[2]", "--spark-conf",
                                  "spark.ui.enabled=false"], tmp_path, timeout=600).stdout)
     assert again["ok"]
@@ -136,7 +138,7 @@ def run_scenario(tmp_path: Path, sc: Scenario) -> None:
     backfill_end = topic["last_offloaded"]
 
     # Streaming picks up right after the history: one ordered, gap-free log.
-    offloadd(["standalone", "--config", str(cfg), "--duration", "3", "--rate", "3000000",
+    offloadd(["standalone", "--json", "--config", str(cfg), "--duration", "3", "--rate", "3000000",
               "--topics", "1"], tmp_path, timeout=180)
     rep = verify(tmp_path, cfg)
     assert rep["ok"], rep

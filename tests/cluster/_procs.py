@@ -100,7 +100,7 @@ class Rig:
         return self.spawn(name, ["run"])
 
     def produce(self, name: str, *args: str) -> subprocess.Popen[bytes]:
-        return self.spawn(name, ["produce", *args])
+        return self.spawn(name, ["produce", "--json", *args])
 
     def signal(self, name: str, sig: signal.Signals) -> None:
         os.kill(self.procs[name].pid, sig)

@@ -122,7 +122,8 @@ rollover_minutes = 0.25
 [metrics]
 enabled = false
 """)
-    out = subprocess.run([*OFFLOADD, "standalone", "--config", str(cfg), "--duration", "8",
+    out = subprocess.run([*OFFLOADD, "standalone", "--json", "--config", str(cfg), "--duration",
+                          "8",
                           "--rate", "1500000", "--topics", "3"], cwd=tmp_path,
                          capture_output=True, text=True, timeout=90)
     assert out.returncode == 0, out.stderr[-3000:]

@@ -48,7 +48,8 @@ class Run:
 def standalone(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
     cwd = tmp_path_factory.mktemp("lakehouse-e2e")
     cfg = write_config(cwd)
-    out = run(["standalone", "--config", str(cfg), "--duration", str(SECONDS), "--topics", "3",
+    out = run(["standalone", "--json", "--config", str(cfg), "--duration", str(SECONDS),
+               "--topics", "3",
                "--rate", "1000000"], cwd, timeout=SECONDS + 180)
     return Run(cwd, cfg, summary(out.stdout))
 

@@ -41,7 +41,8 @@ TOPICS = ["persistent://public/default/topic-0", "persistent://public/default/to
 
 def backlog(cwd: Path, seconds: int) -> tuple[Path, dict[str, Any]]:
     cfg = write_config(cwd, lakehouse="enabled = false\ncommit_max_bytes = 16384\n")
-    out = run(["standalone", "--config", str(cfg), "--duration", str(seconds), "--topics", "2",
+    out = run(["standalone", "--json", "--config", str(cfg), "--duration", str(seconds),
+               "--topics", "2",
                "--rate", "1000000"], cwd, timeout=seconds + 180)
     return cfg, summary(out.stdout)
 
@@ -72,7 +73,8 @@ def kill_loop(cwd: Path, cfg: Path, kills: int, rng: random.Random,
     deadline = time.monotonic() + budget_s
     before = _commits(cwd)
     while done["kills"] < kills and time.monotonic() < deadline:
-        proc = subprocess.Popen([*OFFLOADD, "lakehouse", "sync", "--config", str(cfg)], cwd=cwd,
+        proc = subprocess.Popen([*OFFLOADD, "lakehouse", "sync", "--json", "--config", str(cfg)],
+                                cwd=cwd,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                 stdin=subprocess.DEVNULL)
         if rng.random() < 0.5:
@@ -97,7 +99,7 @@ def kill_loop(cwd: Path, cfg: Path, kills: int, rng: random.Random,
 
 
 def check(cfg: Path, cwd: Path, sent: dict[str, Any]) -> None:
-    run(["lakehouse", "sync", "--config", str(cfg)], cwd, timeout=300)
+    run(["lakehouse", "sync", "--json", "--config", str(cfg)], cwd, timeout=300)
     settings = settings_of(cfg)
     for topic in TOPICS:
         rows = table_rows(settings, topic)

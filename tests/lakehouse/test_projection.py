@@ -45,9 +45,9 @@ JUNK = "persistent://public/default/junk"
 def source(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
     cwd = tmp_path_factory.mktemp("lakehouse-source")
     cfg = write_config(cwd, lakehouse="enabled = false\n")
-    run(["produce", "--config", str(cfg), "--topic", JUNK, "--bytes", "20480",
+    run(["produce", "--json", "--config", str(cfg), "--topic", JUNK, "--bytes", "20480",
          "--payload", "raw"], cwd)
-    out = run(["standalone", "--config", str(cfg), "--duration", "10", "--topics", "2",
+    out = run(["standalone", "--json", "--config", str(cfg), "--duration", "10", "--topics", "2",
                "--rate", "1000000"], cwd, timeout=200)
     result = summary(out.stdout)
     assert all(result["topics"][t]["ledgers"] >= 3 for t in (T0, T1)), result

@@ -37,7 +37,7 @@ access_key_id = "testing"
 secret_access_key = "testing"
 min_part_size_bytes = {MIN_PART_SIZE}
 """, lakehouse="enabled = true\ncommit_max_bytes = 1000000\n")
-    out = run(["standalone", "--config", str(cfg), "--duration", "8", "--topics", "2",
+    out = run(["standalone", "--json", "--config", str(cfg), "--duration", "8", "--topics", "2",
                "--rate", "800000"], tmp_path, timeout=240)
     s = summary(out.stdout)
     settings = settings_of(cfg)

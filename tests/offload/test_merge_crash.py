@@ -62,7 +62,8 @@ def offloadd(cwd: Path, *args: str, timeout: float = 120) -> subprocess.Complete
 
 
 def start(cwd: Path) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, "-m", "offloadd", "compact", "--config", "c.toml",
+    return subprocess.Popen([sys.executable, "-m", "offloadd", "compact", "--json", "--config",
+                             "c.toml",
                              "--log-level", "WARNING"], cwd=cwd, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
 
@@ -120,7 +121,7 @@ async def crash_rounds(tmp: Path, *, entries: int, per_segment: int, per_ledger:
     probe = tmp / "probe"
     shutil.copytree(base, probe)
     t0 = time.monotonic()
-    done = offloadd(probe, "compact")
+    done = offloadd(probe, "compact", "--json")
     full = time.monotonic() - t0
     assert done.returncode == 0, done.stderr
     segs_final = len((await state(probe))[0])
@@ -154,7 +155,7 @@ async def crash_rounds(tmp: Path, *, entries: int, per_segment: int, per_ledger:
             done_kills += 1
             hit += running
         # finish the merge, then everything is checked
-        done = offloadd(work, "compact")
+        done = offloadd(work, "compact", "--json")
         assert done.returncode == 0, done.stderr + done.stdout
         segs, _ = await state(work)
         assert len(segs) <= math.ceil(total / target) + 1, (len(segs), total, target)

@@ -96,7 +96,8 @@ async def read_all(settings: config.Settings) -> tuple[list[tuple[tuple[int, int
 
 
 def start_compact(cfg: Path, cwd: Path) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, "-m", "offloadd", "compact", "--config", str(cfg)],
+    return subprocess.Popen([sys.executable, "-m", "offloadd", "compact", "--json", "--config",
+                             str(cfg)],
                             cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
@@ -143,7 +144,7 @@ orphan_grace_s = 36000
     # the dead process's ZooKeeper session holds the topic until it expires (2 s)
     deadline = time.monotonic() + 30
     while True:
-        done = run(["compact", "--config", str(cfg)], tmp_path, check=False, timeout=60)
+        done = run(["compact", "--json", "--config", str(cfg)], tmp_path, check=False, timeout=60)
         if done.returncode == 0 or time.monotonic() > deadline:
             break
         assert "owned by" in done.stdout, done.stdout + done.stderr

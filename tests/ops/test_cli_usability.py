@@ -181,7 +181,8 @@ def test_standalone_stops_on_the_first_sigterm_while_draining(tmp_path: Path) ->
                    # gc's grace must outlast a throttled 64 MiB segment's upload
                    "[retention]\norphan_grace_s = 7200\n")
     log = (tmp_path / "standalone.log").open("w")
-    proc = subprocess.Popen([*OFFLOADD, "standalone", "--config", str(cfg), "--duration", "2",
+    proc = subprocess.Popen([*OFFLOADD, "standalone", "--json", "--config", str(cfg),
+                             "--duration", "2",
                              "--rate", "1000000", "--topics", "1"], cwd=tmp_path,
                             stdout=subprocess.PIPE, stderr=log, text=True)
     try:

@@ -4,6 +4,7 @@ for every mistake, the generated reference and the example files."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -333,12 +334,122 @@ def test_small_blocks_are_fine_on_s3_since_parts_group_them(
     assert s.min_block_size(s.offload) == 0
 
 
-def test_several_problems_are_counted_on_the_same_line(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    p = write(tmp_path, "[offload]\nmode = \"x\"\nblocks_in_flight = 0\nbuffer_max_bytes = 1\n")
+def test_every_problem_is_reported_at_once_a_line_each(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Three problems of the file, each of another kind (a value pydantic refuses, a boolean
+    for an integer, an unknown key), and a misnamed environment variable: all four reported,
+    not the first (issue 23 item 12)."""
+    monkeypatch.setenv("OFFLOADD_OFFLOAD_FLOW_PERMITS_PER_SECOND", "1")
+    p = write(tmp_path, "[offload]\nblocks_in_flight = 0\n[source]\nrollover_entries = true\n"
+              "[metrics]\nenabeld = true\n")
     rc, lines = check(p, capsys)
-    assert rc == 2 and len(lines) == 1
-    assert "(and 2 more problems)" in lines[0]
+    assert rc == 2
+    assert all(line.startswith("offloadd: config error: ") for line in lines), lines
+    text = "\n".join(lines)
+    for expected in (f"{p}: [offload.blocks_in_flight] must be >= 1 (got 0)",
+                     f"{p}: [source.rollover_entries] must be an integer, not the boolean true",
+                     f"{p}: [metrics.enabeld] unknown key; did you mean 'enabled'?",
+                     "environment OFFLOADD_OFFLOAD_FLOW_PERMITS_PER_SECOND: names no "
+                     "configuration key"):
+        assert expected in text, text
+    assert len(lines) == 4, lines
+
+
+def test_every_check_across_keys_is_reported_at_once(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    p = write(tmp_path, "[offload]\nmin_block_size_bytes = 2097152\n"
+              "max_block_size_bytes = 1048576\nretry_base_s = 60\nretry_max_s = 30\n"
+              "[retention]\norphan_grace_s = 60\n")
+    rc, lines = check(p, capsys)
+    assert rc == 2 and len(lines) == 3, lines
+    assert "[offload] min_block_size_bytes (2097152) must not exceed" in lines[0]
+    assert "[offload] retry_base_s (60.0) must not exceed retry_max_s" in lines[1]
+    assert "[retention] orphan_grace_s (60) must be at least 1200" in lines[2]
+    assert all(line.startswith(f"offloadd: config error: {p}: [") for line in lines)
+
+
+def test_every_bad_namespace_and_topic_key_is_reported(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    p = write(tmp_path, "[namespaces.public]\nmode = \"ledger\"\n[namespaces.\"a/b/c\"]\n"
+              "mode = \"ledger\"\n[topics.\"x/y\"]\nmode = \"ledger\"\n"
+              "[topics.\"persistent://a/b/..\"]\nmode = \"ledger\"\n")
+    rc, lines = check(p, capsys)
+    assert rc == 2 and len(lines) == 4, lines
+    for expected in ("[namespaces] namespace key 'public'", "[namespaces] namespace key 'a/b/c'",
+                     "[topics] topic name 'x/y' is invalid",
+                     "[topics] topic name 'persistent://a/b/..' is invalid"):
+        assert any(expected in line for line in lines), (expected, lines)
+
+
+def test_every_credentials_problem_of_a_section_is_reported(tmp_path: Path) -> None:
+    p = write(tmp_path, "[blobstore]\naccess_key_id = \"AKIAEXAMPLE\"\n"
+              "sse_kms_key_id = \"k\"\n")
+    with pytest.raises(ConfigError) as err:
+        config.load(p)
+    lines = str(err.value).splitlines()
+    assert len(lines) == 2, lines
+    assert lines[0] == f"{p}: [blobstore] set both access_key_id and secret_access_key, or " \
+        "neither (neither: the standard AWS credential chain)"
+    assert lines[1] == f"{p}: [blobstore] sse_kms_key_id needs sse = \"aws:kms\""
+
+
+def test_config_check_json_lists_every_problem(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    p = write(tmp_path, "[offload]\nblocks_in_flight = 0\nmode = \"x\"\n")
+    assert cli.main(["config", "check", "-c", str(p), "--json"]) == 2
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["ok"] is False and len(doc["problems"]) == 2, doc
+    assert cli.main(["config", "check", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["ok"] is True
+
+
+class TestSizes:
+    """Sizes with units in the file and the environment (issue 23 item 12)."""
+
+    def test_byte_keys_take_units_and_plain_integers(
+            self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch.setenv("OFFLOADD_SOURCE__ROLLOVER_BYTES", "2MB")
+        monkeypatch.setenv("OFFLOADD_OFFLOAD__BUFFER_MAX_BYTES", "268435456")
+        s = config.load(write(tmp_path, "[offload]\nmax_block_size_bytes = \"64MiB\"\n"
+                              "read_buffer_bytes = \"1.5 GiB\"\nthreshold_bytes = -1\n"
+                              "flow_permits_per_second = \"10MiB\"\n"
+                              "[topics.\"persistent://t/ns/x\"]\nmax_block_size_bytes = "
+                              "\"512KiB\"\n[blobstore]\npart_size_bytes = 8388608\n"))
+        assert s.offload.max_block_size_bytes == 64 * 2**20
+        assert s.offload.read_buffer_bytes == 3 * 2**29
+        assert s.offload.threshold_bytes == -1
+        assert s.offload.flow_permits_per_second == 10 * 2**20
+        assert s.policy_for(TopicName.parse("persistent://t/ns/x")).max_block_size_bytes == 2**19
+        assert s.source.rollover_bytes == 2_000_000
+        assert s.offload.buffer_max_bytes == 2**28 and s.blobstore.part_size_bytes == 2**23
+
+    def test_mbytes_keys_keep_mib_for_plain_numbers(self, tmp_path: Path) -> None:
+        s = config.load(write(tmp_path, "[offload]\nmax_size_per_segment_mbytes = 32\n"
+                              "[retention]\nmax_size_mbytes = \"1GiB\"\n"
+                              "[compact]\ntarget_mbytes = \"100MB\"\n"))
+        assert s.offload.max_size_per_segment_mbytes == 32.0
+        assert s.retention.max_size_mbytes == 1024.0
+        assert s.compact.target_mbytes == pytest.approx(100e6 / 2**20)
+
+    def test_a_bad_size_names_the_key_and_the_forms(
+            self, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        p = write(tmp_path, "[offload]\nmax_block_size_bytes = \"64 megs\"\n"
+                  "max_size_per_segment_mbytes = \"lots\"\n")
+        rc, lines = check(p, capsys)
+        assert rc == 2 and len(lines) == 2, lines
+        block = next(ln for ln in lines if "max_block_size_bytes" in ln)
+        assert (f"{p}: [offload.max_block_size_bytes] must be an integer number of bytes, or a "
+                "size with a unit: \"64MiB\", \"2MB\", \"512KiB\", \"1GiB\"") in block
+        assert "(got '64 megs')" in block
+        segment = next(ln for ln in lines if "max_size_per_segment_mbytes" in ln)
+        assert (f"{p}: [offload.max_size_per_segment_mbytes] must be a number of MiB, or a "
+                "size with a unit: \"64MiB\"") in segment
+
+    def test_a_size_still_meets_the_key_s_bounds(self, tmp_path: Path) -> None:
+        with pytest.raises(ConfigError, match=r"\[offload.max_block_size_bytes\] must be >= 1024 "
+                           r"\(got 1000\)"):
+            config.load(write(tmp_path, "[offload]\nmax_block_size_bytes = \"1KB\"\n"))
 
 
 def test_secret_values_are_never_echoed_in_errors(tmp_path: Path) -> None:

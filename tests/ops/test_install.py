@@ -84,7 +84,8 @@ def test_the_documented_install_runs_as_a_dynamic_user(prefix: Path) -> None:
                     cwd=prefix)
     assert out.returncode == 0, out
     # the daemon install leaves Spark out, and the backfill command says what to add
-    out = as_nobody(str(venv / "bin" / "offloadd"), "backfill", "--config", str(cfg), "--topic",
+    out = as_nobody(str(venv / "bin" / "offloadd"), "backfill", "--json", "--config", str(cfg),
+                    "--topic",
                     "persistent://public/default/t", cwd=prefix)
     assert out.returncode == 1, out
     assert "pip install 'offloadd[spark]'" in out.stderr and "Traceback" not in out.stderr
@@ -150,7 +151,8 @@ def test_the_package_runs_on(version: str, tmp_path: Path) -> None:
     run = tmp_path / "run"
     run.mkdir()
     env = {**os.environ, "OFFLOADD_METRICS__ENABLED": "false"}  # port 9105 may be taken
-    res = subprocess.run([exe, "standalone", "--duration", "1", "--rate", "200000", "--topics",
+    res = subprocess.run([exe, "standalone", "--json", "--duration", "1", "--rate", "200000",
+                          "--topics",
                           "1"], cwd=run, capture_output=True, text=True, timeout=120, env=env)
     assert res.returncode == 0, res.stderr[-3000:]
     res = subprocess.run([exe, "verify"], cwd=run, capture_output=True, text=True, timeout=120,

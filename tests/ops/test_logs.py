@@ -68,6 +68,21 @@ class TestFormat:
         assert "WARNING" in line and line.endswith("offloadd.test: hello 3")
         assert not line.startswith("{")
 
+    def test_a_plain_line_carries_the_date_and_the_utc_offset(
+            self, root_logger: logging.Logger, monkeypatch: pytest.MonkeyPatch) -> None:
+        import datetime
+
+        err = _Tty()
+        monkeypatch.setattr(sys, "stderr", err)
+        logs.configure("text", "INFO")
+        logging.getLogger("offloadd.test").info("hello")
+        stamp = err.getvalue().splitlines()[-1].split(" ", 1)[0]
+        # 2026-11-27T21:30:59.123+00:00: a full ISO-8601 time a reader can place on any host
+        assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}[+-]\d\d:\d\d", stamp)
+        when = datetime.datetime.fromisoformat(stamp)
+        now = datetime.datetime.now(datetime.UTC)
+        assert abs((now - when).total_seconds()) < 300
+
     def test_an_exception_is_one_json_record(self, root_logger: logging.Logger,
                                              monkeypatch: pytest.MonkeyPatch) -> None:
         err = io.StringIO()
@@ -152,7 +167,7 @@ shutdown_deadline_s = 5
     try:
         d.wait_logged("ready")
         topic = "persistent://public/default/secret"
-        cmd("produce", "--config", str(cfg), "--topic", topic, "--bytes", "50000")
+        cmd("produce", "--json", "--config", str(cfg), "--topic", topic, "--bytes", "50000")
         d.wait_logged(f"offloading topic {topic}")
         d.signal(signal.SIGUSR1)
         wait_for(lambda: sum(committed_entries(tmp_path).values()) > 0, 10, "a commit")

@@ -169,7 +169,8 @@ def write_config(root: Path, name: str, bucket: MotoBucket, endpoint: str, port:
 
 
 def produce(root: Path, cfg: Path, topic: str, nbytes: int) -> int:
-    out = offloadd(["produce", "--config", str(cfg), "--topic", topic, "--bytes", str(nbytes),
+    out = offloadd(["produce", "--json", "--config", str(cfg), "--topic", topic, "--bytes",
+                    str(nbytes),
                     "--entry-size", "1000"], root)
     return int(json.loads(out.stdout)["entries"])
 
@@ -230,7 +231,8 @@ def run_backfill(root: Path, bucket: MotoBucket) -> str:
     url = f"http://127.0.0.1:{port}/metrics"
     env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1",
            "PYSPARK_PYTHON": OFFLOADD[0], "PYSPARK_DRIVER_PYTHON": OFFLOADD[0]}
-    proc = subprocess.Popen([*OFFLOADD, "backfill", "--config", str(cfg), "--topic", HISTORY,
+    proc = subprocess.Popen([*OFFLOADD, "backfill", "--json", "--config", str(cfg), "--topic",
+                             HISTORY,
                              "--master", "local[1]", "--metrics-bind", f"127.0.0.1:{port}"],
                             cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)

@@ -56,7 +56,8 @@ def make_config(tmp_path: Path, *, offload: str = "", tier: str = "data/tier") -
 
 
 def produce(tmp_path: Path, cfg: Path, nbytes: int) -> int:
-    out = offloadd(["produce", "--config", str(cfg), "--topic", TOPIC, "--bytes", str(nbytes)],
+    out = offloadd(["produce", "--json", "--config", str(cfg), "--topic", TOPIC, "--bytes",
+                    str(nbytes)],
                    tmp_path)
     return int(json.loads(out.stdout)["entries"])
 

@@ -80,7 +80,7 @@ def test_a_70s_daemon_life_in_production_shape(zk_server: str, s3_bucket: MotoBu
         born = time.monotonic()
         # the live writer: a few topics at a steady rate, ~0.4 MB per topic between two closes
         writer = subprocess.Popen(
-            [*OFFLOADD, "produce", "--config", str(cfg), "--topics", str(TOPICS),
+            [*OFFLOADD, "produce", "--json", "--config", str(cfg), "--topics", str(TOPICS),
              "--duration", str(WRITE_S), "--rate", "120000", "--entry-size", "2000"],
             cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:

@@ -52,7 +52,8 @@ def test_status_verify_and_read_change_no_byte_of_an_existing_store(tmp_path: Pa
     cfg = tmp_path / "offloadd.toml"
     cfg.write_text("[offload]\nmax_segment_rollover_time_minutes = 0.01\n"
                    "[metrics]\nenabled = false\n")
-    res = offloadd(["produce", "--config", str(cfg), "--topic", TOPIC, "--bytes", "100000"],
+    res = offloadd(["produce", "--json", "--config", str(cfg), "--topic", TOPIC, "--bytes",
+                    "100000"],
                    tmp_path)
     n = json.loads(res.stdout)["entries"]
     d = DaemonProcess(tmp_path, cfg)
@@ -170,7 +171,7 @@ def test_read_from_past_the_end_exits_1_naming_the_last_entry(tmp_path: Path) ->
     cfg = tmp_path / "offloadd.toml"
     cfg.write_text("[offload]\nmax_segment_rollover_time_minutes = 0.01\n"
                    "[metrics]\nenabled = false\n")
-    n = json.loads(offloadd(["produce", "--config", str(cfg), "--topic", TOPIC, "--bytes",
+    n = json.loads(offloadd(["produce", "--json", "--config", str(cfg), "--topic", TOPIC, "--bytes",
                              "20000"], tmp_path).stdout)["entries"]
     d = DaemonProcess(tmp_path, cfg)
     try:

@@ -45,7 +45,8 @@ def make_config(tmp_path: Path, *, offload: str = "", daemon: str = "",
 
 
 def produce(tmp_path: Path, cfg: Path, topic: str, nbytes: int, entry_size: int = 1024) -> int:
-    out = offloadd(["produce", "--config", str(cfg), "--topic", topic, "--bytes", str(nbytes),
+    out = offloadd(["produce", "--json", "--config", str(cfg), "--topic", topic, "--bytes",
+                    str(nbytes),
                     "--entry-size", str(entry_size)], tmp_path)
     return int(json.loads(out.stdout)["entries"])
 

@@ -42,7 +42,8 @@ def free_port() -> int:
 def test_the_newest_threshold_bytes_stay_in_the_source(tmp_path: Path) -> None:
     cfg = tmp_path / "offloadd.toml"
     cfg.write_text(CONFIG.format(ledger=LEDGER, threshold=THRESHOLD, port=free_port()))
-    out = offloadd(["produce", "--config", str(cfg), "--topic", TOPIC, "--bytes", "300000",
+    out = offloadd(["produce", "--json", "--config", str(cfg), "--topic", TOPIC, "--bytes",
+                    "300000",
                     "--entry-size", str(ENTRY)], tmp_path)
     n = int(json.loads(out.stdout)["entries"])
     d = DaemonProcess(tmp_path, cfg)

@@ -50,7 +50,8 @@ def test_the_read_back_check_passes_on_default_sized_blocks(tmp_path: Path) -> N
     d = DaemonProcess(tmp_path, cfg)
     try:
         d.wait_logged("ready", timeout=60)
-        out = offloadd(["produce", "--config", str(cfg), "--topic", TOPIC, "--bytes", "600000",
+        out = offloadd(["produce", "--json", "--config", str(cfg), "--topic", TOPIC, "--bytes",
+                        "600000",
                         "--entry-size", "1000"], tmp_path)
         n = int(json.loads(out.stdout)["entries"])
         wait_for(lambda: value(url, "offloadd_offloaded_entries_total") >= n, 60,

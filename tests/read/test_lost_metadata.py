@@ -49,7 +49,7 @@ def copied(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, str]:
     sections = merge(local_sections(root), {"offload": {"max_size_per_segment_mbytes": 0.1,
                                                         "max_block_size_bytes": 16384}})
     cfg = write_config(root / "offloadd.toml", sections)
-    ok(cli(["standalone", "--config", str(cfg), "--duration", "1", "--rate", "400000",
+    ok(cli(["standalone", "--json", "--config", str(cfg), "--duration", "1", "--rate", "400000",
             "--topics", "1"], root, timeout=120))
     (root / "data" / "copy").mkdir()
     subprocess.run("cp -r data/tier/* data/copy/", shell=True, cwd=root, check=True)

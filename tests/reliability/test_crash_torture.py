@@ -139,9 +139,10 @@ def torture(tmp_path: Path, figures: Figures, *, kills: int, history_bytes: int,
     cfg = write_config(tmp_path / "offloadd.toml", local_sections(tmp_path))
     outputs = Outputs(tmp_path / "outputs")
     tier = tmp_path / "data" / "tier"
-    ok(cli(["produce", "--config", str(cfg), "--topics", "2", "--bytes", str(history_bytes),
+    ok(cli(["produce", "--json", "--config", str(cfg), "--topics", "2", "--bytes",
+            str(history_bytes),
             "--entry-size", "512"], tmp_path, outputs=outputs), "the history writer")
-    writer = Proc(["produce", "--config", str(cfg), "--topics", "2", "--duration", "3600",
+    writer = Proc(["produce", "--json", "--config", str(cfg), "--topics", "2", "--duration", "3600",
                    "--rate", str(rate), "--entry-size", "512"], tmp_path, outputs.new("writer.log"))
     phases: collections.Counter[str] = collections.Counter()
     aimed = 0

@@ -119,7 +119,8 @@ def test_a_tier_that_fills_up_is_reported_and_offload_resumes_when_it_grows(
         "metrics": {"enabled": True, "bind": f"127.0.0.1:{port}"},
         "daemon": {"log_level": "INFO"}}))
     outputs = Outputs(tmp_path / "outputs")
-    ok(cli(["produce", "--config", str(cfg), "--topics", "2", "--bytes", "5000000"], tmp_path,
+    ok(cli(["produce", "--json", "--config", str(cfg), "--topics", "2", "--bytes", "5000000"],
+           tmp_path,
            outputs=outputs))
     d = Proc(["run", "--config", str(cfg)], tmp_path, outputs.new("run.log"))
     try:
@@ -160,7 +161,8 @@ def test_a_full_embedded_store_is_a_clear_error_and_nothing_changes_until_space_
             "offload": {"max_size_per_segment_mbytes": 0.25, "max_block_size_bytes": 65536},
             "daemon": {"log_level": "INFO"}}))
     outputs = Outputs(tmp_path / "outputs")
-    ok(cli(["produce", "--config", str(cfg), "--topics", "2", "--bytes", "3000000"], tmp_path,
+    ok(cli(["produce", "--json", "--config", str(cfg), "--topics", "2", "--bytes", "3000000"],
+           tmp_path,
            outputs=outputs))
     before = counts(cfg)
     db = (vol / "metadata" / "metadata.db").read_bytes()

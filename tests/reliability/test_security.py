@@ -118,7 +118,7 @@ def test_no_output_holds_a_secret_and_the_defaults_are_safe(
     cwd = tmp_path
 
     ok(cli(["config", "check", "--config", str(cfg)], cwd, outputs=outputs))
-    ok(cli(["produce", "--config", str(cfg), "--topics", "2", "--bytes", "400000"], cwd,
+    ok(cli(["produce", "--json", "--config", str(cfg), "--topics", "2", "--bytes", "400000"], cwd,
             outputs=outputs))
     d = Proc(["run", "--config", str(cfg)], cwd, outputs.new("run.log"))
     outputs.files.append(d.out)
@@ -147,7 +147,7 @@ def test_no_output_holds_a_secret_and_the_defaults_are_safe(
     standalone_cfg = write_config(tmp_path / "standalone.toml", merge(base, {
         "metrics": {"enabled": True, "bind": f"127.0.0.1:{free_port()}"},
         "source": {"path": f"{tmp_path}/data/ledgers2"}}))
-    ok(cli(["standalone", "--config", str(standalone_cfg), "--duration", "1", "--rate",
+    ok(cli(["standalone", "--json", "--config", str(standalone_cfg), "--duration", "1", "--rate",
             "200000", "--topics", "1"], cwd, outputs=outputs, timeout=120))
 
     # error paths, where a careless message would echo what it was given

@@ -94,7 +94,7 @@ def test_a_rotten_source_entry_fails_its_segment_until_repaired_and_is_never_ski
     port = free_port()
     cfg = write_config(tmp_path / "offloadd.toml", merge(local_sections(tmp_path), {
         "metrics": {"enabled": True, "bind": f"127.0.0.1:{port}"}}))
-    ok(cli(["produce", "--config", str(cfg), "--topic", TOPIC, "--bytes", "400000",
+    ok(cli(["produce", "--json", "--config", str(cfg), "--topic", TOPIC, "--bytes", "400000",
             "--entry-size", "1000"], tmp_path))
     ledger_id, entries = closed_ledgers(tmp_path)[2]
     victim = entries // 2

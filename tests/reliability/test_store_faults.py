@@ -90,13 +90,14 @@ def survive(tmp_path: Path, bucket: MotoBucket, proxy: FaultProxy, figures: Figu
                        name="direct.toml")
     proxy.plan = faults(rate)
     if history is None:
-        out = run(["standalone", "--config", str(cfg), "--duration", str(seconds), "--rate",
+        out = run(["standalone", "--json", "--config", str(cfg), "--duration", str(seconds),
+                   "--rate",
                    str(bytes_per_s), "--topics", "1", "--entry-size", "1024"], tmp_path,
                   timeout=240)
         (name,) = summary_of(out)["topics"]
     else:
         name = "persistent://public/default/faulty"
-        run(["produce", "--config", str(cfg), "--topic", name, "--bytes", str(history),
+        run(["produce", "--json", "--config", str(cfg), "--topic", name, "--bytes", str(history),
              "--entry-size", "1024"], tmp_path)
         d = Proc(["run", "--config", str(cfg)], tmp_path, tmp_path / "run.log")
         try:

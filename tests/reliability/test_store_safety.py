@@ -48,7 +48,8 @@ def test_a_second_writer_or_daemon_on_a_standalones_store_is_refused(
     sections = local_sections(tmp_path)
     sections["daemon"]["pid_file"] = f"{tmp_path}/other.pid"
     other_pid_file = write_config(tmp_path / "other.toml", sections)
-    first = Proc(["standalone", "--config", str(cfg), "--duration", "6", "--rate", "300000",
+    first = Proc(["standalone", "--json", "--config", str(cfg), "--duration", "6", "--rate",
+                  "300000",
                   "--topics", "2"], tmp_path, tmp_path / "first.log")
     try:
         pid_file = tmp_path / "data" / "offloadd.pid"  # written once it is up and writing
@@ -57,9 +58,10 @@ def test_a_second_writer_or_daemon_on_a_standalones_store_is_refused(
             assert first.alive() and time.monotonic() < deadline, first.text()[-4000:]
             time.sleep(0.02)
         refused = {
-            "standalone": cli(["standalone", "--config", str(cfg), "--duration", "2", "--rate",
+            "standalone": cli(["standalone", "--json", "--config", str(cfg), "--duration", "2",
+                               "--rate",
                                "300000", "--topics", "2"], tmp_path),
-            "produce": cli(["produce", "--config", str(cfg), "--topics", "2", "--bytes",
+            "produce": cli(["produce", "--json", "--config", str(cfg), "--topics", "2", "--bytes",
                             "100000"], tmp_path),
             # its own pid file: the pid-file check alone would not have stopped it
             "run": cli(["run", "--config", str(other_pid_file)], tmp_path, timeout=60),
@@ -91,7 +93,7 @@ def offloaded_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A standalone run, finished: closed ledgers, every entry committed."""
     root = tmp_path_factory.mktemp("store-safety")
     cfg = write_config(root / "offloadd.toml", local_sections(root))
-    ok(cli(["standalone", "--config", str(cfg), "--duration", "2", "--rate", "300000",
+    ok(cli(["standalone", "--json", "--config", str(cfg), "--duration", "2", "--rate", "300000",
             "--topics", "1"], root, timeout=120))
     return root
 

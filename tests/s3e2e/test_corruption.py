@@ -64,7 +64,8 @@ def offloaded(s3_server: str, tmp_path_factory: pytest.TempPathFactory) -> Offlo
     bucket = MotoBucket(s3_server, f"offloadd-corruption-{os.getpid()}")
     bucket.boto3().create_bucket(Bucket=bucket.name)
     cfg = s3_config(cwd, s3_server, bucket.name, POLICY)
-    run(["standalone", "--config", str(cfg), "--duration", "3", "--rate", "500000", "--topics",
+    run(["standalone", "--json", "--config", str(cfg), "--duration", "3", "--rate", "500000",
+         "--topics",
          "1"], cwd, timeout=120)
     uid = committed_uids(cwd)[TopicName.parse(TOPIC).managed_ledger][0]
     index = streaming_index(bucket, f"{uid}-index")

@@ -59,7 +59,7 @@ def test_every_segment_completes_and_reads_back_through_a_proxy_failing_requests
                     blobstore="read_timeout_s = 1.0\nconnect_timeout_s = 2.0\n"
                     f"part_size_bytes = {PART}")
     proxy.plan = FAULTS
-    out = run(["standalone", "--config", str(cfg), "--duration", "6", "--rate", "600000",
+    out = run(["standalone", "--json", "--config", str(cfg), "--duration", "6", "--rate", "600000",
                "--topics", "2"], tmp_path, timeout=180)
 
     seen = len(proxy.log)

@@ -128,7 +128,7 @@ def test_an_outage_pauses_uploads_within_bounded_memory_and_the_backlog_complete
     stderr = tmp_path / "standalone.log"
     with stderr.open("w") as err:
         proc = subprocess.Popen(
-            [*OFFLOADD, "standalone", "--config", str(cfg), "--topics", "2", "--rate",
+            [*OFFLOADD, "standalone", "--json", "--config", str(cfg), "--topics", "2", "--rate",
              str(RATE), "--duration", str(warm_s + outage_s + after_s)],
             cwd=tmp_path, stdout=subprocess.PIPE, stderr=err, text=True)
     paused: Observed | None = None

@@ -118,7 +118,8 @@ def agree(port: int, topic: str) -> tuple[dict[str, Any], dict[str, float]]:
 def produce(cwd: Path, cfg: Path, *args: str) -> subprocess.Popen[bytes]:
     """``offloadd produce`` in the background; its stderr goes to ``produce.log``."""
     with (cwd / "produce.log").open("ab") as err:
-        return subprocess.Popen([*OFFLOADD, "produce", "--config", str(cfg), *args], cwd=cwd,
+        return subprocess.Popen([*OFFLOADD, "produce", "--json", "--config", str(cfg), *args],
+                                cwd=cwd,
                                 stdout=subprocess.DEVNULL, stderr=err)
 
 

@@ -47,7 +47,7 @@ def test_standalone_on_s3_verifies_with_pulsar_keys_metadata_and_parts_of_whole_
     # parts of 128 KiB (blocks are up to 1 MiB): several parts per segment crossing ledgers
     cfg = s3_config(tmp_path, s3_bucket.endpoint, s3_bucket.name, policy,
                     blobstore=f"part_size_bytes = {PART}")
-    out = run(["standalone", "--config", str(cfg), "--duration", str(seconds), "--rate",
+    out = run(["standalone", "--json", "--config", str(cfg), "--duration", str(seconds), "--rate",
                str(rate), "--topics", "3"], tmp_path, timeout=240)
     summary = summary_of(out)
     assert summary["bytes_written"] >= seconds * rate * 0.8
@@ -73,7 +73,7 @@ def test_default_sizes_give_unpadded_parts_of_at_least_8_mib_under_the_key_prefi
     # only the embedded writer's ledger size is set: several ledgers make several blocks
     cfg = s3_config(tmp_path, s3_bucket.endpoint, s3_bucket.name,
                     "[source]\nrollover_bytes = 3000000\n", prefix=prefix)
-    out = run(["standalone", "--config", str(cfg), "--duration", "7", "--rate", "2000000",
+    out = run(["standalone", "--json", "--config", str(cfg), "--duration", "7", "--rate", "2000000",
                "--topics", "1"], tmp_path, timeout=150)
     rep = verify_json(tmp_path, cfg)
     assert rep["ok"], rep

@@ -52,7 +52,8 @@ def offloaded(moto_server: str, tmp_path_factory: pytest.TempPathFactory) -> Off
     bucket = MotoBucket(moto_server, f"offloadd-transport-{os.getpid()}")
     bucket.boto3().create_bucket(Bucket=bucket.name)
     cfg = s3_config(cwd, moto_server, bucket.name, POLICY)
-    run(["standalone", "--config", str(cfg), "--duration", "3", "--rate", "500000", "--topics",
+    run(["standalone", "--json", "--config", str(cfg), "--duration", "3", "--rate", "500000",
+         "--topics",
          "1"], cwd, timeout=120)
     uid = committed_uids(cwd)[TopicName.parse(TOPIC).managed_ledger][0]
     return Offloaded(cwd, bucket, uid, source_crcs(cwd, TOPIC))

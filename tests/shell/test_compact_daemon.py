@@ -33,7 +33,7 @@ bind = "127.0.0.1:0"
 
 def test_the_daemon_merges_small_segments_while_the_topic_is_written(tmp_path: Path) -> None:
     (tmp_path / "c.toml").write_text(CONFIG)
-    out = run(["standalone", "--config", "c.toml", "--duration", "8", "--rate", "40000",
+    out = run(["standalone", "--json", "--config", "c.toml", "--duration", "8", "--rate", "40000",
                "--entry-size", "400", "--topics", "1"], tmp_path, timeout=150)
     summary = json.loads(out.stdout.strip().splitlines()[-1])
     assert summary["drained"] is not False, summary

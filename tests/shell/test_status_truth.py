@@ -74,7 +74,7 @@ def producing_daemon(tmp_path: Path, cfg: Path) -> Iterator[DaemonProcess]:
     d = DaemonProcess(tmp_path, cfg)
     try:
         d.wait_logged("offloadd ready")
-        offloadd(["produce", "--config", str(cfg), "--topic", TOPIC, "--bytes", "20000"],
+        offloadd(["produce", "--json", "--config", str(cfg), "--topic", TOPIC, "--bytes", "20000"],
                  tmp_path)
         d.wait_logged(f"offloading topic {TOPIC}")
         yield d
@@ -150,7 +150,8 @@ def test_standalone_that_offloaded_nothing_exits_1_with_the_reason(tmp_path: Pat
                    '[daemon]\nlog_format = "json"\n')
     err = tmp_path / "standalone.err"
     with err.open("wb") as log:
-        proc = subprocess.Popen([*OFFLOADD, "standalone", "--config", str(cfg), "--topics", "1",
+        proc = subprocess.Popen([*OFFLOADD, "standalone", "--json", "--config", str(cfg),
+                                 "--topics", "1",
                                  "--rate", "200000"], cwd=tmp_path, stdout=subprocess.PIPE,
                                 stderr=log)
         try:

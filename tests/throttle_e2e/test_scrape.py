@@ -94,7 +94,7 @@ def test_a_scrape_taken_during_a_standalone_run_passes_promtool_check_metrics(
     (tmp_path / "offloadd.toml").write_text(CONFIG.format(port=port))
     with (tmp_path / "standalone.log").open("w") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "offloadd", "standalone", "--duration", "15",
+            [sys.executable, "-m", "offloadd", "standalone", "--json", "--duration", "15",
              "--config", "offloadd.toml", "--topics", "3", "--rate", "3000000"],
             cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=log)
     base = f"http://127.0.0.1:{port}"

@@ -140,7 +140,7 @@ async def _scenario(root: Path) -> Run:
         running = asyncio.create_task(daemon.run(install_signals=False))
         with (root / "produce.log").open("wb") as log:
             writer = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "offloadd", "produce", "--config", str(cfg),
+                sys.executable, "-m", "offloadd", "produce", "--json", "--config", str(cfg),
                 "--topics", str(TOPICS), "--rate", str(TOPICS * PER_TOPIC_RATE),
                 "--duration", str(WRITE_SECONDS), "--entry-size", str(ENTRY),
                 cwd=root, stdout=asyncio.subprocess.PIPE, stderr=log)
