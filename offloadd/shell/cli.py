@@ -191,6 +191,10 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--entry-size", type=_entry_size, default=1024, metavar="BYTES",
                     help=f"payload bytes per entry (default 1024, at most {MAX_ENTRY_SIZE:,})")
     _payload_args(sp, default_compression="none")
+    sp.add_argument("--schema", choices=("avro", "json"),
+                    help="register a schema for each topic in the embedded store's schema "
+                    "registry (an Order record) and write messages of it, Avro binary or JSON, "
+                    "each carrying its schema_version (replaces --payload)")
 
     sp = cmd("status", "per topic: failing or not, last error, lag, segments by state",
              "  offloadd status --config /etc/offloadd/offloadd.toml\n"

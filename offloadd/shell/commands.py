@@ -129,10 +129,11 @@ def cmd_produce(args: argparse.Namespace) -> int:
             writer = LocalLedgerWriter(settings.source.path, md, wiring.rollover_policy(settings),
                                        max_entry_bytes=settings.source.max_entry_bytes)
             try:
+                source = await _schema_source(md, topics, args)
                 stats = await produce(writer, topics, entry_size=args.entry_size,
                                       total_bytes=args.bytes, rate=args.rate,
                                       duration=args.duration, stop=stop,
-                                      payload=args.payload, shape=_shape(args))
+                                      payload=args.payload, shape=_shape(args), source=source)
             finally:
                 await writer.close()
         finally:
@@ -148,6 +149,22 @@ def cmd_produce(args: argparse.Namespace) -> int:
         return _run(go())
     finally:
         lock.release()
+
+
+async def _schema_source(md: MetadataStore, topics: list[TopicName],
+                         args: argparse.Namespace) -> Any:
+    """``--schema avro|json``: the schema registered for each topic (as a producer's is) and an
+    entry source writing messages of it; None without the option."""
+    kind = getattr(args, "schema", None)
+    if kind is None:
+        return None
+    from offloadd.ledger.local.meta import LedgerIds
+    from offloadd.shell.produce_schema import SchemaEntries, register_order_schema
+
+    ids = LedgerIds(md, 1)
+    versions = {t: await register_order_schema(md, t, kind, lambda: ids.allocate(-1))
+                for t in topics}
+    return SchemaEntries(kind, versions, max_batch=args.max_batch)
 
 
 def cmd_status(args: argparse.Namespace) -> int:
