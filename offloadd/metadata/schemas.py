@@ -12,6 +12,7 @@ takes the entry reader as a function.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -32,6 +33,7 @@ from offloadd.model.keys import OFFLOADD_ROOT
 __all__ = ["SCHEMAS_ROOT", "SchemaReader", "SchemaVersion", "embedded_entry_reader",
            "locator_path", "register", "topic_schema_id"]
 
+log = logging.getLogger(__name__)
 SCHEMAS_ROOT = "/schemas"
 SCHEMA_LEDGERS = f"{OFFLOADD_ROOT}/schema-ledgers"
 EntryReader = Callable[[int, int], Awaitable[bytes]]  # (ledger id, entry id) -> entry bytes
@@ -118,6 +120,7 @@ class SchemaReader:
         self.md = md
         self.read_entry = read_entry or embedded_entry_reader(md)
         self._cache: dict[tuple[str, int], SchemaVersion] = {}
+        self._unreadable: set[TopicName] = set()
 
     async def locator(self, topic: TopicName) -> SchemaLocator | None:
         try:
@@ -130,7 +133,16 @@ class SchemaReader:
         loc = await self.locator(topic)
         if loc is None:
             return []
-        return [await self._version(topic, e) for e in loc.index]
+        try:
+            return [await self._version(topic, e) for e in loc.index]
+        except NotFound as exc:
+            # e.g. a sidecar seeing Pulsar's locator, whose entries are in BookKeeper ledgers
+            # that this reader does not read: project the topic untyped rather than not at all
+            if topic not in self._unreadable:
+                self._unreadable.add(topic)
+                log.warning("schemas of %s: a version's entry is not readable (%s); the topic "
+                            "is projected without typed columns", topic, exc)
+            return []
 
     async def _version(self, topic: TopicName, e: IndexEntry) -> SchemaVersion:
         key = (topic_schema_id(topic), e.version)

@@ -13,6 +13,7 @@ import math
 import sys
 import textwrap
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from offloadd import __version__
@@ -195,6 +196,11 @@ def build_parser() -> argparse.ArgumentParser:
                     help="register a schema for each topic in the embedded store's schema "
                     "registry (an Order record) and write messages of it, Avro binary or JSON, "
                     "each carrying its schema_version (replaces --payload)")
+    sp.add_argument("--schema-file", type=Path, metavar="PATH",
+                    help="with --schema: register this Avro record schema (JSON) instead, e.g. "
+                    "the Order record with a field added: a new version when it differs from "
+                    "the latest; messages fill fields the Order record lacks with their "
+                    "defaults")
 
     sp = cmd("status", "per topic: failing or not, last error, lag, segments by state",
              "  offloadd status --config /etc/offloadd/offloadd.toml\n"

@@ -161,10 +161,16 @@ async def _schema_source(md: MetadataStore, topics: list[TopicName],
     from offloadd.ledger.local.meta import LedgerIds
     from offloadd.shell.produce_schema import SchemaEntries, register_order_schema
 
+    definition = None
+    if getattr(args, "schema_file", None) is not None:
+        try:
+            definition = json.loads(args.schema_file.read_text())
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"--schema-file {args.schema_file}: {exc}") from None
     ids = LedgerIds(md, 1)
-    versions = {t: await register_order_schema(md, t, kind, lambda: ids.allocate(-1))
-                for t in topics}
-    return SchemaEntries(kind, versions, max_batch=args.max_batch)
+    versions = {t: await register_order_schema(md, t, kind, lambda: ids.allocate(-1),
+                                               definition) for t in topics}
+    return SchemaEntries(kind, versions, max_batch=args.max_batch, schema=definition)
 
 
 def cmd_status(args: argparse.Namespace) -> int:

@@ -22,6 +22,8 @@ from tests.lakehouse.support import run, settings_of, summary, table_rows, write
 
 pytestmark = pytest.mark.integration
 AVRO = "persistent://public/default/orders-avro"
+V1 = {**ORDER_SCHEMA, "fields": [*ORDER_SCHEMA["fields"], {
+    "name": "coupon", "type": ["null", "string"], "default": None}]}
 JSON = "persistent://public/default/orders-json"
 
 
@@ -29,11 +31,15 @@ JSON = "persistent://public/default/orders-json"
 def done(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, dict[str, Any]]:
     cwd = tmp_path_factory.mktemp("schemas-e2e")
     cfg = write_config(cwd)
-    sent = {}
+    sent: dict[str, Any] = {}
+    evolved = cwd / "order-v1.json"
+    evolved.write_text(json.dumps(V1))
     for topic, kind in ((AVRO, "avro"), (JSON, "json")):
-        out = run(["produce", "--config", str(cfg), "--topic", topic, "--bytes", "60000",
-                   "--schema", kind], cwd)
-        sent[topic] = summary(out.stdout)["sent"][topic]
+        for extra in ([], ["--schema-file", str(evolved)]):  # version 0, then version 1
+            out = run(["produce", "--config", str(cfg), "--topic", topic, "--bytes", "30000",
+                       "--schema", kind, *extra], cwd)
+            n = summary(out.stdout)["sent"][topic]["messages"]
+            sent.setdefault(topic, []).append(n)
     out = run(["standalone", "--config", str(cfg), "--duration", "8", "--topics", "1",
                "--rate", "100000"], cwd, timeout=240)
     result = summary(out.stdout)
@@ -53,17 +59,22 @@ def test_pyiceberg_sees_the_struct_and_rows_hold_the_decoded_payloads(
             (t.tenant, t.namespace, t.local))
         value = table.schema().find_field("value").field_type
         assert isinstance(value, StructType)
-        assert [f.name for f in value.fields] == [f["name"] for f in ORDER_SCHEMA["fields"]]
+        # version 1 added its optional field to the struct
+        assert [f.name for f in value.fields] == [f["name"] for f in V1["fields"]]
         assert isinstance(table.schema().find_field("value.address").field_type, StructType)
         assert isinstance(table.schema().find_field("value.created").field_type,
                           TimestamptzType)
         rows = table_rows(settings, topic)
-        assert rows.num_rows == sent[topic]["messages"]
+        assert rows.num_rows == sum(sent[topic])
         assert rows.column("decode_error").null_count == rows.num_rows
-        for r in rows.select(["payload", "value"]).to_pylist()[:200]:
-            want = avro_decode(ORDER_SCHEMA, r["payload"]) if topic == AVRO \
+        versions = [int.from_bytes(v, "big") for v in rows.column("schema_version").to_pylist()]
+        assert versions == [0] * sent[topic][0] + [1] * sent[topic][1]
+        for r in rows.select(["payload", "value", "schema_version"]).to_pylist()[::7]:
+            v1 = int.from_bytes(r["schema_version"], "big") == 1
+            want = avro_decode(V1 if v1 else ORDER_SCHEMA, r["payload"]) if topic == AVRO \
                 else json.loads(r["payload"])
             got = r["value"]
+            assert got["coupon"] is None  # v0 has no such field; v1's writer leaves it null
             assert got["id"] == want["id"] and got["customer"] == want["customer"]
             assert got["amount"] == want["amount"] and got["paid"] == want["paid"]
             assert got["note"] == want["note"] and got["address"] == want["address"]
@@ -79,5 +90,6 @@ def test_query_returns_typed_values(done: tuple[Path, Path, dict[str, Any]]) -> 
                "typeof(value.created) AS ts_type FROM orders_avro "
                "WHERE value.id = 5"], cwd)
     rows = json.loads(out.stdout)
+    # one message with id 5 per produce run (version 0, then version 1)
     assert rows == [{"id": 5, "amount": 21.25, "paid": True, "city": "Zürich",
-                     "note": "note 5", "ts_type": "TIMESTAMP WITH TIME ZONE"}]
+                     "note": "note 5", "ts_type": "TIMESTAMP WITH TIME ZONE"}] * 2

@@ -85,3 +85,15 @@ def test_schema_entries_carry_the_version_and_decode_under_the_schema() -> None:
                            else json.loads(m.payload))
         assert got == [order(i, 1_000_000) for i in range(len(got))]
         assert len(got) == src.digests[TOPIC].messages > 4  # some entries are batches
+
+
+@pytest.mark.timeout(60)
+async def test_a_locator_whose_entries_are_elsewhere_gives_no_versions(tmp_path: Path) -> None:
+    # what a sidecar sees: Pulsar's locator, the entries in BookKeeper (not read yet)
+    md = await EmbeddedMetadataStore.open(tmp_path / "md")
+    try:
+        e = IndexEntry(0, 424242, 0, b"h")
+        await md.create(locator_path(TOPIC), SchemaLocator(e, (e,)).encode())
+        assert await SchemaReader(md).versions(TOPIC) == []
+    finally:
+        await md.close()
