@@ -46,6 +46,7 @@ from offloadd.blobstore.base import BlobStore
 from offloadd.config import Settings
 from offloadd.errors import NotFound, OffloaddError
 from offloadd.lakehouse.rows import RowBuilder
+from offloadd.lakehouse.schemas import TypedDecoder
 from offloadd.lakehouse.tables import (
     LAST_POSITION,
     last_position,
@@ -53,8 +54,10 @@ from offloadd.lakehouse.tables import (
     open_table,
     summary_properties,
 )
+from offloadd.lakehouse.typed import evolve
 from offloadd.metadata import managed_ledger
 from offloadd.metadata.base import MetadataStore
+from offloadd.metadata.schemas import SchemaReader
 from offloadd.model import Position, TopicName
 from offloadd.model import catalog as segments_catalog
 from offloadd.read.reader import TierReader
@@ -109,6 +112,8 @@ class Projector:
         self._clock = clock
         self._tables: dict[TopicName, Table] = {}
         self._stop: asyncio.Event | None = None  # set by run(): a pass ends after its commit
+        self._schemas = SchemaReader(metadata)
+        self._typed: dict[TopicName, TypedDecoder | None] = {}
 
     # ---- catalog and tables ----------------------------------------------------------------
     async def catalog(self) -> Catalog:
@@ -176,6 +181,9 @@ class Projector:
         table = await self._table(topic, refresh=True)
         last = await asyncio.to_thread(last_position, table)
         rep.last_position = str(last) if last else None
+        versions = await self._schemas.versions(topic)
+        self._typed[topic] = await asyncio.to_thread(evolve, table, str(topic), versions) \
+            if versions else None
         try:
             info, _ = await managed_ledger.load(self.metadata, topic.managed_ledger)
         except NotFound:
@@ -215,7 +223,8 @@ class Projector:
     async def _commit(self, topic: TopicName, table: Table,
                       entries: list[tuple[Position, memoryview]], rep: TopicReport) -> Table:
         def work() -> tuple[int, int]:
-            builder = RowBuilder(str(topic), table.schema(), self._json_fields(topic))
+            builder = RowBuilder(str(topic), table.schema(), self._json_fields(topic),
+                                 self._typed.get(topic))
             for pos, raw in entries:
                 builder.add(pos, raw)
             last, undecodable = builder.last, builder.undecodable

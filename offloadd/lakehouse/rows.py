@@ -20,6 +20,7 @@ from pyiceberg.schema import Schema
 from offloadd.errors import FormatError
 from offloadd.format.compression import Compression
 from offloadd.format.message import decode_entry
+from offloadd.lakehouse.schemas import VALUE_COLUMN, TypedDecoder
 from offloadd.model import Position
 
 __all__ = ["RowBuilder"]
@@ -38,7 +39,8 @@ class RowBuilder:
     """Accumulates rows for one topic; :meth:`table` hands them out as a ``pa.Table``."""
 
     def __init__(self, topic: str, schema: Schema,
-                 json_fields: Mapping[str, str] | None = None) -> None:
+                 json_fields: Mapping[str, str] | None = None,
+                 typed: TypedDecoder | None = None) -> None:
         self.topic = topic
         self.schema = schema
         self.arrow_schema = schema_to_pyarrow(schema, include_field_ids=False)
@@ -49,6 +51,8 @@ class RowBuilder:
             "ordering_key", "properties", "producer_name", "sequence_id", "payload",
             "broker_timestamp", "broker_index", "schema_version", "encrypted", "chunk_uuid",
             "chunk_id", "num_chunks", "payload_compression", "decode_error")}
+        self.typed = typed  # the topic's schema versions: the ``value`` column
+        self._values: list[Any] = []
         self.rows = 0
         self.entries = 0
         self.payload_bytes = 0
@@ -64,6 +68,7 @@ class RowBuilder:
         except FormatError as exc:
             log.warning("undecodable entry kept as a flagged row: %s", exc)
             self.undecodable += 1
+            self._values.append(None)
             self._row(position, -1, None, None, None, None, (), None, None, bytes(raw), None,
                       None, None, False, None, None, None, None, str(exc))
             return
@@ -77,12 +82,16 @@ class RowBuilder:
         if (d.encrypted or chunk is not None) and d.compression != Compression.NONE:
             raw_codec = _codec_name(d.compression)
         for m in d.messages:
+            value, error = None, None
+            if self.typed is not None and not d.encrypted and chunk is None:
+                value, error = self.typed.decode(d.schema_version, m.payload)
+            self._values.append(value)
             self._row(position, m.batch_index, pt,
                       m.event_time * 1000 if m.event_time else None, m.key, m.ordering_key,
                       m.properties, d.producer_name, _signed(m.sequence_id), m.payload, bts, bidx,
                       d.schema_version, d.encrypted,
                       chunk.uuid if chunk else None, chunk.chunk_id if chunk else None,
-                      chunk.num_chunks if chunk else None, raw_codec, None)
+                      chunk.num_chunks if chunk else None, raw_codec, error)
 
     def _row(self, pos: Position, batch_index: int, publish_us: int | None,
              event_us: int | None, key: str | None, ordering_key: bytes | None,
@@ -140,6 +149,8 @@ class RowBuilder:
                 arrays.append(pa.array(self._cols[f.name], f.type))
             elif f.name in self._json_cols:
                 arrays.append(pa.array(self._json_cols[f.name], f.type))
+            elif f.name == VALUE_COLUMN and self.typed is not None:
+                arrays.append(pa.array(self._values, f.type))
             else:  # a column this builder does not fill (e.g. a JSON field no longer configured)
                 arrays.append(pa.nulls(self.rows, f.type))
         out = pa.Table.from_arrays(arrays, schema=self.arrow_schema)
@@ -147,6 +158,7 @@ class RowBuilder:
             col.clear()
         for col in self._json_cols.values():
             col.clear()
+        self._values.clear()
         self.rows = self.entries = self.payload_bytes = 0
         return out
 

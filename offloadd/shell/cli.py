@@ -13,6 +13,7 @@ import math
 import sys
 import textwrap
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from offloadd import __version__
@@ -252,6 +253,15 @@ def build_parser() -> argparse.ArgumentParser:
                     help="payload bytes per entry, e.g. 1024 or 4KiB (default 1024, at most "
                     f"{MAX_ENTRY_SIZE:,})")
     _payload_args(sp, default_compression="none")
+    sp.add_argument("--schema", choices=("avro", "json"),
+                    help="register a schema for each topic in the embedded store's schema "
+                    "registry (an Order record) and write messages of it, Avro binary or JSON, "
+                    "each carrying its schema_version (replaces --payload)")
+    sp.add_argument("--schema-file", type=Path, metavar="PATH",
+                    help="with --schema: register this Avro record schema (JSON) instead, e.g. "
+                    "the Order record with a field added: a new version when it differs from "
+                    "the latest; messages fill fields the Order record lacks with their "
+                    "defaults")
 
     sp = cmd("status", "per topic: failing or not, last error, lag, segments by state",
              "  offloadd status --config /etc/offloadd/offloadd.toml\n"

@@ -134,10 +134,11 @@ def cmd_produce(args: argparse.Namespace) -> int:
             writer = LocalLedgerWriter(settings.source.path, md, wiring.rollover_policy(settings),
                                        max_entry_bytes=settings.source.max_entry_bytes)
             try:
+                source = await _schema_source(md, topics, args)
                 stats = await produce(writer, topics, entry_size=args.entry_size,
                                       total_bytes=args.bytes, rate=args.rate,
                                       duration=args.duration, stop=stop,
-                                      payload=args.payload, shape=_shape(args))
+                                      payload=args.payload, shape=_shape(args), source=source)
             finally:
                 await writer.close()
         finally:
@@ -158,6 +159,28 @@ def cmd_produce(args: argparse.Namespace) -> int:
         return _run(go())
     finally:
         lock.release()
+
+
+async def _schema_source(md: MetadataStore, topics: list[TopicName],
+                         args: argparse.Namespace) -> Any:
+    """``--schema avro|json``: the schema registered for each topic (as a producer's is) and an
+    entry source writing messages of it; None without the option."""
+    kind = getattr(args, "schema", None)
+    if kind is None:
+        return None
+    from offloadd.ledger.local.meta import LedgerIds
+    from offloadd.shell.produce_schema import SchemaEntries, register_order_schema
+
+    definition = None
+    if getattr(args, "schema_file", None) is not None:
+        try:
+            definition = json.loads(args.schema_file.read_text())
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"--schema-file {args.schema_file}: {exc}") from None
+    ids = LedgerIds(md, 1)
+    versions = {t: await register_order_schema(md, t, kind, lambda: ids.allocate(-1),
+                                               definition) for t in topics}
+    return SchemaEntries(kind, versions, max_batch=args.max_batch, schema=definition)
 
 
 def cmd_status(args: argparse.Namespace) -> int:

@@ -298,19 +298,20 @@ async def produce(writer: LocalLedgerWriter, topics: Sequence[TopicName], *, ent
                   on_batch: Callable[[ProduceStats], None] | None = None,
                   clock: Callable[[], float] = time.monotonic,
                   payload: PayloadKind = "pulsar", shape: PulsarShape | None = None,
-                  ) -> ProduceStats:
+                  source: EntrySource | None = None) -> ProduceStats:
     """Append to ``topics`` round-robin until ``total_bytes`` or ``duration`` (paced at
     ``rate`` bytes/s when given) or ``stop`` is set.
 
     Bytes are counted before compression (what producers sent); ``stats.digests`` holds, for
-    ``pulsar`` entries, what each topic was sent."""
-    source: EntrySource
-    if payload == "raw":
+    ``pulsar`` entries, what each topic was sent. ``source`` (e.g. messages of a schema)
+    replaces ``payload``/``shape``; its ``digests``, if it has them, are reported the same."""
+    stats = ProduceStats()
+    if source is not None:
+        stats.digests = getattr(source, "digests", {})
+    elif payload == "raw":
         source = RawEntries(entry_size)
     else:
         source = pulsar = PulsarEntries(entry_size, shape)
-    stats = ProduceStats()
-    if payload != "raw":
         stats.digests = pulsar.digests
     if rate:
         # at most 50 ms of the rate per batch: a slow rate must not wait for a whole batch's

@@ -1,0 +1,283 @@
+"""Typed columns from a topic's Pulsar schema (AVRO or JSON; pure: no I/O).
+
+A topic with a schema gets one more column, ``value``: a struct of the schema's record fields,
+typed. The table follows the schema's versions in order:
+
+=====================================  ===================================================
+Avro                                   Iceberg (every field optional)
+=====================================  ===================================================
+boolean, int, long, float, double      boolean, int, long, float, double
+string, enum                           string
+bytes, fixed                           binary
+record                                 struct (nested)
+array / map                            list / map (string keys)
+``[null, T]`` (optional)               T
+``timestamp-millis``/``-micros``       timestamptz (microseconds)
+``date``                               date
+``decimal`` (bytes or fixed)           decimal(precision, scale)
+``uuid``                               string (the canonical form)
+other unions, ``time-*``               string (JSON) / long
+=====================================  ===================================================
+
+Evolution: a version that adds fields (optional ones, or with a default) adds them to the
+struct; removing a field leaves its column null for that version's rows; int→long and
+float→double widen. A version that changes a field's type, or adds a required field without a
+default, is *incompatible*: it adds no column, and its messages become flagged rows
+(``decode_error`` names the topic and both versions) with the raw payload kept. A message that
+does not decode under its version is flagged the same way.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import decimal
+import json
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from pyiceberg.schema import Schema
+from pyiceberg.types import (
+    BinaryType,
+    BooleanType,
+    DateType,
+    DecimalType,
+    DoubleType,
+    FloatType,
+    IcebergType,
+    IntegerType,
+    ListType,
+    LongType,
+    MapType,
+    NestedField,
+    StringType,
+    StructType,
+    TimestamptzType,
+)
+
+from offloadd.format.avro import AvroError, named_types
+from offloadd.format.avro import decode as avro_decode
+from offloadd.format.schema_storage import SchemaType, version_from_bytes
+
+__all__ = ["VALUE_COLUMN", "SchemaVersionInfo", "TypedDecoder", "value_schema"]
+
+VALUE_COLUMN = "value"
+_EPOCH_DATE = dt.date(1970, 1, 1)
+
+
+class _Ids:
+    """Placeholder field ids: the table's own are assigned by ``union_by_name``."""
+
+    def __init__(self) -> None:
+        self.n = 0
+
+    def __call__(self) -> int:
+        self.n += 1
+        return self.n
+
+
+def _optional(schema: Any) -> tuple[Any, bool]:
+    """``[null, T]`` → (T, True); anything else → (itself, False)."""
+    if isinstance(schema, list):
+        rest = [s for s in schema if s != "null"]
+        if len(rest) == 1 and len(rest) < len(schema):
+            return rest[0], True
+    return schema, False
+
+
+def _iceberg(schema: Any, names: dict[str, Any], ids: _Ids) -> IcebergType:
+    s = schema
+    if isinstance(s, str) and s in names:
+        s = names[s]
+    if isinstance(s, list):
+        inner, opt = _optional(s)
+        return _iceberg(inner, names, ids) if opt else StringType()
+    t = s if isinstance(s, str) else s["type"]
+    logical = s.get("logicalType") if isinstance(s, dict) else None
+    if logical in ("timestamp-millis", "timestamp-micros"):
+        return TimestamptzType()
+    if logical == "date":
+        return DateType()
+    if logical == "decimal":
+        return DecimalType(int(s["precision"]), int(s.get("scale", 0)))
+    if logical == "uuid":
+        return StringType()
+    if isinstance(t, dict | list):
+        return _iceberg(t, names, ids)
+    simple: dict[str, IcebergType] = {
+        "boolean": BooleanType(), "int": IntegerType(), "long": LongType(),
+        "float": FloatType(), "double": DoubleType(), "string": StringType(),
+        "enum": StringType(), "bytes": BinaryType(), "fixed": BinaryType(), "null": StringType()}
+    if t in simple:
+        return simple[t]
+    if t == "array":
+        return ListType(ids(), _iceberg(s["items"], names, ids), element_required=False)
+    if t == "map":
+        return MapType(ids(), StringType(), ids(), _iceberg(s["values"], names, ids),
+                       value_required=False)
+    if t in ("record", "error"):
+        return StructType(*(NestedField(ids(), f["name"], _iceberg(f["type"], names, ids),
+                                        required=False) for f in s["fields"]))
+    raise AvroError(f"unsupported Avro type {t!r}")
+
+
+def value_schema(avro: Any) -> Schema:
+    """A one-column schema (``value``: the record as a struct) to merge into a table."""
+    names = named_types(avro)
+    ids = _Ids()
+    t = _iceberg(avro, names, ids)
+    return Schema(NestedField(ids(), VALUE_COLUMN, t, required=False))
+
+
+def incompatibility(old: IcebergType, new: IcebergType, old_avro: Any, new_avro: Any,
+                    path: str = "") -> str | None:
+    """Why ``new`` cannot follow ``old`` in one column (None: it can)."""
+    if isinstance(old, StructType) and isinstance(new, StructType):
+        before = {f.name: f for f in old.fields}
+        new_fields = {f["name"]: f for f in _record(new_avro).get("fields", ())}
+        old_fields = {f["name"]: f for f in _record(old_avro).get("fields", ())}
+        for f in new.fields:
+            here = f"{path}{f.name}"
+            if f.name in before:
+                why = incompatibility(before[f.name].field_type, f.field_type,
+                                      old_fields.get(f.name, {}).get("type"),
+                                      new_fields.get(f.name, {}).get("type"), here + ".")
+                if why:
+                    return why
+            else:
+                fa = new_fields.get(f.name, {})
+                if "default" not in fa and not _optional(fa.get("type"))[1]:
+                    return f"field {here!r} is added as required without a default"
+        return None
+    if old == new or (old, new) in ((IntegerType(), LongType()), (FloatType(), DoubleType())):
+        return None
+    if isinstance(old, ListType) and isinstance(new, ListType):
+        return incompatibility(old.element_type, new.element_type, None, None, path)
+    if isinstance(old, MapType) and isinstance(new, MapType):
+        return incompatibility(old.value_type, new.value_type, None, None, path)
+    return f"field {path.rstrip('.')!r} changes type from {old} to {new}"
+
+
+def _record(avro: Any) -> dict[str, Any]:
+    inner = _optional(avro)[0]
+    while isinstance(inner, dict) and isinstance(inner.get("type"), dict):
+        inner = inner["type"]
+    return inner if isinstance(inner, dict) else {}
+
+
+@dataclass
+class SchemaVersionInfo:
+    """One version as the projector needs it."""
+
+    version: int
+    type: int  # SchemaType
+    avro: Any
+    names: dict[str, Any] = field(default_factory=dict)
+    refused: str | None = None  # why this version is incompatible with the table
+
+
+class TypedDecoder:
+    """Decodes a message's payload by its ``schema_version`` into the ``value`` column."""
+
+    def __init__(self, topic: str, versions: Sequence[SchemaVersionInfo]) -> None:
+        self.topic = topic
+        self.versions = {v.version: v for v in versions}
+
+    def decode(self, schema_version: bytes | None,
+               payload: bytes | None) -> tuple[Any, str | None]:
+        """(the struct value or None, the error or None)."""
+        if schema_version is None or payload is None:
+            return None, None
+        try:
+            n = version_from_bytes(schema_version)
+        except Exception as exc:
+            return None, f"{self.topic}: bad schema_version: {exc}"
+        v = self.versions.get(n)
+        if v is None:
+            return None, f"{self.topic}: schema version {n} is not in the registry"
+        if v.refused is not None:
+            return None, v.refused
+        if v.avro is None:  # a version of another type (STRING, PROTOBUF, ...): not typed
+            return None, None
+        try:
+            if v.type == SchemaType.AVRO:
+                return _convert(v.avro, avro_decode(v.avro, payload, v.names), v.names,
+                                strict=False), None
+            doc = json.loads(payload)
+            return _convert(v.avro, doc, v.names, strict=True), None
+        except (AvroError, ValueError, TypeError, KeyError, decimal.InvalidOperation) as exc:
+            kind = SchemaType.name(v.type)
+            return None, (f"{self.topic}: payload does not decode as {kind} schema version "
+                          f"{n}: {exc}")
+
+
+def _convert(schema: Any, v: Any, names: dict[str, Any], *, strict: bool) -> Any:
+    """An Avro (or JSON) datum as the value of its Iceberg column; ``strict`` checks the types
+    a JSON document brings (Avro bytes already matched the schema)."""
+    s = names.get(schema, schema) if isinstance(schema, str) else schema
+    if isinstance(s, list):
+        inner, opt = _optional(s)
+        if v is None:
+            if opt or "null" in s:
+                return None
+            raise TypeError("null for a non-optional union")
+        if opt:
+            return _convert(inner, v, names, strict=strict)
+        return v if isinstance(v, str) else json.dumps(v, default=str)
+    t = s if isinstance(s, str) else s["type"]
+    logical = s.get("logicalType") if isinstance(s, dict) else None
+    if v is None:
+        if strict and t != "null":
+            raise TypeError(f"null for {t}")
+        return None
+    if logical in ("timestamp-millis", "timestamp-micros"):
+        _check(v, int, strict)
+        return v * 1000 if logical == "timestamp-millis" else v
+    if logical == "date":
+        _check(v, int, strict)
+        return _EPOCH_DATE + dt.timedelta(days=v)
+    if logical == "decimal":
+        raw = v.encode("latin-1") if isinstance(v, str) else bytes(v)
+        unscaled = int.from_bytes(raw, "big", signed=True)
+        return decimal.Decimal(unscaled).scaleb(-int(s.get("scale", 0)))
+    if logical == "uuid":
+        return str(uuid.UUID(v)) if isinstance(v, str) else str(uuid.UUID(bytes=bytes(v)))
+    if isinstance(t, dict | list):
+        return _convert(t, v, names, strict=strict)
+    if t in ("record", "error"):
+        if not isinstance(v, dict):
+            raise TypeError(f"record {s.get('name')} expected, got {type(v).__name__}")
+        return {f["name"]: _convert(f["type"], v.get(f["name"], f.get("default")), names,
+                                    strict=strict) for f in s["fields"]}
+    if t == "array":
+        _check(v, list, strict)
+        return [_convert(s["items"], x, names, strict=strict) for x in v]
+    if t == "map":
+        _check(v, dict, strict)
+        return [(k, _convert(s["values"], x, names, strict=strict)) for k, x in v.items()]
+    if t in ("int", "long"):
+        _check(v, int, strict)
+    elif t in ("float", "double"):
+        _check(v, float, strict)
+        return float(v)
+    elif t == "boolean":
+        _check(v, bool, strict)
+    elif t in ("string", "enum"):
+        _check(v, str, strict)
+    elif t in ("bytes", "fixed") and isinstance(v, str):
+        return v.encode("latin-1")  # Avro's JSON encoding of bytes
+    return v
+
+
+def _check(v: Any, kind: type, strict: bool) -> None:
+    if not strict:
+        return
+    if kind is float:
+        ok = isinstance(v, int | float) and not isinstance(v, bool)
+    elif kind is int:
+        ok = isinstance(v, int) and not isinstance(v, bool)
+    else:
+        ok = isinstance(v, kind)
+    if not ok:
+        raise TypeError(f"{kind.__name__} expected, got {type(v).__name__} {v!r:.40}")
