@@ -76,8 +76,9 @@ class _Said:
     last: OffloaddError | None = None
 
     def missed(self, why: str, level: int = logging.WARNING) -> Retriable:
+        last = f"; last error: {self.last}" if self.last is not None else ""
         said = (f"S3 {self.op} {self.where}: {why} (deadline {self.budget:.1f}s: [blobstore] "
-                "request_timeout_s)" + (f"; last error: {self.last}" if self.last is not None else ""))
+                f"request_timeout_s){last}")
         log.log(level, "%s", said)
         return Retriable(said)
 
