@@ -38,8 +38,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
-import socket
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -52,11 +50,12 @@ from pyspark.accumulators import AccumulatorParam
 from offloadd import wiring
 from offloadd._proto import mldataformats_pb2 as pb
 from offloadd.backfill.plan import HistorySizes, Work, closed_ledgers, make_plan
-from offloadd.backfill.progress import MetricsSink, Progress, Sink, TerminalBar
+from offloadd.backfill.progress import MetricsSink, Progress, Sink
 from offloadd.backfill.task import SegmentResult, SegmentSpec, absolute_paths, upload_segment
 from offloadd.blobstore.base import BlobStore
 from offloadd.commit import edits, epochs
 from offloadd.commit.fence import EpochFence, give_back_quietly, take
+from offloadd.commit.ownership import process_owner_id
 from offloadd.commit.state import SegmentState, transition
 from offloadd.config import Settings
 from offloadd.errors import ConfigError, Conflict, Fatal, Fenced, NotFound, OffloaddError
@@ -167,10 +166,6 @@ class _Ctx:
                            self.settings.offload.blocks_in_flight)
 
 
-def default_owner_id() -> str:
-    return f"backfill-{socket.gethostname()}-{os.getpid()}"
-
-
 async def run_backfill(settings: Settings, topic: TopicName, *, spark: Callable[[], Any],
                        max_attempts: int = 3,
                        owner_id: str | None = None, sinks: Sequence[Sink] = (),
@@ -196,7 +191,7 @@ async def run_backfill(settings: Settings, topic: TopicName, *, spark: Callable[
     try:
         blobstore = await wiring.open_blobstore(settings)
         try:
-            owner = owner_id or default_owner_id()
+            owner = owner_id or process_owner_id("backfill")
             fence = await take(metadata, topic.managed_ledger, owner)
             if fence is None:
                 holder = await epochs.current_owner(metadata, topic.managed_ledger)
@@ -507,7 +502,3 @@ def _short(exc: BaseException | None) -> str:
         if line and not line.startswith("at ") and ("Error" in line or "offloadd" in line):
             return line[:500]
     return text.splitlines()[0][:500] if text else type(exc).__name__
-
-
-def terminal_bar(topic: TopicName) -> TerminalBar:
-    return TerminalBar(str(topic))
