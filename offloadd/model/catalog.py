@@ -1,9 +1,10 @@
 """The segment catalog: what is offloaded where, derived from ``ManagedLedgerInfo`` (pure).
 
-A streaming segment appears as one ``OffloadSegment`` (same uuid) in every ledger it touches,
-with ``endEntryId`` = its last entry in that ledger (DESIGN §6). Its begin in each ledger is
-implicit: the entry after the previous segment's end in that ledger, or 0. A ledger offloaded
-whole in the ledger-based format (PIP-17) carries an ``OffloadContext`` with ``complete``.
+A streaming segment appears as one ``OffloadSegment`` (same uuid) in every ledger it touches, with
+``endEntryId`` = its last entry in that ledger (as Pulsar's offloaded-ledger records;
+docs/design.md "Metadata"). Its begin in each ledger is implicit: the entry after the previous
+segment's end in that ledger, or 0. A ledger offloaded whole in the ledger-based format (PIP-17)
+carries an ``OffloadContext`` with ``complete``.
 
 What the records store of a segment's state (the transitions are :mod:`offloadd.commit.state`'s,
 and only its commit steps call the edits below)::

@@ -17,7 +17,7 @@ Pulsar: ``/managed-ledgers/<tenant>/<ns>/persistent/<topic>`` holds the topic's
 
 The *mirror* (sidecar mode): offloadd never writes Pulsar's tree. It keeps its own
 ``ManagedLedgerInfo`` per topic in its own store (same path, another chroot), whose ledger list
-follows Pulsar's and whose ``offloadContext``s hold offloadd's segments (DESIGN §6).
+follows Pulsar's and whose ``offloadContext``s hold offloadd's segments (docs/design.md "Metadata").
 :func:`mirror_edit` is the one edit the source makes to that node: it appends new ledgers, fills
 ``entries``/``size``/``timestamp`` once a ledger is closed, and drops the records of ledgers
 Pulsar deleted, exactly as a ledger writer does (:mod:`offloadd.retention` learns from that
