@@ -60,8 +60,8 @@ class TestStateMachine:
         assert stored(True) is SegmentState.OFFLOADED
 
     def test_a_tracked_segment_moves_only_along_the_table(self) -> None:
+        assert Tracked().state is SegmentState.NEW
         seg = Tracked()
-        assert seg.state is SegmentState.NEW
         seg.to(SegmentState.ASSIGNED)
         with pytest.raises(IllegalTransition):
             seg.to(SegmentState.DELETED)

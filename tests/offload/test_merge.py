@@ -141,7 +141,7 @@ async def compact(rig: Rig, target: int, *, lag_ms: int = 0, fence: object = Non
 
 async def data_bytes(rig: Rig) -> int:
     reader = TierReader(rig.metadata, rig.blob)
-    return sum([(await reader.index(f"{s.uid}-index")).data_object_length  # type: ignore
+    return sum([(await reader.index(f"{s.uid}-index")).data_object_length
                 for s in await rig.segments()])
 
 
