@@ -56,7 +56,6 @@ from offloadd.blobstore.base import BlobStore
 from offloadd.commit import edits, epochs
 from offloadd.commit.fence import EpochFence, give_back_quietly, take
 from offloadd.commit.ownership import process_owner_id
-from offloadd.commit.state import SegmentState, transition
 from offloadd.config import Settings
 from offloadd.errors import ConfigError, Conflict, Fatal, Fenced, NotFound, OffloaddError
 from offloadd.ledger.local import LocalLedgerSource
@@ -64,6 +63,7 @@ from offloadd.metadata import managed_ledger
 from offloadd.metadata.base import MetadataStore
 from offloadd.model import Position, TopicName, catalog
 from offloadd.model.keys import streaming_index_key
+from offloadd.model.segment_state import SegmentState, move_all
 from offloadd.offload.attempt import delete_attempt
 
 log = logging.getLogger(__name__)
@@ -128,7 +128,6 @@ def _assign_all(work: Sequence[Work], now_ms: int,
                 driver: pb.OffloadDriverMetadata) -> Callable[[pb.ManagedLedgerInfo], bool]:
     def edit(info: pb.ManagedLedgerInfo) -> bool:
         for w in work:
-            transition(w.state.state, SegmentState.ASSIGNED)
             try:
                 catalog.add_assigned(info, w.uid, w.ranges, now_ms, driver)
             except ValueError as exc:
@@ -245,10 +244,9 @@ async def _backfill(settings: Settings, topic: TopicName, metadata: MetadataStor
     spark = await asyncio.to_thread(spark_factory)
     if new:
         driver = catalog.driver_metadata(blobstore.name, dict(blobstore.driver_properties()))
-        await edits.apply(metadata, topic.managed_ledger,
-                          _assign_all(new, int(time.time() * 1000), driver), fence)
-        for w in new:
-            w.state.to(SegmentState.ASSIGNED)
+        await move_all([w.state for w in new], SegmentState.ASSIGNED, partial(
+            edits.apply, metadata, topic.managed_ledger,
+            _assign_all(new, int(time.time() * 1000), driver), fence))
     metrics = MetricsSink(topic)
     if metrics_bind:
         metrics.serve(metrics_bind)
@@ -339,11 +337,10 @@ async def _fresh_uuids(ctx: _Ctx, works: list[Work]) -> list[Work]:
     if not works:
         return []
     moves = [(w.uid, uuid.uuid4()) for w in works]
-    for w in works:
-        transition(w.state.state, SegmentState.ASSIGNED)  # a redo of a failed attempt
-    try:
-        await edits.apply(ctx.metadata, ctx.topic.managed_ledger,
-                          partial(_reassign_all, moves=moves, ctx=ctx), ctx.fence)
+    try:  # a redo of a failed attempt
+        await move_all([w.state for w in works], SegmentState.ASSIGNED, partial(
+            edits.apply, ctx.metadata, ctx.topic.managed_ledger,
+            partial(_reassign_all, moves=moves, ctx=ctx), ctx.fence))
     except Fenced:
         raise
     except OffloaddError as exc:
@@ -353,7 +350,6 @@ async def _fresh_uuids(ctx: _Ctx, works: list[Work]) -> list[Work]:
         return list(works)
     for w, (_, new) in zip(works, moves, strict=True):
         w.uid = new
-        w.state.to(SegmentState.ASSIGNED)
     sem = asyncio.Semaphore(16)
 
     def undeleted(key: str, exc: OffloaddError) -> None:
@@ -394,13 +390,12 @@ async def _settle(ctx: _Ctx, todo: list[Work], fresh: list[tuple[int, str, Any]]
     failed += [w for (w, _), ok in zip(done, checked, strict=True) if not ok]
     done = [d for d, ok in zip(done, checked, strict=True) if ok]
     if done:
-        for w, _ in done:
-            transition(w.state.state, SegmentState.OFFLOADED)
         try:
-            await edits.apply(ctx.metadata, ctx.topic.managed_ledger,
-                              partial(_offloaded_all, uids=[w.uid for w, _ in done], ctx=ctx,
-                                      usage=[_usage(r) for _, r in done]),
-                              ctx.fence)
+            await move_all([w.state for w, _ in done], SegmentState.OFFLOADED, partial(
+                edits.apply, ctx.metadata, ctx.topic.managed_ledger,
+                partial(_offloaded_all, uids=[w.uid for w, _ in done], ctx=ctx,
+                        usage=[_usage(r) for _, r in done]),
+                ctx.fence))
         except Fenced:
             raise
         except OffloaddError as exc:
@@ -409,7 +404,6 @@ async def _settle(ctx: _Ctx, todo: list[Work], fresh: list[tuple[int, str, Any]]
             done = []
     rep = ctx.report
     for w, res in done:
-        w.state.to(SegmentState.OFFLOADED)
         ctx.progress.segment_offloaded(res.frame_bytes)
         rep.offloaded_segments += 1
         rep.entries += res.entries
