@@ -9,6 +9,7 @@
      ├── NotFound               object, znode, topic or ledger does not exist
      ├── Conflict               compare-and-set lost (BadVersion), node or object already exists
      ├── Fenced                 a newer owner/epoch holds the topic; this writer must stop
+     ├── IllegalTransition      a segment state change the state table refuses (a defect)
      ├── Retriable              transient backend failure: retry with backoff
      └── Fatal                  permanent backend failure: retrying will not help
 """
@@ -49,6 +50,11 @@ class Conflict(OffloaddError):
 
 class Fenced(OffloaddError):
     """Another owner (newer epoch) holds the topic; the caller must abandon its work."""
+
+
+class IllegalTransition(OffloaddError):
+    """A segment state change that :mod:`offloadd.model.segment_state`'s table refuses. Raised
+    inside a catalog edit, it abandons the edit (nothing is written) and fails that attempt."""
 
 
 class Retriable(OffloaddError):

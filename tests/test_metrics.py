@@ -192,7 +192,7 @@ class TestTopicProbe:
         assert all(topic_value(m, other) == 0 for other in others)
 
     def test_read_latencies_feed_pulsar_summaries_in_microseconds_and_histograms_in_seconds(
-        self,
+        self, level: bool,
     ) -> None:
         m = Metrics(topic_level=level)
         p = m.topic(NS, TOPIC)

@@ -292,7 +292,7 @@ class OffloaddReader(DataSourceReader):
         return self._read(partition)
 
     def _read(self, part: SegmentPartition) -> Iterator[Any]:
-        import pyarrow as pa  # type: ignore[import-untyped]
+        import pyarrow as pa
         import uvloop
 
         from offloadd import wiring

@@ -38,8 +38,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
-import socket
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -52,12 +50,12 @@ from pyspark.accumulators import AccumulatorParam
 from offloadd import wiring
 from offloadd._proto import mldataformats_pb2 as pb
 from offloadd.backfill.plan import HistorySizes, Work, closed_ledgers, make_plan
-from offloadd.backfill.progress import MetricsSink, Progress, Sink, TerminalBar
+from offloadd.backfill.progress import MetricsSink, Progress, Sink
 from offloadd.backfill.task import SegmentResult, SegmentSpec, absolute_paths, upload_segment
 from offloadd.blobstore.base import BlobStore
 from offloadd.commit import edits, epochs
 from offloadd.commit.fence import EpochFence, give_back_quietly, take
-from offloadd.commit.state import SegmentState, transition
+from offloadd.commit.ownership import process_owner_id
 from offloadd.config import Settings
 from offloadd.errors import ConfigError, Conflict, Fatal, Fenced, NotFound, OffloaddError
 from offloadd.ledger.local import LocalLedgerSource
@@ -65,6 +63,7 @@ from offloadd.metadata import managed_ledger
 from offloadd.metadata.base import MetadataStore
 from offloadd.model import Position, TopicName, catalog
 from offloadd.model.keys import streaming_index_key
+from offloadd.model.segment_state import SegmentState, move_all
 from offloadd.offload.attempt import delete_attempt
 
 log = logging.getLogger(__name__)
@@ -129,7 +128,6 @@ def _assign_all(work: Sequence[Work], now_ms: int,
                 driver: pb.OffloadDriverMetadata) -> Callable[[pb.ManagedLedgerInfo], bool]:
     def edit(info: pb.ManagedLedgerInfo) -> bool:
         for w in work:
-            transition(w.state.state, SegmentState.ASSIGNED)
             try:
                 catalog.add_assigned(info, w.uid, w.ranges, now_ms, driver)
             except ValueError as exc:
@@ -167,10 +165,6 @@ class _Ctx:
                            self.settings.offload.blocks_in_flight)
 
 
-def default_owner_id() -> str:
-    return f"backfill-{socket.gethostname()}-{os.getpid()}"
-
-
 async def run_backfill(settings: Settings, topic: TopicName, *, spark: Callable[[], Any],
                        max_attempts: int = 3,
                        owner_id: str | None = None, sinks: Sequence[Sink] = (),
@@ -196,7 +190,7 @@ async def run_backfill(settings: Settings, topic: TopicName, *, spark: Callable[
     try:
         blobstore = await wiring.open_blobstore(settings)
         try:
-            owner = owner_id or default_owner_id()
+            owner = owner_id or process_owner_id("backfill")
             fence = await take(metadata, topic.managed_ledger, owner)
             if fence is None:
                 holder = await epochs.current_owner(metadata, topic.managed_ledger)
@@ -250,10 +244,9 @@ async def _backfill(settings: Settings, topic: TopicName, metadata: MetadataStor
     spark = await asyncio.to_thread(spark_factory)
     if new:
         driver = catalog.driver_metadata(blobstore.name, dict(blobstore.driver_properties()))
-        await edits.apply(metadata, topic.managed_ledger,
-                          _assign_all(new, int(time.time() * 1000), driver), fence)
-        for w in new:
-            w.state.to(SegmentState.ASSIGNED)
+        await move_all([w.state for w in new], SegmentState.ASSIGNED, partial(
+            edits.apply, metadata, topic.managed_ledger,
+            _assign_all(new, int(time.time() * 1000), driver), fence))
     metrics = MetricsSink(topic)
     if metrics_bind:
         metrics.serve(metrics_bind)
@@ -344,11 +337,10 @@ async def _fresh_uuids(ctx: _Ctx, works: list[Work]) -> list[Work]:
     if not works:
         return []
     moves = [(w.uid, uuid.uuid4()) for w in works]
-    for w in works:
-        transition(w.state.state, SegmentState.ASSIGNED)  # a redo of a failed attempt
-    try:
-        await edits.apply(ctx.metadata, ctx.topic.managed_ledger,
-                          partial(_reassign_all, moves=moves, ctx=ctx), ctx.fence)
+    try:  # a redo of a failed attempt
+        await move_all([w.state for w in works], SegmentState.ASSIGNED, partial(
+            edits.apply, ctx.metadata, ctx.topic.managed_ledger,
+            partial(_reassign_all, moves=moves, ctx=ctx), ctx.fence))
     except Fenced:
         raise
     except OffloaddError as exc:
@@ -358,7 +350,6 @@ async def _fresh_uuids(ctx: _Ctx, works: list[Work]) -> list[Work]:
         return list(works)
     for w, (_, new) in zip(works, moves, strict=True):
         w.uid = new
-        w.state.to(SegmentState.ASSIGNED)
     sem = asyncio.Semaphore(16)
 
     def undeleted(key: str, exc: OffloaddError) -> None:
@@ -399,13 +390,12 @@ async def _settle(ctx: _Ctx, todo: list[Work], fresh: list[tuple[int, str, Any]]
     failed += [w for (w, _), ok in zip(done, checked, strict=True) if not ok]
     done = [d for d, ok in zip(done, checked, strict=True) if ok]
     if done:
-        for w, _ in done:
-            transition(w.state.state, SegmentState.OFFLOADED)
         try:
-            await edits.apply(ctx.metadata, ctx.topic.managed_ledger,
-                              partial(_offloaded_all, uids=[w.uid for w, _ in done], ctx=ctx,
-                                      usage=[_usage(r) for _, r in done]),
-                              ctx.fence)
+            await move_all([w.state for w, _ in done], SegmentState.OFFLOADED, partial(
+                edits.apply, ctx.metadata, ctx.topic.managed_ledger,
+                partial(_offloaded_all, uids=[w.uid for w, _ in done], ctx=ctx,
+                        usage=[_usage(r) for _, r in done]),
+                ctx.fence))
         except Fenced:
             raise
         except OffloaddError as exc:
@@ -414,7 +404,6 @@ async def _settle(ctx: _Ctx, todo: list[Work], fresh: list[tuple[int, str, Any]]
             done = []
     rep = ctx.report
     for w, res in done:
-        w.state.to(SegmentState.OFFLOADED)
         ctx.progress.segment_offloaded(res.frame_bytes)
         rep.offloaded_segments += 1
         rep.entries += res.entries
@@ -507,7 +496,3 @@ def _short(exc: BaseException | None) -> str:
         if line and not line.startswith("at ") and ("Error" in line or "offloadd" in line):
             return line[:500]
     return text.splitlines()[0][:500] if text else type(exc).__name__
-
-
-def terminal_bar(topic: TopicName) -> TerminalBar:
-    return TerminalBar(str(topic))

@@ -14,10 +14,10 @@ from dataclasses import dataclass, field
 
 from offloadd._proto import mldataformats_pb2 as pb
 from offloadd.backfill.split import LedgerExtent, Split, split_history
-from offloadd.commit.state import SegmentState, Tracked, stored
 from offloadd.ledger.local import LocalLedgerSource
 from offloadd.model import FRAME_OVERHEAD, Position, TopicName, catalog
 from offloadd.model.catalog import LedgerRange, SegmentKind
+from offloadd.model.segment_state import SegmentState, Tracked, stored
 
 __all__ = ["HistorySizes", "Plan", "Work", "closed_ledgers", "make_plan"]
 

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import IO, Any, Protocol
 
 from offloadd.model import TopicName
+from offloadd.model.hostport import HostPort
 
 log = logging.getLogger(__name__)
 MiB = 1024 * 1024
@@ -199,9 +200,9 @@ class MetricsSink:
         which is logged; False (logged) if neither is free."""
         from prometheus_client import start_http_server
 
-        host, _, port = bind.rpartition(":")
-        host = host.strip("[]")
-        for p in (int(port), int(port) + 1):
+        where = HostPort.parse(bind, allow_zero=True)
+        host = where.host
+        for p in (where.port, where.port + 1):
             try:
                 self._server, _thread = start_http_server(p, host, registry=self.registry)
             except OSError as exc:

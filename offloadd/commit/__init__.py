@@ -1,10 +1,10 @@
 """The commit stage: who may write a topic's records, and how every write is made.
 
 ==================  =============================================================================
-``state.py``        the segment state machine (``SegmentState``, ``transition``), as data
 ``epochs.py``       topic ownership epochs: acquire (owner node + epoch bump), release, the fence op
 ``fence.py``        ``Fence``: ``EpochFence`` (one acquisition's guard), ``NoFence``; take/give back
-``edits.py``        ``apply``: a pure catalog edit under compare-and-set with the fence's guard
+``edits.py``        ``apply``: a pure catalog edit under compare-and-set with the fence's guard (the
+                    segment state table is the model's, ``offloadd.model.segment_state``)
 ``batch.py``        ``CommitBatcher``: many topics' writes in one store request, each fenced
 ``ownership.py``    the scheduler's ownership hook (``Ownership``, ``Revoke``): owns everything
 ``cluster.py``      ``ClusterOwnership``: members, rendezvous hashing, fenced acquisition, sessions

@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from offloadd._proto import mldataformats_pb2 as pb
 from offloadd.commit.batch import CommitBatcher
 from offloadd.commit.fence import Fence
-from offloadd.errors import NotFound
+from offloadd.errors import IllegalTransition, NotFound
 from offloadd.metadata import managed_ledger
 from offloadd.metadata.base import MetadataStore, Op
 from offloadd.model.keys import managed_ledger_path
@@ -32,7 +32,8 @@ async def apply(store: MetadataStore, ml_name: str,
     """Apply ``edit`` to ``ml_name``'s ``ManagedLedgerInfo`` under ``fence``; the stored value.
 
     An edit that no longer applies (``ValueError``/``KeyError``: a ledger deleted, a record
-    replaced meanwhile) raises ``NotFound``: the caller redoes its work from a fresh read.
+    replaced meanwhile; ``IllegalTransition``: the records moved on, e.g. another attempt
+    committed the segment) raises ``NotFound``: the caller redoes its work from a fresh read.
     ``on_write`` runs once the write landed (not when the edit changed nothing). ``also``: ops
     made in the same transaction (a merge's pending-deletion records). ``batcher``: the write
     goes in a batch with other topics' (:mod:`offloadd.commit.batch`), still fenced and
@@ -44,7 +45,7 @@ async def apply(store: MetadataStore, ml_name: str,
         nonlocal wrote
         try:
             wrote = edit(info)
-        except (ValueError, KeyError) as exc:
+        except (ValueError, KeyError, IllegalTransition) as exc:
             raise NotFound(f"{managed_ledger_path(ml_name)}: {exc}") from exc
         return wrote
 

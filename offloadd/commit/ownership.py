@@ -8,12 +8,22 @@ shared store's topics among daemons and hands out epoch fences.
 from __future__ import annotations
 
 import enum
+import os
+import socket
 from collections.abc import Callable, Collection, Mapping
 
 from offloadd.commit.fence import Fence, NoFence
 from offloadd.model import TopicName
 
-__all__ = ["Ownership", "Revoke"]
+__all__ = ["Ownership", "Revoke", "process_owner_id"]
+
+
+def process_owner_id(role: str = "") -> str:
+    """Who this process is in ownership records when not configured: ``[role-]host-pid``, so an
+    operator reading a record finds the process (and a backfill or compact is told apart from
+    the daemon)."""
+    me = f"{socket.gethostname()}-{os.getpid()}"
+    return f"{role}-{me}" if role else me
 
 
 class Revoke(enum.Enum):

@@ -1,4 +1,4 @@
-"""Configuration: one TOML file plus ``OFFLOADD_...`` environment overrides (DESIGN §9).
+"""Configuration: one TOML file plus ``OFFLOADD_...`` environment overrides (docs/config.md).
 
 Precedence, highest first: environment (``OFFLOADD_OFFLOAD__FLOW_PERMITS_PER_SECOND=...``, nested
 keys joined by ``__``), the TOML file, defaults. Offload policy fields resolve per field

@@ -20,6 +20,7 @@ from offloadd.config.fields import (
     http_url,
     topic_keys,
 )
+from offloadd.model.hostport import HostPort
 
 S3_MIN_PART_SIZE = 5 * MiB  # S3 refuses a smaller part but the last: EntityTooSmall
 DEFAULT_PART_SIZE = 8 * MiB  # a multipart part, and a reader's ranged GET
@@ -43,11 +44,15 @@ class MetadataSettings(Section):
         hosts, slash, chroot = v[len("zk://"):].partition("/")
         if not hosts:
             raise ValueError("zk:// URL names no host")
+        if "@" in hosts:  # never echo it: what precedes the @ is a password
+            raise ValueError("zk:// URLs carry no credentials: give them as [metadata] "
+                             "acl_digest = \"user:password\"")
         for hp in hosts.split(","):
-            host, sep, port = hp.rpartition(":")
-            if not sep or not host or not port.isascii() or not port.isdigit() \
-                    or not 0 < int(port) < 65536:
-                raise ValueError(f"zk:// host {hp!r} must be host:port with a port in 1..65535")
+            try:
+                HostPort.parse(hp)
+            except ValueError:
+                raise ValueError(f"zk:// host {hp!r} must be host:port with a port in 1..65535"
+                                 ) from None
         # "zk://h:2181/" (an empty chroot: the whole tree, probably not what was meant) and
         # "/a/../b" (ZooKeeper has no . or .., the node would be named "..") are refused
         parts = chroot.split("/")
@@ -241,9 +246,10 @@ class MetricsSettings(Section):
     @field_validator("bind")
     @classmethod
     def _check_bind(cls, v: str) -> str:
-        host, sep, port = v.rpartition(":")
-        if not sep or not host or not port.isdigit() or not 0 <= int(port) < 65536:
-            raise ValueError('must be "host:port", e.g. "127.0.0.1:9105"')
+        try:
+            HostPort.parse(v, allow_zero=True)
+        except ValueError:
+            raise ValueError('must be "host:port", e.g. "127.0.0.1:9105"') from None
         return v
 
 

@@ -4,7 +4,7 @@ Pure arithmetic on the run's frame offsets (``offsets[i]`` = start of entry i's 
 ``offsets[n]`` = end of the last one); no bytes are touched. Cut points come from bisecting the
 offsets, so planning costs O(blocks × log entries) whatever the entry count.
 
-Rules (DESIGN §5, "writer rules"):
+Rules (what Pulsar's readers rely on without checking; docs/design.md "Formats"):
 
 * Greedy: a block takes as many consecutive entries as fit with
   ``128 + payload + 4 <= max_block_size`` — the 4 bytes are the minimum padding every block

@@ -103,7 +103,7 @@ class _Reader(DataSourceReader):
 def _plain_types(schema: Any) -> Any:
     """The scan's Arrow schema as Spark's Arrow reader wants it: 32-bit string and binary
     offsets (pyiceberg reads large_string / large_binary), every field nullable (the DDL)."""
-    import pyarrow as pa  # type: ignore[import-untyped]
+    import pyarrow as pa
 
     def plain(t: Any) -> Any:
         if pa.types.is_large_string(t):

@@ -1,5 +1,5 @@
-"""Managed-ledger metadata (``ManagedLedgerInfo``, DESIGN §6) in the store: decode, load, list,
-update.
+"""Managed-ledger metadata (``ManagedLedgerInfo``, in Pulsar's layout: docs/design.md
+"Metadata") in the store: decode, load, list, update.
 
 The ledger writer appends and closes ``LedgerInfo`` records; the offloader only edits
 ``offloadContext.offloadSegment`` (the pure edits are :mod:`offloadd.model.catalog`'s). Every

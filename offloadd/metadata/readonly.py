@@ -3,7 +3,7 @@
 ``offloadd status``, ``verify`` and ``read`` open the store through this wrapper, so no code path
 under them (a helper that "just creates the parent", a source that mirrors something) can change
 the catalog: a write raises :class:`~offloadd.errors.Fatal` naming the command's promise instead.
-Reads and anything else the wrapped store offers (watches, session listeners) pass through.
+Reads pass through, batched ones too (one by one when the wrapped store has no batch).
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from offloadd.errors import Fatal
-from offloadd.metadata.base import MetadataStore, Op, Versioned
+from offloadd.errors import Fatal, NotFound
+from offloadd.metadata.base import BatchedReads, MetadataStore, Op, Versioned
 
 __all__ = ["ReadOnlyMetadataStore"]
 
@@ -50,12 +50,19 @@ class ReadOnlyMetadataStore(MetadataStore):
         raise self._refuse("multi", ops[0].path if ops else "/")
 
     async def multi_batch(self, groups: Sequence[Sequence[Op]]) -> list[Any]:
-        # explicit: __getattr__ would otherwise hand out the inner store's batched writes
         raise self._refuse("multi_batch", groups[0][0].path if groups and groups[0] else "/")
 
     async def close(self) -> None:
         await self.inner.close()
 
-    def __getattr__(self, name: str) -> Any:
-        # watches, listeners, session state: reading extras of the concrete store
-        return getattr(self.inner, name)
+    async def get_many(self, paths: Sequence[str]) -> list[Versioned | None]:
+        """Batched reads when the wrapped store has them, one read after another if not."""
+        if isinstance(self.inner, BatchedReads):
+            return await self.inner.get_many(paths)
+        out: list[Versioned | None] = []
+        for path in paths:
+            try:
+                out.append(await self.inner.get(path))
+            except NotFound:
+                out.append(None)
+        return out

@@ -1,12 +1,14 @@
 """The segment catalog: what is offloaded where, derived from ``ManagedLedgerInfo`` (pure).
 
-A streaming segment appears as one ``OffloadSegment`` (same uuid) in every ledger it touches,
-with ``endEntryId`` = its last entry in that ledger (DESIGN §6). Its begin in each ledger is
-implicit: the entry after the previous segment's end in that ledger, or 0. A ledger offloaded
-whole in the ledger-based format (PIP-17) carries an ``OffloadContext`` with ``complete``.
+A streaming segment appears as one ``OffloadSegment`` (same uuid) in every ledger it touches, with
+``endEntryId`` = its last entry in that ledger (as Pulsar's offloaded-ledger records;
+docs/design.md "Metadata"). Its begin in each ledger is implicit: the entry after the previous
+segment's end in that ledger, or 0. A ledger offloaded whole in the ledger-based format (PIP-17)
+carries an ``OffloadContext`` with ``complete``.
 
-What the records store of a segment's state (the transitions are :mod:`offloadd.commit.state`'s,
-and only its commit steps call the edits below)::
+What the records store of a segment's state; each edit below checks the change it makes against
+the state table (:func:`offloadd.model.segment_state.advance`) on the records it reads, so an
+illegal change is refused inside the compare-and-set and never written::
 
     ASSIGNED  (records present, complete=false)  -> range fixed, objects being written
     OFFLOADED (complete=true on every record)    -> readable from the tier
@@ -25,6 +27,7 @@ from dataclasses import dataclass
 from offloadd._proto import mldataformats_pb2 as pb
 from offloadd.model import Position
 from offloadd.model.keys import msb_lsb_to_uuid, uuid_to_msb_lsb
+from offloadd.model.segment_state import SegmentState, advance, stored
 
 
 class SegmentKind(enum.Enum):
@@ -142,6 +145,8 @@ def add_assigned(info: pb.ManagedLedgerInfo, uid: uuid.UUID, ranges: Sequence[Le
     segment of its ledger: segments are contiguous and never overlap.
     """
     msb, lsb = uuid_to_msb_lsb(uid)
+    for seg in _records(info, uid):  # recorded already: the segment must not go backwards
+        advance(stored(seg.complete), SegmentState.ASSIGNED)
     by_id = {li.ledgerId: li for li in info.ledgerInfo}
     for r in ranges:
         li = by_id.get(r.ledger_id)
@@ -230,6 +235,7 @@ def mark_offloaded(info: pb.ManagedLedgerInfo, uid: uuid.UUID, now_ms: int,
                        "was assigned)")
     found = False
     for seg in _records(info, uid):
+        advance(stored(seg.complete), SegmentState.OFFLOADED)
         # on every record, not only the first one segments() reads: retention deletes a
         # segment's ledgers one at a time, and the segment, still readable, keeps its usage
         if usage is not None:
@@ -267,12 +273,12 @@ def remove_segment(info: pb.ManagedLedgerInfo, uid: uuid.UUID) -> bool:
 def reassign(info: pb.ManagedLedgerInfo, old: uuid.UUID, new: uuid.UUID, now_ms: int) -> bool:
     """Give the ASSIGNED records of ``old`` the uuid ``new``, in place: the redo of any segment,
     not only the newest (the records keep their place, and so their begins, in every ledger).
-    ``ValueError`` if ``old`` is already offloaded, ``KeyError`` if it is not recorded."""
+    :class:`IllegalTransition` if ``old`` is already offloaded, ``KeyError`` if it is not
+    recorded."""
     n_msb, n_lsb = uuid_to_msb_lsb(new)
     found = False
     for seg in _records(info, old):
-        if seg.complete:
-            raise ValueError(f"segment {old} is already offloaded; not redoing it")
+        advance(stored(seg.complete), SegmentState.ASSIGNED)  # an offloaded one is not redone
         seg.uidMsb, seg.uidLsb = n_msb, n_lsb
         seg.assignedTimestamp = now_ms
         found = True
@@ -306,8 +312,9 @@ def merge_segments(info: pb.ManagedLedgerInfo, old: Sequence[Segment], new: uuid
         if i >= len(current) or current[i].uid != seg.uid:
             raise ValueError(f"segment {seg.uid} is no longer where the merge found it")
         cur = current[i]
-        if cur.kind is not SegmentKind.STREAMING or not cur.complete or cur.ranges != seg.ranges:
+        if cur.kind is not SegmentKind.STREAMING or cur.ranges != seg.ranges:
             raise ValueError(f"segment {seg.uid} changed since the merge read it")
+        advance(stored(cur.complete), SegmentState.MERGED)  # only committed ones are merged
     gone = {uuid_to_msb_lsb(s.uid) for s in old}
     n_msb, n_lsb = uuid_to_msb_lsb(new)
     offloaded = max(s.offloaded_ms for s in old)
@@ -377,8 +384,8 @@ def assign_ledger(info: pb.ManagedLedgerInfo, ledger_id: int, uid: uuid.UUID, no
     ctx = li.offloadContext
     if len(ctx.offloadSegment):
         raise ValueError(f"ledger {ledger_id} already holds streaming segments")
-    if ctx.complete:
-        raise ValueError(f"ledger {ledger_id} is already offloaded")
+    if ctx.HasField("uidMsb") or ctx.complete:  # an earlier attempt: redone, never undone
+        advance(stored(ctx.complete), SegmentState.ASSIGNED)
     ctx.uidMsb, ctx.uidLsb = uuid_to_msb_lsb(uid)
     ctx.complete = False
     ctx.timestamp = now_ms
@@ -392,6 +399,7 @@ def complete_ledger(info: pb.ManagedLedgerInfo, ledger_id: int, uid: uuid.UUID,
     ctx = _ledger(info, ledger_id).offloadContext
     if msb_lsb_to_uuid(ctx.uidMsb, ctx.uidLsb) != uid:
         raise KeyError(f"ledger {ledger_id} is not assigned to {uid}")
+    advance(stored(ctx.complete), SegmentState.OFFLOADED)
     if usage is not None:
         _record_usage(ctx.driverMetadata, usage)
     ctx.complete = True

@@ -16,7 +16,7 @@ here never carry it.
 Metadata paths (relative to the store's root/chroot):
 
 =========================================  ==========================================
-``/managed-ledgers/<ml name>``             ``ManagedLedgerInfo`` (DESIGN §6)
+``/managed-ledgers/<ml name>``             ``ManagedLedgerInfo`` (Pulsar's)
 ``/offloadd/topics/<ml name>``             the daemon's per-topic state (epoch, owner)
 ``/offloadd/owners/<ml name>``             ephemeral owner node
 ``/offloadd/status/<ml name>``             the owner's offload status of the topic (JSON)

@@ -1,4 +1,5 @@
-"""The lifecycle every long-lived component goes through, as data (STYLE 13)::
+"""The lifecycle every long-lived component goes through, as data (so that every component
+reports and checks it the same way)::
 
     NEW ──start──▶ RUNNING ──stop──▶ STOPPING ──▶ STOPPED
      └─────────────stop (never started)──────────▶ (STOPPING)

@@ -1,4 +1,5 @@
-"""User metadata of the objects offloadd writes (DESIGN §5), in one place.
+"""User metadata of the objects offloadd writes (Pulsar's keys and values; docs/design.md
+"Formats"), in one place.
 
 Every data and index object carries::
 

@@ -1,6 +1,7 @@
 """One attempt at one segment's object pair: open, feed runs, seal, or abort.
 
-The commit protocol on the tier (STYLE 7) is this module's: a fresh uuid per attempt, the data
+The commit protocol on the tier is this module's, in one place because a crash between any two
+of its steps must leave nothing a reader takes for data: a fresh uuid per attempt, the data
 object uploaded part by part as runs are fed (blocks grouped into parts of at least
 ``part_size`` bytes, ``offload/parts.py``; ``blocks_in_flight`` parts at a time, each through
 the throttle), then the index written **last**: an index on the tier is what marks a whole pair.

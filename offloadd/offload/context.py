@@ -5,7 +5,7 @@ throttle, clocks); :class:`TopicContext` is one topic's: its readers and uploads
 stands (next position, last commit), the segment in progress and its state, and the two commit
 steps every segment goes through — both fenced compare-and-sets of the catalog
 (:func:`offloadd.commit.edits.apply`), each after its state transition
-(:mod:`offloadd.commit.state`).
+(:mod:`offloadd.model.segment_state`).
 """
 
 from __future__ import annotations
@@ -22,11 +22,11 @@ from offloadd.blobstore.base import BlobStore
 from offloadd.commit import edits
 from offloadd.commit.batch import CommitBatcher
 from offloadd.commit.fence import Fence
-from offloadd.commit.state import SegmentState, Tracked, transition
 from offloadd.ledger.base import LedgerSource
 from offloadd.metadata import managed_ledger
 from offloadd.metadata.base import MetadataStore
 from offloadd.model import LedgerDesc, Position, TopicName, catalog
+from offloadd.model.segment_state import SegmentState, Tracked
 from offloadd.offload.attempt import SegmentAttempt, Uploads
 from offloadd.offload.buffer import OffloadBuffer
 from offloadd.offload.parts import DEFAULT_PART_SIZE
@@ -124,19 +124,14 @@ class TopicContext:
                      segment: Tracked) -> pb.ManagedLedgerInfo:
         """Record the segment's range (ASSIGNED, ``complete = false``); the stored catalog."""
         self.segment = segment
-        transition(segment.state, SegmentState.ASSIGNED)  # an illegal change is never written
-        info = await self.commit(edit)
-        segment.to(SegmentState.ASSIGNED)
-        return info
+        return await segment.move(SegmentState.ASSIGNED, lambda: self.commit(edit))
 
     async def offloaded(self, edit: Callable[[pb.ManagedLedgerInfo], bool], segment: Tracked,
                         uid: uuid.UUID, end: Position, entries: int, nbytes: int, t0: float,
                         done_ms: int) -> pb.ManagedLedgerInfo:
         """Record the segment OFFLOADED (``complete = true``) and report the commit; the stored
         catalog."""
-        transition(segment.state, SegmentState.OFFLOADED)
-        info = await self.commit(edit)
-        segment.to(SegmentState.OFFLOADED)
+        info = await segment.move(SegmentState.OFFLOADED, lambda: self.commit(edit))
         self.last_committed = end
         self.committed_segments += 1
         self.failed_attempts = 0

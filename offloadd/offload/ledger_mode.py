@@ -13,10 +13,10 @@ import logging
 import uuid
 
 from offloadd.aio import to_the_end
-from offloadd.commit.state import Tracked
 from offloadd.errors import NotFound
 from offloadd.model import LedgerDesc, LedgerState, Position, catalog
 from offloadd.model.catalog import LedgerRange
+from offloadd.model.segment_state import Tracked
 from offloadd.offload.attempt import open_ledger
 from offloadd.offload.context import TopicContext
 from offloadd.offload.streaming import StreamingMode

@@ -40,7 +40,6 @@ from typing import Any
 from offloadd._proto import mldataformats_pb2 as pb
 from offloadd.commit import edits
 from offloadd.commit.fence import Fence
-from offloadd.commit.state import SegmentState, Tracked, transition
 from offloadd.errors import Conflict, Fenced, FormatError, NotFound, OffloaddError
 from offloadd.format.streaming import StreamingIndex
 from offloadd.metadata import managed_ledger
@@ -49,6 +48,7 @@ from offloadd.model import EntryRun, TopicName, catalog
 from offloadd.model.catalog import LedgerRange, Segment, SegmentKind
 from offloadd.model.frames import FRAME
 from offloadd.model.keys import DELETIONS, deletion_path, segment_record_path, streaming_index_key
+from offloadd.model.segment_state import SegmentState, Tracked
 from offloadd.offload.attempt import SegmentAttempt, Uploads, delete_attempt, open_streaming
 from offloadd.offload.runs import Run
 from offloadd.read.reader import Entry, TierReader
@@ -265,10 +265,8 @@ async def _merge(topic: TopicName, metadata: MetadataStore, reader: TierReader,
     def swap(info: pb.ManagedLedgerInfo) -> bool:
         return catalog.merge_segments(info, group, att.uid, now, att.usage)
 
-    # the transitions the swap makes, checked before it is written (like every commit): the
-    # old segments OFFLOADED -> MERGED, the new one NEW -> ASSIGNED -> OFFLOADED at once
-    for _ in group:
-        transition(SegmentState.OFFLOADED, SegmentState.MERGED)
+    # the new segment goes NEW -> ASSIGNED -> OFFLOADED in the swap's one write; the swap
+    # itself moves the old ones OFFLOADED -> MERGED, checked on the records it reads
     merged.to(SegmentState.ASSIGNED)
     merged.to(SegmentState.OFFLOADED)
     try:

@@ -17,21 +17,19 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
-import socket
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 
 from offloadd import logs
 from offloadd.commit.fence import Fence
-from offloadd.commit.ownership import Ownership, Revoke
+from offloadd.commit.ownership import Ownership, Revoke, process_owner_id
 from offloadd.errors import OffloaddError
 from offloadd.metadata import offload_status
 from offloadd.model import TopicName
 from offloadd.offload.recorder import StatusRecorder
 from offloadd.offload.topic import OffloadEnv, TopicOffloader, TopicPolicy, TopicProbe
 
-__all__ = ["Running", "Scheduler", "SchedulerSettings", "default_owner_id"]
+__all__ = ["Running", "Scheduler", "SchedulerSettings"]
 
 log = logging.getLogger(__name__)
 
@@ -53,10 +51,6 @@ class Running:
     offloader: TopicOffloader
     recorder: StatusRecorder | None = None
     lost: bool = False  # ownership ended under it: the status record is the successor's
-
-
-def default_owner_id() -> str:
-    return f"{socket.gethostname()}-{os.getpid()}"
 
 
 STARTS_AT_ONCE = 64  # topics acquired and started concurrently by a discovery pass
@@ -164,7 +158,7 @@ class Scheduler:
         except OffloaddError as exc:  # unreadable: start afresh rather than not at all
             log.warning("topic %s: previous offload status unreadable (%s)", topic, exc)
             previous = None
-        owner = self.ownership.owner_id or default_owner_id()
+        owner = self.ownership.owner_id or process_owner_id()
         commits = self.env.commits
         recorder = StatusRecorder(self.env.metadata, ml, fence, owner,
                                   interval_s=self._settings().status_interval_s,

@@ -22,10 +22,10 @@ from collections.abc import Awaitable, Callable, Sequence
 
 from offloadd._proto import mldataformats_pb2 as pb
 from offloadd.aio import to_the_end
-from offloadd.commit.state import Tracked
 from offloadd.errors import NotFound, OffloaddError, Retriable
 from offloadd.model import LedgerDesc, Position, catalog
 from offloadd.model.catalog import LedgerRange
+from offloadd.model.segment_state import Tracked
 from offloadd.offload import roller
 from offloadd.offload.attempt import SegmentAttempt, delete_attempt, open_streaming
 from offloadd.offload.context import TopicContext

@@ -22,11 +22,11 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 
 from offloadd.commit.fence import Fence
-from offloadd.commit.state import SegmentState, Tracked, stored
 from offloadd.errors import Fenced, OffloaddError
 from offloadd.model import LedgerDesc, Position, TopicName, catalog
 from offloadd.model.catalog import Segment, SegmentKind
 from offloadd.model.lifecycle import Lifecycle
+from offloadd.model.segment_state import SegmentState, Tracked, stored
 from offloadd.offload import roller
 from offloadd.offload.attempt import delete_attempt
 from offloadd.offload.context import OffloadEnv, TopicContext, TopicPolicy

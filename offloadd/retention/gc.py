@@ -40,7 +40,6 @@ from typing import Protocol
 
 from offloadd._proto import mldataformats_pb2 as pb
 from offloadd.blobstore.base import StoreView
-from offloadd.commit.state import SegmentState, transition
 from offloadd.errors import ConfigError, Conflict, FormatError, NotFound, OffloaddError
 from offloadd.ledger.base import SourceView
 from offloadd.metadata import managed_ledger
@@ -56,6 +55,7 @@ from offloadd.model.keys import (
     segment_record_path,
     segment_records_path,
 )
+from offloadd.model.segment_state import SegmentState, advance
 from offloadd.retention.policy import (
     DeletionRecord,
     LedgerView,
@@ -423,7 +423,7 @@ class _Pass:
         # a tracked segment is OFFLOADED (a merged-away one MERGED); once its objects are gone
         # it is DELETED (terminal: its deletion record goes, and with it the last trace of it)
         was = SegmentState.MERGED if rec.merged_into is not None else SegmentState.OFFLOADED
-        deleted = transition(was, SegmentState.DELETED)
+        deleted = advance(was, SegmentState.DELETED)
         problems: list[str] = []
         for key in keys:
             try:

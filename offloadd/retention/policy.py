@@ -28,7 +28,7 @@ topic's deletion lag: a reader that listed the old catalog keeps finding their o
 then.
 
 Life of a segment, KIP-405 style (each arrow is one compare-and-set or transaction; the states
-are :mod:`offloadd.commit.state`'s)::
+are :mod:`offloadd.model.segment_state`'s)::
 
     OFFLOADED in ManagedLedgerInfo ──track──▶ SegmentRecord(deleted=[])
       ──a ledger leaves the managed ledger──▶ mark: SegmentRecord(deleted=[...])

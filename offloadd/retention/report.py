@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from offloadd.commit.state import SegmentState
+from offloadd.model.segment_state import SegmentState
 
 __all__ = ["GcReport", "LedgerAction", "Mark", "SegmentDeletion", "render_text"]
 

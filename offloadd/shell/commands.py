@@ -23,6 +23,7 @@ from offloadd.blobstore.base import BlobStore
 from offloadd.errors import ConfigError, OffloaddError
 from offloadd.metadata.base import MetadataStore
 from offloadd.model import TopicName
+from offloadd.model.hostport import connect_url
 from offloadd.shell.ttyline import StatusLine
 
 log = logging.getLogger("offloadd")
@@ -430,11 +431,7 @@ def _offload_now_http(settings: Any, args: argparse.Namespace) -> int:
             raise ConfigError("offload-now --wait talks to the daemon's metrics endpoint, "
                               "which [metrics] enabled = false turns off: enable it, or give "
                               "--url, or drop --wait (then SIGUSR1 is sent)")
-        host, _, port = settings.metrics.bind.rpartition(":")
-        host = host.strip("[]")
-        if host in ("0.0.0.0", "::", ""):
-            host = "127.0.0.1"
-        url = f"http://{'[' + host + ']' if ':' in host else host}:{port}"
+        url = connect_url(settings.metrics.bind)
     from offloadd import wiring
 
     ours = wiring.deployment(settings)

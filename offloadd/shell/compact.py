@@ -11,8 +11,6 @@ holds, under the fence its topic task holds.
 from __future__ import annotations
 
 import logging
-import os
-import socket
 import time
 import uuid
 from collections.abc import Sequence
@@ -23,6 +21,7 @@ from offloadd import wiring
 from offloadd.blobstore.base import StoreView
 from offloadd.commit import epochs
 from offloadd.commit.fence import Fence, give_back_quietly, take
+from offloadd.commit.ownership import process_owner_id
 from offloadd.config import Settings
 from offloadd.config.fields import MiB
 from offloadd.errors import ConfigError, OffloaddError
@@ -74,7 +73,7 @@ async def run_compact(settings: Settings, topics: Sequence[TopicName] | None, *,
                       target_bytes: int | None = None) -> tuple[list[dict[str, Any]], bool]:
     """``offloadd compact``: each topic (default: every managed ledger) merged under its own
     ownership; (one JSON report per topic, True if every topic was merged)."""
-    owner = f"compact-{socket.gethostname()}-{os.getpid()}"
+    owner = process_owner_id("compact")
     off = settings.offload
     throttle = Throttle(off.flow_permits_per_second, off.burst_bytes)
     out: list[dict[str, Any]] = []

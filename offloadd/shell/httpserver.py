@@ -47,6 +47,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 
 from offloadd.errors import ConfigError, OffloaddError
 from offloadd.metrics import Metrics
+from offloadd.model.hostport import HostPort
 
 __all__ = ["DEFAULT_BIND", "MetricsServer", "PortBusy", "ReadyCheck", "ServerState",
            "parse_bind"]
@@ -118,15 +119,14 @@ class ServerState(enum.Enum):
 
 def parse_bind(bind: str) -> tuple[str, int]:
     """``host:port`` or ``[v6addr]:port`` → (host, port). Port 0 picks a free port."""
-    host, sep, port_text = bind.rpartition(":")
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-    if not sep or not host or not port_text.isdigit() or int(port_text) > 65535:
+    try:
+        hp = HostPort.parse(bind, allow_zero=True)
+    except ValueError:
         raise ConfigError(
             f"[metrics] bind = {bind!r} is not HOST:PORT (e.g. 127.0.0.1:9105, [::1]:9105, "
             "or 0.0.0.0:9105 to listen on every interface)"
-        )
-    return host, int(port_text)
+        ) from None
+    return hp.host, hp.port
 
 
 class MetricsServer:

@@ -12,7 +12,7 @@ from typing import Any
 from offloadd import wiring
 from offloadd.blobstore.base import BlobStore, StoreView
 from offloadd.commit.cluster import ClusterOwnership, check_owner_id
-from offloadd.commit.ownership import Ownership
+from offloadd.commit.ownership import Ownership, process_owner_id
 from offloadd.config import Settings
 from offloadd.errors import ConfigError
 from offloadd.ledger.base import LedgerSource, SourceView
@@ -20,7 +20,6 @@ from offloadd.ledger.local import LocalLedgerStore
 from offloadd.metadata.base import MetadataStore, Sessions
 from offloadd.metrics import Metrics
 from offloadd.model import TopicName
-from offloadd.offload.scheduler import default_owner_id
 from offloadd.shell import policies
 from offloadd.shell.daemon import Daemon, record_conditional_writes
 from offloadd.shell.httpserver import MetricsServer
@@ -68,7 +67,7 @@ class Runtime:
         # A process that only tails (`offloadd run`) may share its topics with other daemons:
         # it joins the cluster (alone, it owns every topic). `standalone` writes its topics
         # itself and owns them all.
-        owner_id = (check_owner_id(settings.daemon.owner_id or default_owner_id())
+        owner_id = (check_owner_id(settings.daemon.owner_id or process_owner_id())
                     if ownership is None and not with_writer else None)
         level = settings.metrics.topic_level
         metrics = Metrics(topic_level=None if level == "auto" else level)

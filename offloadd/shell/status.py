@@ -53,6 +53,7 @@ from offloadd.metadata.base import BatchedReads, MetadataStore, Versioned
 from offloadd.metadata.offload_status import OffloadStatus
 from offloadd.model import FRAME_OVERHEAD, Position, TopicName, catalog
 from offloadd.model.cost import Prices, topic_cost
+from offloadd.model.hostport import connect_url
 from offloadd.model.keys import (
     CONDITIONAL_WRITES,
     managed_ledger_path,
@@ -246,11 +247,8 @@ def _liveness(member: dict[str, Any]) -> dict[str, Any]:
 
 def _daemon_status(bind: str) -> dict[str, Any] | None:
     """The running daemon's live view (``/status`` on its metrics endpoint), if one answers."""
-    host, _, port = bind.rpartition(":")
-    if host in ("0.0.0.0", "", "[::]"):
-        host = "127.0.0.1"
     try:
-        with urllib.request.urlopen(f"http://{host}:{port}/status", timeout=2) as resp:
+        with urllib.request.urlopen(connect_url(bind, "/status"), timeout=2) as resp:
             data = json.loads(resp.read())
     except (OSError, ValueError):
         return None

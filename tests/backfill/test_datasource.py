@@ -7,7 +7,7 @@ import operator
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import uvloop
@@ -96,8 +96,8 @@ class TestBounds:
         def matches(p: Position) -> bool:
             if span and not span[0] <= p <= span[1]:
                 return False
-            return all(OPS[type(f)](p.ledger_id if f.attribute == ("ledger_id",) else p.entry_id,
-                                    f.value) for f in fs)
+            return all(OPS[type(f)](p.ledger_id if cast(Any, f).attribute == ("ledger_id",)
+                                    else p.entry_id, cast(Any, f).value) for f in fs)
 
         assert _scan(bounds, bpp) == [p for p in POSITIONS if matches(p)]
 

@@ -16,7 +16,7 @@ from offloadd._proto import mldataformats_pb2 as pb
 from offloadd.backfill.job import BackfillFailed, run_backfill
 from offloadd.backfill.plan import HistorySizes, closed_ledgers, make_plan
 from offloadd.commit import epochs
-from offloadd.errors import Conflict
+from offloadd.errors import Conflict, IllegalTransition
 from offloadd.ledger.local import LocalLedgerSource, ledger_files
 from offloadd.metadata import managed_ledger
 from offloadd.metadata.embedded import EmbeddedMetadataStore
@@ -61,7 +61,7 @@ class TestReassign:
     def test_an_offloaded_or_unknown_segment_is_refused(self) -> None:
         info, (a,) = _info([[LedgerRange(1, 0, 9)]])
         catalog.mark_offloaded(info, a, 3)
-        with pytest.raises(ValueError, match="already offloaded"):
+        with pytest.raises(IllegalTransition, match="offloaded to assigned"):
             reassign(info, a, uuid.uuid4(), 4)
         with pytest.raises(KeyError, match="no longer recorded"):
             reassign(info, uuid.uuid4(), uuid.uuid4(), 4)

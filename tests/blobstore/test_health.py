@@ -239,6 +239,7 @@ class TestStallWatchdog:
             await asyncio.gather(task, return_exceptions=True)
         assert changes == [(HealthState.HEALTHY, HealthState.PAUSED)]
         # the first probe went out once the request had waited stall_after_s in silence
+        assert STALL.stall_after_s is not None
         assert probes and probes[0] == start + STALL.stall_after_s
         ok, why = health.readiness()
         assert not ok and "degraded-paused" in why

@@ -80,7 +80,7 @@ class TestCapturedV3:
         bodies = [r.body for r in map(wire.decode_request, requests)
                   if isinstance(r, AddRequest)]
         bodies += [r.body for r in map(wire.decode_any_response, responses)
-                   if isinstance(r, ReadResponse)]
+                   if isinstance(r, ReadResponse) and r.body is not None]
         assert len(bodies) == 200
         for body in bodies:
             assert body is not None
@@ -125,8 +125,8 @@ class TestCapturedV2:
 
     def test_offloadds_read_requests_are_the_java_clients_bytes(self) -> None:
         requests, _ = conversation("bk-v2.pcap")
-        reads = [wire.decode_v2_request(r) for r in requests]
-        reads = [r for r in reads if isinstance(r, wire.V2ReadRequest)]
+        decoded = [wire.decode_v2_request(r) for r in requests]
+        reads = [r for r in decoded if isinstance(r, wire.V2ReadRequest)]
         assert len(reads) == 100 and {r.ledger_id for r in reads} == {2}
         ids = [r.entry_id for r in reads]
         theirs = b"".join(codec.frame(r) for r in requests[-100:])
@@ -454,12 +454,12 @@ class TestCheckBodies:
         bodies.append(None)
         ids.append(12)
         checked = codec.check_bodies(bodies, ids, 5, d, "test")
-        for k, body in enumerate(bodies):
-            if body is None:
+        for k, got in enumerate(bodies):
+            if got is None:
                 assert checked.payloads[k] is None and k not in checked.failed
                 continue
             try:
-                entry = codec.decode_entry(body, d, ledger_id=5, entry_id=ids[k])
+                entry = codec.decode_entry(got, d, ledger_id=5, entry_id=ids[k])
             except DigestError:
                 assert checked.failed[k][0] == "digest"
                 continue

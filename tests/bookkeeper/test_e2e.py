@@ -157,8 +157,9 @@ async def test_sidecar_offloads_three_topics_two_live_through_faults(
 
         report = await verify(rt.metadata, rt.blobstore, rt.view, [STATIC, *LIVE], grace_s=0)
         assert report.ok, report.to_json()
-        for t in report.topics:
-            assert t.entries == t.source_checked > 0  # every payload's CRC32C against bookies
+        for checked in report.topics:
+            # every payload's CRC32C against bookies
+            assert checked.entries == checked.source_checked > 0
         reader = TierReader(rt.metadata, rt.blobstore)
         for t in (STATIC, *LIVE):
             want = p.written[t]

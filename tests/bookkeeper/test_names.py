@@ -38,7 +38,7 @@ async def test_new_and_deleted_topics_are_followed_by_watches(cluster: Cluster) 
         await p.create_topic(C)
 
         async def listed(want: list[TopicName]) -> bool:
-            return await src.list_topics() == sorted(want)
+            return bool(await src.list_topics() == sorted(want))
 
         await eventually(lambda: listed([A, B, C]), "the new tenant's and namespace's topics")
         assert [d.ledger_id for d in await src.ledgers(B)] == [p.ledgers_of(B)[0].ledger_id]

@@ -161,7 +161,7 @@ async def test_an_uncommittable_sealed_pair_is_deleted_once_the_metadata_reads_a
     tree = MemoryTree()
     store = SessionExpiresAtCommit(tree, nth=2, unreadable=3)  # 1: assign, 2: refused commit
     off, task, blob, local = await running(tmp_path, store, tree)
-    await until(lambda: store.expired and not store.failing, 10, "the refused commit")
+    await until(lambda: bool(store.expired) and not store.failing, 10, "the refused commit")
     await until(lambda: _drained(off, store, 50), 10, "everything committed")
     off.request_stop()
     await asyncio.wait_for(task, 10)
@@ -176,7 +176,11 @@ async def test_losing_ownership_during_the_clean_up_does_not_leave_the_pair(
     tree = MemoryTree()
     store = SessionExpiresAtCommit(tree, nth=2, unreadable=2)
     _, task, blob, _ = await running(tmp_path, store, tree)
-    store.on_unreadable = lambda: task.cancel()  # the session's loss revokes the topic (LOST)
+
+    def revoke() -> None:  # the session's loss revokes the topic (LOST)
+        task.cancel()
+
+    store.on_unreadable = revoke
     with pytest.raises(asyncio.CancelledError):
         await asyncio.wait_for(task, 10)
     assert store.expired and store.failed_reads == 2

@@ -1,7 +1,7 @@
 """The standalone scenario on ZooKeeper, and what it leaves in ZooKeeper read back independently
 of the code that wrote it: once with a module freshly generated from ``proto/`` (in a separate
 interpreter that never imports offloadd), once by parsing the protobuf wire format by hand against
-the field numbers DESIGN §6 lists."""
+the field numbers of Pulsar's MLDataFormats.proto."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ OFFLOADD = [sys.executable, "-m", "offloadd"]
 DOMAIN = "public/default/persistent"
 
 VARINT, I64, LEN, I32 = 0, 1, 2, 5
-# DESIGN §6, message by message: field number -> (wire type, nested message or None)
+# MLDataFormats.proto, message by message: field number -> (wire type, nested message or None)
 SCHEMA: dict[str, dict[int, tuple[int, str | None]]] = {
     "ManagedLedgerInfo": {1: (LEN, "LedgerInfo"), 2: (LEN, "NestedPositionInfo"),
                           3: (LEN, "KeyValue")},
@@ -58,9 +58,9 @@ def parse(buf: bytes, message: str) -> dict[int, list[Any]]:
     while i < len(buf):
         key, i = _varint(buf, i)
         num, wire = key >> 3, key & 7
-        assert num in SCHEMA[message], f"{message} has no field {num} in DESIGN §6"
+        assert num in SCHEMA[message], f"{message} has no field {num} in MLDataFormats.proto"
         want, nested = SCHEMA[message][num]
-        assert wire == want, f"{message}.{num}: wire type {wire}, DESIGN §6 says {want}"
+        assert wire == want, f"{message}.{num}: wire type {wire}, MLDataFormats.proto says {want}"
         value: Any
         if wire == VARINT:
             value, i = _varint(buf, i)

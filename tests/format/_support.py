@@ -1,5 +1,5 @@
 """Helpers for the format tests: build runs, and walk a data object through its index while
-checking every writer rule of DESIGN §5 (the checks a Pulsar reader silently relies on)."""
+checking every writer rule of format/layout.py (the checks a Pulsar reader silently relies on)."""
 
 from __future__ import annotations
 

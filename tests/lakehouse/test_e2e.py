@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +44,7 @@ class Run:
 
 
 @pytest.fixture(scope="module")
-def standalone(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
+def standalone(tmp_path_factory: pytest.TempPathFactory) -> Run:
     cwd = tmp_path_factory.mktemp("lakehouse-e2e")
     cfg = write_config(cwd)
     out = run(["standalone", "--json", "--config", str(cfg), "--duration", str(SECONDS),
@@ -79,11 +78,11 @@ def test_query_answers_count_publish_time_range_and_a_key_filter(standalone: Run
         f"SELECT {i} AS topic, count(*) AS n, min(publish_time) AS lo, max(publish_time) AS hi "
         f"FROM topic_{i}" for i in range(len(TOPICS))) + " ORDER BY topic")
     assert [r["topic"] for r in per_topic] == list(range(len(TOPICS)))
-    for got, topic in zip(per_topic, TOPICS, strict=True):
+    for one, topic in zip(per_topic, TOPICS, strict=True):
         times = table_rows(standalone.settings, topic).column("publish_time").to_pylist()
-        assert got["n"] == standalone.summary["topics"][topic]["sent"]["messages"]
-        assert dt.datetime.fromisoformat(got["lo"]) == min(times)
-        assert dt.datetime.fromisoformat(got["hi"]) == max(times)
+        assert one["n"] == standalone.summary["topics"][topic]["sent"]["messages"]
+        assert dt.datetime.fromisoformat(one["lo"]) == min(times)
+        assert dt.datetime.fromisoformat(one["hi"]) == max(times)
     rows = table_rows(standalone.settings, TOPICS[1])
     want = [(r["ledger_id"], r["entry_id"], r["batch_index"])
             for r in rows.select(["ledger_id", "entry_id", "batch_index", "key"]).to_pylist()

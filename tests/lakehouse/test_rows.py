@@ -4,6 +4,7 @@ names map onto tables."""
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pyarrow as pa
 import pytest
@@ -20,7 +21,7 @@ from offloadd.model import Position
 TOPIC = "persistent://public/default/orders"
 
 
-def batch(payloads: list[bytes], codec: Compression = Compression.NONE, **md: object) -> bytes:
+def batch(payloads: list[bytes], codec: Compression = Compression.NONE, **md: Any) -> bytes:
     plain = encode_batch([(pb.SingleMessageMetadata(payload_size=len(p), partition_key=f"k{i}"),
                            p) for i, p in enumerate(payloads)])
     meta = pb.MessageMetadata(producer_name="p", sequence_id=2**64 - 1, publish_time=1_000,

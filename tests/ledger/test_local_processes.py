@@ -10,6 +10,7 @@ import asyncio
 import subprocess
 import sys
 from pathlib import Path
+from typing import cast
 
 import pytest
 
@@ -109,7 +110,7 @@ async def test_an_idle_tailer_is_woken_by_the_writer_process_without_polling(
     old 20 ms poll made ~50 metadata reads a second); the writer's next append wakes it."""
     code, err = await finish(start_writer(tmp_path, 5, 1000, "close"))
     assert code == 0, err.decode()
-    metadata = await CountingStore.open(tmp_path / "metadata")
+    metadata = cast(CountingStore, await CountingStore.open(tmp_path / "metadata"))
     source = LocalLedgerSource(tmp_path / "ledgers", metadata)
     try:
         (desc,) = await source.ledgers(TOPIC)

@@ -259,3 +259,15 @@ class TestSessions:
         assert store.session_state.value == "connected"
         assert store.session_id not in (None, old)
         assert not await store.exists("/mine")  # the lost session took its ephemeral node
+
+
+async def test_read_only_wrapper_batches_reads_over_any_store() -> None:
+    """The wrapper offers get_many (status uses it) whether or not the store it wraps batches,
+    and no attribute of the wrapped store leaks through (a write helper would)."""
+    inner = MemoryMetadataStore()
+    await inner.create("/a", b"1")
+    await inner.create("/b", b"2")
+    ro = ReadOnlyMetadataStore(inner)
+    assert await ro.get_many(["/a", "/missing", "/b"]) == [
+        Versioned(b"1", 0), None, Versioned(b"2", 0)]
+    assert not hasattr(ro, "session")  # the memory store's extra, not the wrapper's

@@ -16,7 +16,8 @@ from hypothesis import strategies as st
 
 from offloadd._proto import mldataformats_pb2 as pb
 from offloadd.errors import FormatError
-from offloadd.metadata.envelope import CompressionType, unwrap
+from offloadd.format.compression import Compression as CompressionType
+from offloadd.metadata.envelope import unwrap
 from offloadd.metadata.managed_ledger import decode as decode_managed_ledger_info
 
 

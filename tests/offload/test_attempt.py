@@ -6,7 +6,7 @@ import pytest
 
 from offloadd.blobstore.memory import MemoryBlobStore
 from offloadd.errors import NotFound, Retriable
-from offloadd.format import decode_index
+from offloadd.format.streaming import decode_streaming_index as decode_index
 from offloadd.ledger.memory import MemoryLedgerSource
 from offloadd.model import TopicName
 from offloadd.model.catalog import LedgerRange

@@ -6,10 +6,10 @@ import pytest
 
 from offloadd.blobstore.memory import MemoryBlobStore
 from offloadd.commit.fence import NoFence
-from offloadd.commit.state import IllegalTransition, SegmentState, Tracked
 from offloadd.ledger.memory import MemoryLedgerSource
 from offloadd.metadata.memory import MemoryMetadataStore
 from offloadd.model import TopicName
+from offloadd.model.segment_state import IllegalTransition, SegmentState, Tracked
 from offloadd.offload.buffer import OffloadBuffer
 from offloadd.offload.context import OffloadEnv, TopicContext, TopicPolicy
 from offloadd.offload.probes import NullProbe

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable
 from pathlib import Path
 
 import pytest
@@ -151,7 +152,7 @@ class TestMonitorWithATopicTask:
         async def hold() -> None:
             await hang.wait()
 
-        def fault(op: str, key: str) -> object:
+        def fault(op: str, key: str) -> Awaitable[object] | None:
             if failing and op == "put_part":
                 return hold()  # a part that never lands, like a frozen store
             if failing and op == "complete":
@@ -231,7 +232,7 @@ class TestDaemonLagLoop:
 
         hung_ops = {"complete"}  # first the completion hangs, later the parts too
 
-        def fault(op: str, key: str) -> object:
+        def fault(op: str, key: str) -> Awaitable[object] | None:
             return hold() if op in hung_ops else None
 
         md = MemoryMetadataStore()

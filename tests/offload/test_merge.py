@@ -22,7 +22,7 @@ import pytest
 
 from offloadd._proto import mldataformats_pb2 as pb
 from offloadd.commit.fence import EpochFence, NoFence, take
-from offloadd.errors import Fenced
+from offloadd.errors import Fenced, IllegalTransition
 from offloadd.model import catalog
 from offloadd.model.catalog import LedgerRange, Segment, SegmentKind
 from offloadd.model.keys import (
@@ -122,7 +122,7 @@ class TestMergeSegments:
         with pytest.raises(ValueError, match="no longer where"):
             catalog.merge_segments(moved, old, uuid.uuid4(), now_ms=1)
         not_done = info_with((1, [(1, 39, True), (2, 99, False)]))
-        with pytest.raises(ValueError, match="changed"):
+        with pytest.raises(IllegalTransition, match="assigned to merged"):
             catalog.merge_segments(not_done, old, uuid.uuid4(), now_ms=1)
         assert moved.SerializeToString() == before
 
@@ -141,7 +141,7 @@ async def compact(rig: Rig, target: int, *, lag_ms: int = 0, fence: object = Non
 
 async def data_bytes(rig: Rig) -> int:
     reader = TierReader(rig.metadata, rig.blob)
-    return sum([(await reader.index(f"{s.uid}-index")).data_object_length  # type: ignore
+    return sum([(await reader.index(f"{s.uid}-index")).data_object_length
                 for s in await rig.segments()])
 
 

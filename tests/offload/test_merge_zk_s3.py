@@ -87,7 +87,7 @@ async def read_all(settings: config.Settings) -> tuple[list[tuple[tuple[int, int
     tier = await wiring.open_tier(settings)
     try:
         reader = TierReader(md, tier.store)
-        got = [(tuple(e.position), bytes(e.payload))  # type: ignore[misc]
+        got = [((e.position.ledger_id, e.position.entry_id), bytes(e.payload))
                async for e in reader.read(TOPIC)]
         return got, len(await reader.segments(TOPIC))
     finally:

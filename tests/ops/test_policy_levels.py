@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from hypothesis import given, settings
@@ -40,7 +41,7 @@ def _set(d: dict[str, Any]) -> dict[str, Any]:
 
 
 def _settings(topic: dict[str, Any], ns: dict[str, Any], off: dict[str, Any]) -> Settings:
-    return Settings(offload=_set(off), namespaces={"t/ns": _set(ns)},  # type: ignore[arg-type]
+    return Settings(offload=_set(off), namespaces={"t/ns": _set(ns)},
                     topics={str(TOPIC): _set(topic)})
 
 
@@ -78,8 +79,8 @@ def test_pulsar_values_onto_offloadd_fields() -> None:
 
 
 def test_the_sources_as_status_shows_them() -> None:
-    s = Settings(offload={"threshold_seconds": 30},  # type: ignore[arg-type]
-                 namespaces={"t/ns": {"deletion_lag_ms": 5}})  # type: ignore[dict-item]
+    s = Settings(offload={"threshold_seconds": 30},
+                 namespaces={"t/ns": {"deletion_lag_ms": 5}})
     eff = effective_policy(s, TOPIC, PulsarOffloadPolicy(1 << 30, 600, 9, "bookkeeper-first"),
                            WHERE)
     assert eff.to_json() == {
@@ -96,7 +97,7 @@ def test_the_sources_as_status_shows_them() -> None:
 class _Watched:
     """A stand-in for the watcher's view: the state object is replaced on each change."""
 
-    on_change = None
+    on_change: Callable[[str], None] | None = None
 
     def __init__(self) -> None:
         from offloadd.ledger.bookkeeper.policies import NamespacePolicy
@@ -119,7 +120,7 @@ def test_the_daemon_memo_follows_reloads_and_pulsar_changes() -> None:
     s = Settings()
     first = memo.get(s, TOPIC)
     assert first.policy.threshold_bytes == 100 and memo.get(s, TOPIC) is first
-    reloaded = Settings(topics={str(TOPIC): {"threshold_bytes": 7}})  # type: ignore[dict-item]
+    reloaded = Settings(topics={str(TOPIC): {"threshold_bytes": 7}})
     assert memo.get(reloaded, TOPIC).policy.threshold_bytes == 7
     watched.state = NamespacePolicy(WHERE, PulsarOffloadPolicy(threshold_bytes=200))
     assert memo.get(s, TOPIC).policy.threshold_bytes == 200

@@ -179,13 +179,13 @@ def render(data: dict[str, Any], when: str, commit: str) -> str:
                         "(2 MiB tmpfs, then grown)"),
                        ("disk_full_embedded_store", "embedded store full at start-up (8 MiB "
                         "tmpfs, then freed)")):
-        f = s.get(name)
-        extra = (f", disk-full errors reported {_get(f, 'disk_full_errors_reported')}"
-                 if f and "disk_full_errors_reported" in f else "")
-        lines.append(f"- {what}: entries {_get(f, 'entries_checked')} of "
-                     f"{_get(f, 'entries_written')}, lost {_get(f, 'entries_lost')}, "
-                     f"duplicated {_get(f, 'entries_duplicated')}, orphans left "
-                     f"{_get(f, 'orphans_left')}{extra}")
+        disk = s.get(name)
+        extra = (f", disk-full errors reported {_get(disk, 'disk_full_errors_reported')}"
+                 if disk and "disk_full_errors_reported" in disk else "")
+        lines.append(f"- {what}: entries {_get(disk, 'entries_checked')} of "
+                     f"{_get(disk, 'entries_written')}, lost {_get(disk, 'entries_lost')}, "
+                     f"duplicated {_get(disk, 'entries_duplicated')}, orphans left "
+                     f"{_get(disk, 'orphans_left')}{extra}")
     bi = s.get("bad_input")
     sec = s.get("security")
     lines += [

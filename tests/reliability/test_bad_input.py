@@ -37,6 +37,7 @@ from offloadd.shell import cli
 from tests.reliability.conftest import Figures
 from tests.reliability.support import (
     Proc,
+    TomlValue,
     local_sections,
     merge,
     ok,
@@ -72,7 +73,7 @@ class Tier:
         return self.root / "data" / "tier" / ".meta" / f"{key}.json"
 
 
-def sections(root: Path) -> dict[str, dict[str, object]]:
+def sections(root: Path) -> dict[str, dict[str, TomlValue]]:
     return merge(local_sections(root), {"daemon": {"log_level": "INFO"},
                                         "offload": {"max_size_per_segment_mbytes": 0.1,
                                                     "max_block_size_bytes": 16384}})

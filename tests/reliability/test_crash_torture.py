@@ -148,12 +148,13 @@ def torture(tmp_path: Path, figures: Figures, *, kills: int, history_bytes: int,
     aimed = 0
     planted: set[str] = set()
     run_args = ["run", "--config", str(cfg)]
-    nxt = Proc(run_args, tmp_path, outputs.new("run-000.log"), preload=True)
+    nxt: Proc | None = Proc(run_args, tmp_path, outputs.new("run-000.log"), preload=True)
     t0 = time.monotonic()
     try:
         for i, target in enumerate(plan(kills)):
             if target == GC and tier.exists():
                 planted.update(plant_orphans(tier, 20, age_s=60))
+            assert nxt is not None
             d, nxt = nxt, None
             d.go()
             # the next daemon imports while this one works

@@ -35,6 +35,7 @@ from tests.reliability.conftest import Figures
 from tests.reliability.support import (
     Outputs,
     Proc,
+    TomlValue,
     cli,
     drained,
     merge,
@@ -98,7 +99,7 @@ def test_no_output_holds_a_secret_and_the_defaults_are_safe(
                "wrong zk password": wrong_password}
     chroot = f"/sec-{uuid.uuid4().hex[:10]}"
     port = free_port()
-    base = {
+    base: dict[str, dict[str, TomlValue]] = {
         "metadata": {"url": f"zk://{zk_server}{chroot}", "acl_digest": digest,
                      "session_timeout_s": 4.0},
         "source": {"path": f"{tmp_path}/data/ledgers", "rollover_bytes": 150_000},

@@ -12,7 +12,10 @@ import pytest
 
 from bench.status_scale import CONFIG, FAILING_EVERY, HALF_EVERY, synthetic_catalog
 from offloadd import config, wiring
+from offloadd.metadata import managed_ledger
 from offloadd.metadata.embedded import EmbeddedMetadataStore
+from offloadd.model import TopicName
+from offloadd.model.cost import Prices
 from offloadd.model.keys import managed_ledger_path
 from offloadd.shell import status
 from offloadd.shell.cli import main
@@ -27,7 +30,7 @@ async def _build(tmp_path: Path) -> None:
     # one topic whose catalog is junk: an error, listed with the failing ones
     md = await EmbeddedMetadataStore.open(tmp_path / "metadata")
     try:
-        bad = status.TopicName.parse("persistent://tenant-1/ns-2/t-5").managed_ledger
+        bad = TopicName.parse("persistent://tenant-1/ns-2/t-5").managed_ledger
         await md.set(managed_ledger_path(bad), b"\xff junk")
     finally:
         await md.close()
@@ -104,10 +107,10 @@ async def _both_ways(cfg: Path) -> tuple[list[dict[str, object]], list[dict[str,
     md = await wiring.open_metadata(settings, read_only=True)
     src = wiring.connect_source(settings, md, read_only=True)
     try:
-        names = [status.TopicName.from_managed_ledger(n)
-                 for n in await status.managed_ledger.list_names(md)]
-        batched = await status.topics_status(md, src, names, 1_000_000, status.Prices())
-        one_by_one = [await status.topic_status(md, src, n, 1_000_000, status.Prices())
+        names = [TopicName.from_managed_ledger(n)
+                 for n in await managed_ledger.list_names(md)]
+        batched = await status.topics_status(md, src, names, 1_000_000, Prices())
+        one_by_one = [await status.topic_status(md, src, n, 1_000_000, Prices())
                       for n in names]
     finally:
         await src.source.close()

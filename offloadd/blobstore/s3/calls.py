@@ -40,7 +40,8 @@ import enum
 import logging
 import random
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from typing import Any, TypeVar
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
 
 from botocore.exceptions import ClientError
 
@@ -48,6 +49,7 @@ from offloadd.blobstore.health import HealthState, StoreHealth
 from offloadd.blobstore.requests import RequestCounts
 from offloadd.blobstore.s3.errors import BACKEND_ERRORS, is_refusal, translate
 from offloadd.blobstore.s3.options import S3Options
+from offloadd.blobstore.s3.plan import GiveUp, RetryPlan
 from offloadd.blobstore.s3.session import ANSWERED, Endpoint
 from offloadd.errors import Fatal, NotFound, OffloaddError, Retriable
 from offloadd.retry import Backoff
@@ -57,6 +59,28 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 LIST_PAGE_SIZE = 1000  # S3's own maximum per list call
+
+
+@dataclass
+class _Done(Generic[T]):
+    value: T
+
+
+@dataclass
+class _Said:
+    """What an operation's give-up messages name."""
+
+    op: str
+    where: str
+    budget: float
+    last: OffloaddError | None = None
+
+    def missed(self, why: str, level: int = logging.WARNING) -> Retriable:
+        last = f"; last error: {self.last}" if self.last is not None else ""
+        said = (f"S3 {self.op} {self.where}: {why} (deadline {self.budget:.1f}s: [blobstore] "
+                f"request_timeout_s){last}")
+        log.log(level, "%s", said)
+        return Retriable(said)
 
 
 class State(enum.Enum):
@@ -130,7 +154,8 @@ class Requests:
         nbytes: int = 0,
     ) -> T:
         """One S3 operation with retries, store-health gating, endpoint choice and one overall
-        deadline (``S3Options.deadline_s(nbytes)``; see the module docstring).
+        deadline (``S3Options.deadline_s(nbytes)``; see the module docstring). The retry rules
+        are :class:`~offloadd.blobstore.s3.plan.RetryPlan`'s; this executes them.
 
         ``write``: wait while the store's circuit is open. ``read``: may use a read endpoint.
         ``already_done``: before each retry, may answer for an attempt whose reply was lost.
@@ -140,118 +165,116 @@ class Requests:
             raise Fatal(f"S3 {op} {self.where(key)}: the store is closed")
         loop = asyncio.get_running_loop()
         budget = self.options.deadline_s(nbytes)
-        deadline = loop.time() + budget
-        attempts = 0  # attempts that count against max_attempts
-        paused_until: float | None = None  # set once the store's health holds this op up
+        plan = RetryPlan(loop.time() + budget, self.options.max_attempts,
+                         self.health.policy.pause_timeout_s, self._backoff, self._rng)
+        said = _Said(op, self.where(key), budget)
         skip: set[int] = set()
         tries = 0
-        last: OffloaddError | None = None
-
-        def missed(why: str, level: int = logging.WARNING) -> Retriable:
-            said = (f"S3 {op} {self.where(key)}: {why} (deadline {budget:.1f}s: [blobstore] "
-                    "request_timeout_s)" + (f"; last error: {last}" if last is not None else ""))
-            log.log(level, "%s", said)
-            return Retriable(said)
-
         while True:
             if write and self.health.state is HealthState.PAUSED:
-                if paused_until is None:
-                    paused_until = loop.time() + self.health.policy.pause_timeout_s
-                try:
-                    await self.health.wait_until_healthy(
-                        min(paused_until, deadline) - loop.time())
-                except Retriable:
-                    if loop.time() >= deadline - 1e-3:
-                        # the circuit's own WARNING said why already: no line per operation
-                        raise missed("the store's circuit was still open at the deadline",
-                                     logging.DEBUG) from None
-                    raise
+                await self._wait_while_paused(plan, said)
             if tries and already_done is not None:
                 try:
-                    async with asyncio.timeout_at(deadline):
+                    async with asyncio.timeout_at(plan.deadline):
                         done = await already_done()
                 except TimeoutError:
-                    raise missed("no answer before the deadline") from None
+                    raise said.missed("no answer before the deadline") from None
                 if done is not None:
                     return done
             ep = self.pick(read, skip)
             tries += 1
-            ep.pending += 1
-            ticket = self.health.request_started() if ep.primary else 0
-            err: OffloaddError
-            # A replica may use at most half of what is left: the primary needs time too.
-            until = deadline if ep.primary else loop.time() + (deadline - loop.time()) / 2
-            timer = asyncio.timeout_at(until)
-            answered = False
-            seen = [0]
-            reset = ANSWERED.set(seen)
-            try:
-                async with timer:
-                    result = await fn(ep.client)
-            except TimeoutError as exc:
-                if timer.expired() and not seen[0]:
-                    self.counts.count(op, "timeout")  # cut short: no client event said so
-                if not timer.expired():  # a socket timeout of botocore's, not our deadline
-                    err = translate(exc, op, self.where(key))
-                    err.__cause__ = exc
-                elif ep.primary:
-                    self.health.record_stall()  # silence: the worst kind of failure
-                    raise missed("no answer before the deadline") from None
-                else:
-                    err = Retriable(f"S3 {op} {self.where(key)}: read endpoint {ep.url} did "
-                                    "not answer in time")
-            except OffloaddError as exc:
-                err = exc
-            except BACKEND_ERRORS as exc:
-                err = translate(exc, op, self.where(key))
-                err.__cause__ = exc
-                answered = isinstance(exc, ClientError)
-                if ep.primary and not isinstance(err, Retriable | NotFound) and is_refusal(exc):
-                    self.health.record_refused(op, str(err))
-                    raise err from None
-            else:
-                if ep.primary:
-                    self.health.record_success(op)
-                return result
-            finally:
-                ANSWERED.reset(reset)
-                ep.pending -= 1
-                if ticket:
-                    self.health.request_finished(ticket)
-
-            transient = isinstance(err, Retriable)
-            if ep.primary:
-                # Any non-transient answer proves the store is up and answering.
-                if transient:
-                    self.health.record_failure(answered=answered)
-                else:
-                    self.health.record_success()
+            outcome = await self._try(ep, fn, plan.deadline, said)
+            if isinstance(outcome, _Done):
+                return outcome.value
+            err = outcome
             if not ep.primary:
                 # A replica that fails, or has not seen the object yet: another server may
                 # answer, so fail over at once; the primary, never skipped, has the last word.
                 log.debug("read endpoint %s failed over: %s", ep.url, err)
                 skip.add(id(ep))
                 continue
-            if not transient:
+            if not isinstance(err, Retriable):
                 raise err
-            last = err
-            if write and self.health.state is not HealthState.HEALTHY:
-                now = loop.time()
-                if paused_until is None:
-                    paused_until = now + self.health.policy.pause_timeout_s
-                elif now >= paused_until:
-                    raise Retriable(
-                        f"{err} (store degraded for {self.health.policy.pause_timeout_s:.0f}s)"
-                    ) from err
+            said.last = err
+            degraded = write and self.health.state is not HealthState.HEALTHY
+            verdict = plan.after_failure(loop.time(), degraded=degraded)
+            if verdict is GiveUp.DEGRADED:
+                raise Retriable(f"{err} (store degraded for "
+                                f"{self.health.policy.pause_timeout_s:.0f}s)") from err
+            if verdict is GiveUp.ATTEMPTS:
+                raise Retriable(f"{err} (gave up after {plan.attempts} attempts)") from err
+            if verdict is GiveUp.DEADLINE:
+                raise said.missed("still failing, and another try would pass the deadline") \
+                    from err
+            log.debug("retrying %s %s in %.2fs: %s", op, self.where(key), verdict, err)
+            await asyncio.sleep(verdict)
+
+    async def _wait_while_paused(self, plan: RetryPlan, said: _Said) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            await self.health.wait_until_healthy(plan.pause_limit(loop.time()))
+        except Retriable:
+            if loop.time() >= plan.deadline - 1e-3:
+                # the circuit's own WARNING said why already: no line per operation
+                raise said.missed("the store's circuit was still open at the deadline",
+                                  logging.DEBUG) from None
+            raise
+
+    async def _try(self, ep: Endpoint, fn: Callable[[Any], Awaitable[T]], deadline: float,
+                   said: _Said) -> _Done[T] | OffloaddError:
+        """One request to ``ep``, its outcome recorded in the store's health when ``ep`` is the
+        primary: the answer, or the error to decide on. Raises what ends the operation at once
+        (the primary's silence past the deadline, a refusal)."""
+        loop = asyncio.get_running_loop()
+        ep.pending += 1
+        ticket = self.health.request_started() if ep.primary else 0
+        err: OffloaddError
+        # A replica may use at most half of what is left: the primary needs time too.
+        until = deadline if ep.primary else loop.time() + (deadline - loop.time()) / 2
+        timer = asyncio.timeout_at(until)
+        answered = False
+        seen = [0]
+        reset = ANSWERED.set(seen)
+        try:
+            async with timer:
+                result = await fn(ep.client)
+        except TimeoutError as exc:
+            if timer.expired() and not seen[0]:
+                self.counts.count(said.op, "timeout")  # cut short: no client event said so
+            if not timer.expired():  # a socket timeout of botocore's, not our deadline
+                err = translate(exc, said.op, said.where)
+                err.__cause__ = exc
+            elif ep.primary:
+                self.health.record_stall()  # silence: the worst kind of failure
+                raise said.missed("no answer before the deadline") from None
             else:
-                attempts += 1
-                if attempts >= self.options.max_attempts:
-                    raise Retriable(f"{err} (gave up after {attempts} attempts)") from err
-            delay = self._backoff.delay(max(attempts, 1), self._rng)
-            if loop.time() + delay >= deadline:
-                raise missed("still failing, and another try would pass the deadline") from err
-            log.debug("retrying %s %s in %.2fs: %s", op, self.where(key), delay, err)
-            await asyncio.sleep(delay)
+                err = Retriable(f"S3 {said.op} {said.where}: read endpoint {ep.url} did "
+                                "not answer in time")
+        except OffloaddError as exc:
+            err = exc
+        except BACKEND_ERRORS as exc:
+            err = translate(exc, said.op, said.where)
+            err.__cause__ = exc
+            answered = isinstance(exc, ClientError)
+            if ep.primary and not isinstance(err, Retriable | NotFound) and is_refusal(exc):
+                self.health.record_refused(said.op, str(err))
+                raise err from None
+        else:
+            if ep.primary:
+                self.health.record_success(said.op)
+            return _Done(result)
+        finally:
+            ANSWERED.reset(reset)
+            ep.pending -= 1
+            if ticket:
+                self.health.request_finished(ticket)
+        if ep.primary:
+            # Any non-transient answer proves the store is up and answering.
+            if isinstance(err, Retriable):
+                self.health.record_failure(answered=answered)
+            else:
+                self.health.record_success()
+        return err
 
     async def pages(self, op: str, prefix: str, size_arg: str,
                     call: Callable[[Any, dict[str, Any]], Awaitable[dict[str, Any]]],

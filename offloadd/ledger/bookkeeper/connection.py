@@ -26,6 +26,7 @@ from offloadd.errors import FormatError, Retriable
 from offloadd.ledger.bookkeeper import v2
 from offloadd.ledger.bookkeeper.codec import MAX_FRAME, U32, Status, split_frames
 from offloadd.ledger.bookkeeper.v3 import ReadResponse, Response, decode_response
+from offloadd.model.hostport import HostPort
 
 log = logging.getLogger(__name__)
 
@@ -64,10 +65,11 @@ class BookieError(Retriable):
 
 def split_addr(addr: str) -> tuple[str, int]:
     """(host, port) of a ``host:port`` bookie id; ``BookieError`` for anything else."""
-    host, sep, port = addr.rpartition(":")
-    if not sep or not port.isdigit():
-        raise BookieError(addr, "address", "bookie ids must be host:port")
-    return host.strip("[]"), int(port)
+    try:
+        hp = HostPort.parse(addr)
+    except ValueError:
+        raise BookieError(addr, "address", "bookie ids must be host:port") from None
+    return hp.host, hp.port
 
 
 class Sink:

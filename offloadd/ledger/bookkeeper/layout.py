@@ -17,7 +17,7 @@ Pulsar: ``/managed-ledgers/<tenant>/<ns>/persistent/<topic>`` holds the topic's
 
 The *mirror* (sidecar mode): offloadd never writes Pulsar's tree. It keeps its own
 ``ManagedLedgerInfo`` per topic in its own store (same path, another chroot), whose ledger list
-follows Pulsar's and whose ``offloadContext``s hold offloadd's segments (DESIGN §6).
+follows Pulsar's and whose ``offloadContext``s hold offloadd's segments (docs/design.md "Metadata").
 :func:`mirror_edit` is the one edit the source makes to that node: it appends new ledgers, fills
 ``entries``/``size``/``timestamp`` once a ledger is closed, and drops the records of ledgers
 Pulsar deleted, exactly as a ledger writer does (:mod:`offloadd.retention` learns from that
@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import enum
 import json
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from offloadd._proto import bookkeeper_pb2
@@ -343,6 +343,31 @@ def mirror_edit(info: mlpb.ManagedLedgerInfo, listed: PulsarList, now_ms: int,
     # stale list. Withdraw it, so that the ledger's real deletion is reported when it comes.
     change.cleared = sorted(lid for lid in wanted if f"{LOST_PREFIX}{lid}" in recorded)
     recorded -= {f"{LOST_PREFIX}{lid}" for lid in change.cleared}
+    _find_dropped(info, wanted, known_last, exempt, recorded, now_ms, change)
+    for p in pulsar:
+        mine = ours.get(p.ledger_id)
+        if mine is None:
+            change.added.append(p.ledger_id)
+        elif p.closed and (not mine.HasField("entries") or mine.entries != p.entries
+                           or mine.size != p.size):
+            change.closed.append(p.ledger_id)
+    if not change.changed:
+        return change
+    if change.cleared or change.stamped:
+        _restamp(info, listed, change)
+    if not (change.added or change.closed or change.dropped or change.lost):
+        return change
+    _rebuild(info, pulsar, ours)
+    for lost in change.lost:
+        info.properties.add(key=lost.key(), value=lost.value())
+    return change
+
+
+def _find_dropped(info: mlpb.ManagedLedgerInfo, wanted: set[int],
+                  known_last: Mapping[int, tuple[int, int]] | None, exempt: Collection[int],
+                  recorded: set[str], now_ms: int, change: MirrorChange) -> None:
+    """The mirror's ledgers Pulsar no longer lists, and the loss each leaves unless a committed
+    segment holds its entries to the end (or it is exempt, or the loss is recorded already)."""
     for li in info.ledgerInfo:
         if li.ledgerId in wanted:
             continue
@@ -358,28 +383,25 @@ def mirror_edit(info: mlpb.ManagedLedgerInfo, listed: PulsarList, now_ms: int,
         if (last > end or not known) and lost.key() not in recorded \
                 and li.ledgerId not in exempt:
             change.lost.append(lost)
-    for p in pulsar:
-        mine = ours.get(p.ledger_id)
-        if mine is None:
-            change.added.append(p.ledger_id)
-        elif p.closed and (not mine.HasField("entries") or mine.entries != p.entries
-                           or mine.size != p.size):
-            change.closed.append(p.ledger_id)
-    if not change.changed:
-        return change
-    if change.cleared or change.stamped:
-        drop_keys = {f"{LOST_PREFIX}{lid}" for lid in change.cleared} | {PULSAR_LIST_KEY}
-        props = [(kv.key, kv.value) for kv in info.properties if kv.key not in drop_keys]
-        if not change.stamped:
-            props += [(kv.key, kv.value) for kv in info.properties if kv.key == PULSAR_LIST_KEY]
-        del info.properties[:]
-        for k, v in props:
-            info.properties.add(key=k, value=v)
-        if change.stamped:
-            info.properties.add(key=PULSAR_LIST_KEY, value=listed.stamp())
-    if not (change.added or change.closed or change.dropped or change.lost):
-        return change
-    # Rebuild in Pulsar's order; existing records are copied whole (offload contexts intact).
+
+
+def _restamp(info: mlpb.ManagedLedgerInfo, listed: PulsarList, change: MirrorChange) -> None:
+    """Withdraw the cleared loss records and, when the list is newer, record its stamp."""
+    drop_keys = {f"{LOST_PREFIX}{lid}" for lid in change.cleared} | {PULSAR_LIST_KEY}
+    props = [(kv.key, kv.value) for kv in info.properties if kv.key not in drop_keys]
+    if not change.stamped:
+        props += [(kv.key, kv.value) for kv in info.properties if kv.key == PULSAR_LIST_KEY]
+    del info.properties[:]
+    for k, v in props:
+        info.properties.add(key=k, value=v)
+    if change.stamped:
+        info.properties.add(key=PULSAR_LIST_KEY, value=listed.stamp())
+
+
+def _rebuild(info: mlpb.ManagedLedgerInfo, pulsar: Sequence[PulsarLedger],
+             ours: Mapping[int, mlpb.ManagedLedgerInfo.LedgerInfo]) -> None:
+    """The ledger list in Pulsar's order; existing records are copied whole (offload contexts
+    intact)."""
     copies: list[mlpb.ManagedLedgerInfo.LedgerInfo] = []
     for p in pulsar:
         c = mlpb.ManagedLedgerInfo.LedgerInfo()
@@ -396,6 +418,3 @@ def mirror_edit(info: mlpb.ManagedLedgerInfo, listed: PulsarList, now_ms: int,
         copies.append(c)
     del info.ledgerInfo[:]
     info.ledgerInfo.extend(copies)
-    for lost in change.lost:
-        info.properties.add(key=lost.key(), value=lost.value())
-    return change

@@ -25,7 +25,6 @@ from offloadd.metadata.zookeeper import (
     ZooKeeperMetadataStore,
     ZooKeeperUrl,
 )
-from offloadd.model.keys import MANAGED_LEDGERS
 
 log = logging.getLogger(__name__)
 
@@ -79,21 +78,6 @@ class PulsarZooKeeper:
     @property
     def session_id(self) -> int | None:
         return self._store.session_id
-
-    async def managed_ledger_names(self) -> list[str]:
-        """Every ``tenant/ns/persistent/topic`` under ``/managed-ledgers`` (persistent only)."""
-        names: list[str] = []
-        for tenant in await self._kids(MANAGED_LEDGERS):
-            for ns in await self._kids(f"{MANAGED_LEDGERS}/{tenant}"):
-                for local in await self._kids(f"{MANAGED_LEDGERS}/{tenant}/{ns}/persistent"):
-                    names.append(f"{tenant}/{ns}/persistent/{local}")
-        return names
-
-    async def _kids(self, path: str) -> list[str]:
-        try:
-            return await self.children(path)
-        except errors.NotFound:
-            return []
 
     async def close(self) -> None:
         await self._store.close()

@@ -29,14 +29,14 @@ covers them — the tail of a ledger still being written, a ledger written befor
 existed — entry by entry (frame header and payload CRC32C). A chunk that does not match is then
 checked entry by entry too, so the error names the entry.
 
-Metadata (DESIGN §6): ``/managed-ledgers/<ml name>`` holds the topic's ``ManagedLedgerInfo``; the
-writer appends ``LedgerInfo(ledgerId, timestamp=ctime ms)`` when it opens a ledger and sets
-``entries``/``size`` (payload bytes) when it closes it, always by compare-and-set so the
-offloader's concurrent ``offloadContext`` edits survive. A ledger is open while its ``LedgerInfo``
-has no ``entries``; only the last one can be. Ledger ids come from the counter node
-``/offloadd/ledger-id`` (the next unreserved id, ASCII decimal), reserved in ranges by CAS: ids are
-unique across topics and processes and never reused, even after a crash, and every new ledger of a
-topic gets an id above the topic's previous ledgers (ledgers are ordered by id).
+Metadata, in Pulsar's layout: ``/managed-ledgers/<ml name>`` holds the topic's
+``ManagedLedgerInfo``; the writer appends ``LedgerInfo(ledgerId, timestamp=ctime ms)`` when it
+opens a ledger and sets ``entries``/``size`` (payload bytes) when it closes it, always by
+compare-and-set so the offloader's concurrent ``offloadContext`` edits survive. A ledger is open
+while its ``LedgerInfo`` has no ``entries``; only the last one can be. Ledger ids come from the
+counter node ``/offloadd/ledger-id`` (the next unreserved id, ASCII decimal), reserved in ranges
+by CAS: ids are unique across topics and processes and never reused, even after a crash, and every
+new ledger of a topic gets an id above the topic's previous ledgers (ledgers are ordered by id).
 
 One writer process per store: the commands that write (``standalone``, ``produce``) hold the
 store's *writer lock* (:class:`StoreLock`), so a second one is refused instead of closing the

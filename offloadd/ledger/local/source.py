@@ -45,7 +45,7 @@ from offloadd.ledger.local.watch import DEFAULT_INTERVAL_S, ChangeWatcher
 from offloadd.metadata import managed_ledger
 from offloadd.metadata.base import MetadataStore
 from offloadd.model import LedgerDesc, LedgerState, TopicName
-from offloadd.model.keys import MANAGED_LEDGERS, managed_ledger_path
+from offloadd.model.keys import managed_ledger_path
 
 log = logging.getLogger(__name__)
 
@@ -105,20 +105,15 @@ class LocalLedgerSource(LedgerSource, LedgerDeleter, LocalCopies, EntryChecksums
             return list(self._listed[1])
         topics: list[TopicName] = []
         names: dict[str, TopicName] = {}
-        for tenant in await self._children(MANAGED_LEDGERS):
-            for ns in await self._children(f"{MANAGED_LEDGERS}/{tenant}"):
-                domain = f"{MANAGED_LEDGERS}/{tenant}/{ns}/persistent"
-                for local in await self._children(domain):
-                    ml = f"{tenant}/{ns}/persistent/{local}"
-                    name = self._names.get(ml)
-                    try:
-                        name = name or TopicName.from_managed_ledger(ml)
-                    except ConfigError:
-                        log.warning("ignoring managed ledger %s/%s/persistent/%s: not a topic name",
-                                    tenant, ns, local)
-                        continue
-                    names[ml] = name
-                    topics.append(name)
+        for ml in await managed_ledger.list_names(self._metadata):
+            name = self._names.get(ml)
+            try:
+                name = name or TopicName.from_managed_ledger(ml)
+            except ConfigError:
+                log.warning("ignoring managed ledger %s: not a topic name", ml)
+                continue
+            names[ml] = name
+            topics.append(name)
         self._names = names  # parsing is most of a listing's cost: each name once
         self._listed = (gen, tuple(topics)) if gen is not None else None
         self._listed_at = now
@@ -289,12 +284,6 @@ class LocalLedgerSource(LedgerSource, LedgerDeleter, LocalCopies, EntryChecksums
         await self._watcher.close()
 
     # -- plumbing ---------------------------------------------------------------------------
-
-    async def _children(self, path: str) -> list[str]:
-        try:
-            return await self._metadata.children(path)
-        except NotFound:
-            return []
 
     async def _info(self, topic: TopicName) -> managed_ledger.ManagedLedgerInfo:
         try:

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
-DEFAULT_PORT = 2181
+from offloadd.model.hostport import HostPort
 
-_HOST_RE = re.compile(
-    r"\s*(?:\[(?P<v6>[0-9A-Fa-f:.]+)\]|(?P<name>[^:\[\]\s]+))(?::(?P<port>\d+))?\s*")
+DEFAULT_PORT = 2181
 
 
 @dataclass(frozen=True)
@@ -55,10 +53,11 @@ class ZooKeeperUrl:
 
 
 def _parse_host(text: str, url: str) -> tuple[str, int]:
-    m = _HOST_RE.fullmatch(text)
-    if not m:
-        raise ValueError(f"ZooKeeper url {url!r}: {text!r} is not host[:port]")
-    port = int(m.group("port") or DEFAULT_PORT)
-    if not 0 < port < 65536:
-        raise ValueError(f"ZooKeeper url {url!r}: port {port} is out of range")
-    return m.group("v6") or m.group("name"), port
+    given = text.strip()
+    if given.endswith("]") or ":" not in given:  # no port: ZooKeeper's default
+        given = f"{given}:{DEFAULT_PORT}"
+    try:
+        hp = HostPort.parse(given)
+    except ValueError as exc:
+        raise ValueError(f"ZooKeeper url {url!r}: {exc}") from None
+    return hp.host, hp.port

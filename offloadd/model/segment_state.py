@@ -29,15 +29,26 @@ pending-deletion record keeps its objects for readers that still hold the old ca
 deletion lag has passed, and gc then deletes them (DELETED).
 
 Self transitions are allowed, so idempotent retries (a commit replayed after a lost reply) are
-legal. :func:`transition` raises :class:`IllegalTransition` on anything else.
+legal. :func:`advance` raises :class:`~offloadd.errors.IllegalTransition` on anything else. The
+catalog's edits (:mod:`offloadd.model.catalog`) call it with the state their records store, inside
+the compare-and-set that writes the change: the stored state is the one checked, not a caller's
+copy of it, and an illegal change is never written. It fails the attempt like any other error of
+the commit (the topic is then failing and retries), never the process.
 """
 
 from __future__ import annotations
 
 import enum
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
-__all__ = ["IllegalTransition", "SegmentState", "Tracked", "is_valid", "stored", "transition"]
+from offloadd.errors import IllegalTransition
+
+__all__ = ["IllegalTransition", "SegmentState", "Tracked", "advance", "is_valid", "move_all",
+           "stored"]
+
+T = TypeVar("T")
 
 
 class SegmentState(enum.Enum):
@@ -62,15 +73,12 @@ _TRANSITIONS: dict[SegmentState, frozenset[SegmentState]] = {
 }
 
 
-class IllegalTransition(Exception):
-    pass
-
-
 def is_valid(src: SegmentState, dst: SegmentState) -> bool:
     return dst in _TRANSITIONS[src]
 
 
-def transition(src: SegmentState, dst: SegmentState) -> SegmentState:
+def advance(src: SegmentState, dst: SegmentState) -> SegmentState:
+    """``dst``, if the table allows the move from ``src``; :class:`IllegalTransition` if not."""
     if not is_valid(src, dst):
         raise IllegalTransition(f"segment cannot go from {src.value} to {dst.value}")
     return dst
@@ -83,10 +91,28 @@ def stored(complete: bool) -> SegmentState:
 
 @dataclass
 class Tracked:
-    """One segment's state as a process follows it; it moves only through :func:`transition`."""
+    """One segment's state as a process follows it; it moves only through :func:`advance`."""
 
     state: SegmentState = SegmentState.NEW
 
     def to(self, dst: SegmentState) -> SegmentState:
-        self.state = transition(self.state, dst)
+        self.state = advance(self.state, dst)
         return self.state
+
+    async def move(self, dst: SegmentState, write: Callable[[], Awaitable[T]]) -> T:
+        """``write`` the change to ``dst`` and follow it: see :func:`move_all`."""
+        return await move_all((self,), dst, write)
+
+
+async def move_all(segments: Sequence[Tracked], dst: SegmentState,
+                   write: Callable[[], Awaitable[T]]) -> T:
+    """Move every one of ``segments`` to ``dst`` through ``write`` (the commit that records
+    it): refused (:class:`IllegalTransition`) before anything is written if the table does not
+    allow it for one of them; followed only once the write succeeded, so a failed write leaves
+    each where it was (a retry starts from the state that is true)."""
+    for seg in segments:
+        advance(seg.state, dst)
+    out = await write()
+    for seg in segments:
+        seg.state = dst
+    return out
