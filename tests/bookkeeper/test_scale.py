@@ -1,8 +1,9 @@
 """The sidecar over many small topics (issue 22, "Sidecar at scale"): the daemon, in-process with
 ``[source] kind = "bookkeeper"``, offloads every topic of a Pulsar-shaped cluster (real
 ZooKeeper, three fake bookies), reads Pulsar's ZooKeeper at most once per topic per minute once
-nothing changes (watches, not polling: counted, not timed), holds one or two connections per
-bookie, and ``verify`` is clean afterwards.
+nothing changes (watches, not polling: counted, not timed), does not poll its idle topics (no
+``ledgers()`` calls: the source's watches wake them), holds one or two connections per bookie,
+and ``verify`` is clean afterwards.
 
 CI runs 300 topics in 30 namespaces; ``OFFLOADD_SLOW_TESTS=1`` adds 2,000. Times and CPU are
 measured by ``bench/sidecar_scale.py`` (5,000 topics).
