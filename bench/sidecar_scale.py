@@ -11,8 +11,12 @@ the same ZooKeeper (its own chroot), the filesystem driver, and one daemon ownin
 - ``zk_reads_per_topic_per_min``: ZooKeeper reads (get, children, exists; watch re-reads
   included) of both sessions, Pulsar's and offloadd's catalog, over ``--steady-s`` seconds once
   everything is offloaded and nothing new arrives, per topic per minute (by kind in ``zk_ops``);
-- ``idle_cpu``: the daemon process's user + system CPU over the same window, in cores;
-- ``connections_per_bookie``: the BookKeeper client's connections to each bookie;
+- ``idle_cpu``: the daemon process's user + system CPU over the same window, in cores, and
+  ``ledgers_calls_per_topic_per_min``: the source's ``ledgers()`` calls meanwhile (topic
+  tasks and the lag loop: polling, if any);
+- ``connections_per_bookie``: the BookKeeper client's connections to each bookie, and
+  ``tcp_per_bookie``: the process's established TCP connections to each bookie's port as the
+  kernel lists them (``/proc/self/net/tcp``: whatever opened them);
 - ``stop_s``: from the stop request to the daemon's end, and ``close_s`` for closing the
   runtime (the source's watches and sessions) after it.
 
@@ -49,6 +53,7 @@ from tests.bookkeeper.cluster import FakePulsar  # noqa: E402
 from tests.bookkeeper.scale import (  # noqa: E402
     SCALE_CONFIG,
     ZkOps,
+    count_ledgers_calls,
     populate,
     topic_names,
 )
@@ -81,13 +86,38 @@ async def serve_cluster(pulsar_url: str, topics: int) -> None:
     await writer.close()
 
 
+def tcp_connections(ports: set[int]) -> dict[int, int]:
+    """This process's established TCP connections to each of ``ports`` (any local address),
+    from the kernel's table, matched to the process's own sockets by inode."""
+    inodes = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            link = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if link.startswith("socket:["):
+            inodes.add(link[8:-1])
+    out: dict[int, int] = {}
+    for table in ("/proc/self/net/tcp", "/proc/self/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            f = line.split()
+            port = int(f[2].rsplit(":", 1)[1], 16)
+            if f[3] == "01" and port in ports and f[9] in inodes:  # 01: ESTABLISHED
+                out[port] = out.get(port, 0) + 1
+    return out
+
+
 def cpu_s() -> float:
     r = resource.getrusage(resource.RUSAGE_SELF)
     return r.ru_utime + r.ru_stime
 
 
 async def run_daemon(args: argparse.Namespace, zk: str, ends: dict[TopicName, Position],
-                     tmp: Path, out: dict[str, Any]) -> None:
+                     bookies: list[str], tmp: Path, out: dict[str, Any]) -> None:
     cfg = tmp / "offloadd.toml"
     cfg.write_text(CONFIG.format(offloadd_url=f"zk://{zk}/offloadd", tier=tmp / "tier",
                                  pulsar_url=f"zk://{zk}/pulsar", tmp=tmp))
@@ -115,11 +145,13 @@ async def run_daemon(args: argparse.Namespace, zk: str, ends: dict[TopicName, Po
         out["startup_zk_ops"] = ops.snapshot()
         out["startup_cpu_s"] = round(cpu_s(), 1)
         await asyncio.sleep(args.settle_s)  # the last segments' status writes, the lag loop
+        asked = count_ledgers_calls(src)
         ops.reset()
         c0, w0 = cpu_s(), time.perf_counter()
         await asyncio.sleep(args.steady_s)
         wall = time.perf_counter() - w0
         out["idle_cpu"] = round((cpu_s() - c0) / wall, 4)
+        out["ledgers_calls_per_topic_per_min"] = round(asked[0] / len(ends) / (wall / 60), 3)
         out["zk_ops"] = ops.snapshot()
         out["zk_ops_by_tree"] = dict(sorted(ops.by_tree.items()))
         out["pulsar_zk_reads_per_topic_per_min"] = round(
@@ -129,6 +161,8 @@ async def run_daemon(args: argparse.Namespace, zk: str, ends: dict[TopicName, Po
         for addr, _version in src.client._conns:
             per[addr] = per.get(addr, 0) + 1
         out["connections_per_bookie"] = per
+        ports = {int(b.rsplit(":", 1)[1]): b for b in bookies}
+        out["tcp_per_bookie"] = {ports[p]: n for p, n in tcp_connections(set(ports)).items()}
     finally:
         s0 = time.perf_counter()
         rt.daemon.request_stop()
@@ -172,7 +206,7 @@ def main() -> None:
                 prof.enable()
             import uvloop
 
-            uvloop.run(run_daemon(args, server.address, ends, tmp, out))
+            uvloop.run(run_daemon(args, server.address, ends, ready["bookies"], tmp, out))
             if prof is not None:
                 prof.disable()
                 prof.dump_stats(args.profile)

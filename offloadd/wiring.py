@@ -230,7 +230,8 @@ def connect_source(settings: Settings, metadata: MetadataStore, *,
         from offloadd.ledger.bookkeeper import BookKeeperLedgerSource
 
         bk = BookKeeperLedgerSource.from_settings(settings, metadata, read_only=read_only)
-        return SourceView(bk, checksums=bk, metrics=bk.metrics)
+        # its watches and long polls wake idle topics (ChangeFeed): no per-topic polling
+        return SourceView(bk, checksums=bk, metrics=bk.metrics, changes=bk)
     raise ConfigError(f'[source] kind = "{src.kind}" is not supported (use "local" or '
                       '"bookkeeper")')
 

@@ -27,7 +27,7 @@ capability             used by                                     implemented b
 ``StoredEntries``      ``offloadd verify``                         local
 ``FrameOffsets``       lag bytes, the backfill splitter            local
 ``SourceMetrics``      the daemon's ``/metrics``                   bookkeeper
-``ChangeFeed``         idle topics: long waits, lag loop skips     local
+``ChangeFeed``         idle topics: long waits, lag loop skips     local, bookkeeper
 =====================  ==========================================  ===========================
 """
 

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import weakref
 from collections.abc import Awaitable, Callable, Sequence
 
 from offloadd.errors import Conflict, NotFound
@@ -86,6 +87,8 @@ async def update(store: MetadataStore, path: str, edit: Edit, *, create: bool = 
                 await store.set(path, data, node.version)
         except (Conflict, NotFound):
             # the node changed, appeared or vanished since the read; or the guard failed
+            if node is None:
+                _forget_parent(store, path)  # if it was the parent that vanished
             if on_conflict is not None:
                 await on_conflict()
             await sleep(backoff.delay(attempt))
@@ -102,9 +105,41 @@ async def read(store: MetadataStore, path: str) -> Versioned | None:
         return None
 
 
+# Parents known to exist, per store: thousands of topics' first records share a few parents
+# (a namespace's), and checking each time cost one or two round trips per topic when many start
+# at once. Concurrent callers wait for one check (a future per parent); a create that finds the
+# parent gone after all forgets it (update's retry checks again).
+_parents: weakref.WeakKeyDictionary[MetadataStore, dict[str, asyncio.Future[None]]] = \
+    weakref.WeakKeyDictionary()
+
+
+def _parent(path: str) -> str:
+    return path.rsplit("/", 1)[0]
+
+
 async def _ensure_parent(store: MetadataStore, path: str) -> None:
-    parent = path.rsplit("/", 1)[0]
-    if not parent or await store.exists(parent):
+    parent = _parent(path)
+    if not parent:
+        return
+    try:
+        known = _parents.setdefault(store, {})
+    except TypeError:  # a store that cannot be weakly referenced: check every time
+        await _make_parent(store, parent)
+        return
+    fut = known.get(parent)
+    if fut is None or fut.get_loop() is not asyncio.get_running_loop() or \
+            (fut.done() and (fut.cancelled() or fut.exception() is not None)):
+        fut = known[parent] = asyncio.ensure_future(_make_parent(store, parent))
+    await asyncio.shield(fut)
+
+
+def _forget_parent(store: MetadataStore, path: str) -> None:
+    with contextlib.suppress(TypeError):
+        _parents.get(store, {}).pop(_parent(path), None)
+
+
+async def _make_parent(store: MetadataStore, parent: str) -> None:
+    if await store.exists(parent):
         return
     with contextlib.suppress(Conflict):  # created by someone else meanwhile
         await store.create(parent, b"", make_parents=True)

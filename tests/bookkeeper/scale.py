@@ -20,8 +20,8 @@ if TYPE_CHECKING:
     from offloadd.shell.runtime import Runtime
 
 __all__ = [
-    "READS", "SCALE_CONFIG", "SIDECAR_HEAD", "SMALL_SEGMENTS", "ZkOps", "find_zookeeper",
-    "populate", "topic_names",
+    "READS", "SCALE_CONFIG", "SIDECAR_HEAD", "SMALL_SEGMENTS", "ZkOps", "count_ledgers_calls",
+    "find_zookeeper", "populate", "topic_names",
 ]
 
 # Config fragments the sidecar tests and benches share (``str.format`` fields left open). The
@@ -129,6 +129,20 @@ class ZkOps:
 
     def snapshot(self) -> dict[str, int]:
         return dict(sorted(self.counts.items()))
+
+
+def count_ledgers_calls(src: Any) -> list[int]:
+    """Count the source's ``ledgers()`` calls from now on (the topic tasks' and the daemon's
+    lag loop's: what idle topics cost when they are polled); the count is the list's item."""
+    calls = [0]
+    inner = src.ledgers
+
+    async def ledgers(topic: TopicName) -> Any:
+        calls[0] += 1
+        return await inner(topic)
+
+    src.ledgers = ledgers
+    return calls
 
 
 def find_zookeeper(store: object, depth: int = 4) -> ZooKeeperMetadataStore | None:

@@ -10,6 +10,7 @@ source advertises is exact.
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections.abc import Awaitable, Callable
 
 from offloadd.errors import NotFound
@@ -19,7 +20,12 @@ from offloadd.ledger.bookkeeper.stream import ReadStream
 from offloadd.metadata.base import Versioned
 from offloadd.metadata.zookeeper import Watch
 
-__all__ = ["KnownLedger"]
+__all__ = ["STAMPS", "KnownLedger"]
+
+# Every change a topic's ledgers can show is stamped from one counter (:meth:`KnownLedger.wake`,
+# :meth:`~offloadd.ledger.bookkeeper.topics.WatchedTopic.wake`): the newest stamp of a topic
+# and its ledgers is the source's change generation for the topic (``generation``).
+STAMPS = itertools.count(1)
 
 
 class KnownLedger:
@@ -47,6 +53,7 @@ class KnownLedger:
             on_closed(meta)
         self.watch: Watch | None = None
         self.changed = asyncio.Event()
+        self.stamp = next(STAMPS)
         self.stream: ReadStream | None = None
         self.probe_lock = asyncio.Lock()
         self.lac_task: asyncio.Future[None] | None = None
@@ -95,6 +102,7 @@ class KnownLedger:
         return self.update(meta, node.version)
 
     def wake(self) -> None:
+        self.stamp = next(STAMPS)
         event, self.changed = self.changed, asyncio.Event()
         event.set()
 

@@ -88,6 +88,10 @@ class BookKeeperMetrics:
     def set_lac_lag(self, topic: str, entries: int) -> None:
         self.lac_lag[topic] = max(entries, 0)
 
+    def forget_topic(self, topic: str) -> None:
+        """The topic is gone: drop its gauge (its loss counters stay, for alerts on them)."""
+        self.lac_lag.pop(topic, None)
+
     def data_lost(self, topic: str, ledgers: int, entries: int) -> None:
         self.lost_ledgers[topic] += ledgers
         self.lost_entries[topic] += max(entries, 0)

@@ -28,9 +28,9 @@ with one ``bytes.join``.
 The mirror (see :mod:`offloadd.ledger.bookkeeper.layout`) is brought up to date whenever the
 topics are listed or a topic's ledgers are asked for and Pulsar's list has changed since (the
 topic's data watch tells). Each mirror edit is derived from one read of Pulsar's znode (data,
-version, mzxid; the newest so far, mostly the watch's), confirmed by a fresh read once the
-ledgers' metadata was looked up and re-derived if the znode moved, and written by compare-and-set on
-offloadd's store only if the mirror does not already follow a newer read
+version, mzxid; the newest so far, mostly the watch's; re-derived if the watch delivers a newer
+one while the ledgers' metadata is looked up), and written by compare-and-set on offloadd's
+store (:mod:`.mirror`) only if the mirror does not already follow a newer read
 (:func:`~offloadd.ledger.bookkeeper.layout.mirror_edit`): a slow caller holding an old list can
 never make the mirror forget ledgers Pulsar still has. No bookie is asked anything on the way.
 It never touches an ``offloadContext``. Entries Pulsar deleted before offloadd held them are
@@ -44,7 +44,6 @@ have, and leaves the mirror to the daemon.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import fnmatch
 import logging
 import time
@@ -53,28 +52,26 @@ from typing import Any
 
 import crc32c
 
-from offloadd import errors
 from offloadd.aio import first_of
 from offloadd.errors import ConfigError, Fatal, FormatError, NotFound, OffloaddError, Retriable
 from offloadd.ledger.bookkeeper import tail
 from offloadd.ledger.bookkeeper.client import BookieClient
 from offloadd.ledger.bookkeeper.layout import (
     LedgerMetadata,
-    MirrorChange,
     PulsarLedger,
     PulsarList,
     check_layout,
     decode_ledger_metadata,
     ledger_path,
-    mirror_edit,
 )
 from offloadd.ledger.bookkeeper.ledgers import KnownLedger
 from offloadd.ledger.bookkeeper.metrics import BookKeeperMetrics
+from offloadd.ledger.bookkeeper.mirror import apply_list, existing_mirrors
 from offloadd.ledger.bookkeeper.names import ManagedLedgerNames
 from offloadd.ledger.bookkeeper.options import BookKeeperOptions, options_from_settings
 from offloadd.ledger.bookkeeper.shared import single_flight
 from offloadd.ledger.bookkeeper.stream import ReadStream, frame_run
-from offloadd.ledger.bookkeeper.topics import Listers, log_mirror_change
+from offloadd.ledger.bookkeeper.topics import Listers, unread_entries
 from offloadd.ledger.bookkeeper.topics import WatchedTopic as _Topic
 from offloadd.ledger.bookkeeper.zk import PulsarZooKeeper
 from offloadd.metadata import managed_ledger
@@ -91,6 +88,9 @@ _CRC_BATCH = 1024
 _MIRROR_ATTEMPTS = 5  # fresh reads of Pulsar's list per mirror update while it keeps moving
 _METADATA_READS = 32  # ledger metadata reads in flight when a topic is first seen
 _TOPICS_AT_ONCE = 64  # topics first seen (watched and mirrored) concurrently by list_topics
+# How long a topic task waits for news before it looks anyway: watches (lists, ledger closes)
+# and long polls (open ledgers) wake it, so this is only a safety net (ChangeFeed.idle_poll_s).
+IDLE_LOOK_S = 300.0
 
 
 # ---- the source ---------------------------------------------------------------------------------
@@ -128,6 +128,9 @@ class BookKeeperLedgerSource:
         # not recorded yet: the end of a loss should Pulsar delete one first
         self._ends: dict[int, tuple[int, int]] = {}
         self._closed = False
+        self.idle_poll_s = IDLE_LOOK_S
+        # whether the mirror node of a topic not mirrored yet exists (existing_mirrors)
+        self._mirror_hint: dict[TopicName, bool] = {}
 
     @classmethod
     def from_settings(cls, settings: Any, metadata: MetadataStore, *,
@@ -187,6 +190,13 @@ class BookKeeperLedgerSource:
         if not self.read_only:
             self._ends[meta.ledger_id] = (meta.last_entry_id, meta.length)
 
+    def generation(self, topic: TopicName) -> tuple[int, int] | None:
+        """:class:`~offloadd.ledger.base.ChangeFeed`: while it stays the same, :meth:`ledgers`
+        describes the same ledgers (see :meth:`WatchedTopic.stamp_with`); None for a topic
+        not watched (yet)."""
+        t = self._topics.get(topic)
+        return (0, t.stamp_with(self._ledgers)) if t is not None else None
+
     def wanted(self, topic: TopicName) -> bool:
         pats = self.options.topics
         return not pats or any(fnmatch.fnmatchcase(str(topic), p) for p in pats)
@@ -213,6 +223,9 @@ class BookKeeperLedgerSource:
                 new.append(topic)  # first seen, gone, or its list moved: look at it
         if not new:
             return list(wanted)
+        if not self.read_only:
+            first = [topic for topic in new if topic not in self._topics]
+            self._mirror_hint.update(await existing_mirrors(self._md, first))
         limit = asyncio.Semaphore(_TOPICS_AT_ONCE)
 
         async def look(topic: TopicName) -> TopicName | None:
@@ -261,6 +274,10 @@ class BookKeeperLedgerSource:
             if node is None:
                 self._set_list(t, None)
                 t.version, t.node = -1, None
+                # deleted in Pulsar: its lag series goes with it (else it stays at its last
+                # value for the process's life, one stale series per deleted topic)
+                t.read_pos = None
+                self.metrics.forget_topic(str(topic))
             elif node.mzxid < t.mzxid:
                 return  # an older read than the one we hold (lists only move forward)
             else:
@@ -278,9 +295,9 @@ class BookKeeperLedgerSource:
     def _set_list(self, t: _Topic, info: managed_ledger.ManagedLedgerInfo | None) -> None:
         """The topic's ledger list is now ``info``: the index of who lists what follows, and a
         ledger nobody lists any more is forgotten (its watch cancelled)."""
-        before = t.ledger_ids()
-        t.info = info
-        for lid in self._listers.relist(t.topic, before, t.ledger_ids()):
+        before = t.ids
+        t.set_info(info)
+        for lid in self._listers.relist(t.topic, before, t.ids):
             led = self._ledgers.pop(lid, None)
             if led is not None:
                 led.close()
@@ -372,7 +389,7 @@ class BookKeeperLedgerSource:
             # BookKeeper closes a ledger before Pulsar records it: a close is news too.
             await self._sync(t, force=not closed <= t.mirrored_closed)
         if t.read_pos is not None:
-            self._report_lag(t, descs)
+            self.metrics.set_lac_lag(str(t.topic), unread_entries(t.read_pos, descs))
         return descs
 
     async def _descs(self, t: _Topic) -> list[LedgerDesc]:
@@ -437,12 +454,12 @@ class BookKeeperLedgerSource:
 
     async def _pulsar_list(self, t: _Topic) -> tuple[PulsarList,
                                                       managed_ledger.ManagedLedgerInfo] | None:
-        """Pulsar's ledger list from one read of its znode, stamped with that read, and still
-        current when this returns: looking up the ledgers' metadata takes time, so the znode is
-        read again afterwards and the list derived again if it moved. None if it kept moving."""
+        """Pulsar's ledger list from the newest read of its znode (mostly the watch's), stamped
+        with that read; derived again if the watch delivers a newer one while the ledgers'
+        metadata is looked up. None if it kept moving. No fresh read confirms it: the mirror
+        refuses edits from reads older than the one it follows, and an old list lacks only
+        ledgers Pulsar deleted (docs/sidecar.md, "The mirror's rule")."""
         if t.node is not None and t.info is not None:
-            # the newest read so far (mostly the watch's): the fresh read after the lookups
-            # below confirms it is still current, or the list is derived again from that one
             node, info = t.node, t.info
         else:
             node, info = await self._read_list(t)
@@ -460,10 +477,12 @@ class BookKeeperLedgerSource:
                                                 led.meta.length, ctime))
                 else:
                     ledgers.append(PulsarLedger(led.ledger_id, False, 0, 0, ctime))
-            again, again_info = await self._read_list(t)
-            if again.mzxid == node.mzxid:
+            newer = t.node
+            if newer is None or t.info is None:
+                raise NotFound(f"topic {t.topic}: Pulsar deleted it")
+            if newer.mzxid <= node.mzxid:
                 return PulsarList(tuple(ledgers), node.version, node.mzxid), info
-            node, info = again, again_info
+            node, info = newer, t.info
         return None
 
     async def _mirror(self, t: _Topic) -> None:
@@ -471,7 +490,6 @@ class BookKeeperLedgerSource:
         :func:`~offloadd.ledger.bookkeeper.layout.mirror_edit`."""
         if self.read_only:  # never reached; a last line of defence for the rule
             raise Fatal("a read-only BookKeeper source never writes offloadd's catalog")
-        ml = t.topic.managed_ledger
         try:
             derived = await self._pulsar_list(t)
         except NotFound:
@@ -481,38 +499,14 @@ class BookKeeperLedgerSource:
                      "mirror follows on the next pass", t.topic)
             return
         listed, info = derived
-        if t.mirrored_mzxid is None:
-            # the offloader loads this node before it asks for anything: it must exist
-            with contextlib.suppress(errors.Conflict):
-                await self._md.create(managed_ledger_path(ml),
-                                      managed_ledger.ManagedLedgerInfo().SerializeToString())
-        changes: list[MirrorChange] = []
-        # a ledger deleted before it was seen closed is reported with its end unknown: what
-        # was readable while it was open is only a lower bound of what it held
-        known = dict(self._ends)
-        # a ledger Pulsar's own offloader moved to its tier is not lost when it leaves BookKeeper
-        theirs = {li.ledgerId for li in info.ledgerInfo
-                  if li.HasField("offloadContext") and li.offloadContext.complete}
-
-        def edit(mirror: managed_ledger.ManagedLedgerInfo) -> bool:
-            change = mirror_edit(mirror, listed, self._wall_ms(), known, exempt=theirs)
-            changes[:] = [change]
-            return change.changed
-
-        await managed_ledger.update(self._md, ml, edit, create=True)
-        if changes and not changes[0].stale:
-            for p in listed.ledgers:  # the mirror holds their ends now
-                if p.closed:
-                    self._ends.pop(p.ledger_id, None)
+        # a topic's first write in this process: is the node there? (a hint: list_topics
+        # lists the namespaces of many new topics; unknown counts as absent, as for a topic
+        # Pulsar just created)
+        absent = t.mirrored_mzxid is None and not self._mirror_hint.pop(t.topic, False)
+        await apply_list(self._md, t.topic, listed, info, now_ms=self._wall_ms(),
+                         ends=self._ends, metrics=self.metrics, absent=absent)
         t.mirrored_mzxid = max(listed.mzxid, t.mirrored_mzxid or -1)
         t.mirrored_closed = frozenset(p.ledger_id for p in listed.ledgers if p.closed)
-        change = changes[0] if changes else None
-        if change is None:
-            return
-        log_mirror_change(t.topic, listed.version, change, self.metrics)
-        if not change.stale:
-            for lid in change.dropped:
-                self._ends.pop(lid, None)
 
     def _prune(self) -> None:
         """Forget the ledgers loaded while no watched topic listed them, unless one does now
@@ -521,17 +515,6 @@ class BookKeeperLedgerSource:
             led = self._ledgers.pop(lid, None)
             if led is not None:
                 led.close()
-
-    def _report_lag(self, t: _Topic, descs: Sequence[LedgerDesc]) -> None:
-        assert t.read_pos is not None
-        rl, re = t.read_pos
-        lag = 0
-        for d in descs:
-            if d.ledger_id == rl:
-                lag += max(d.last_entry_id - re, 0)
-            elif d.ledger_id > rl:
-                lag += d.entries
-        self.metrics.set_lac_lag(str(t.topic), lag)
 
     # ---- reading -------------------------------------------------------------------------
     async def read(self, topic: TopicName, ledger_id: int, first_entry_id: int,

@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from offloadd.ledger.bookkeeper.layout import MirrorChange
+from offloadd.ledger.bookkeeper.ledgers import STAMPS, KnownLedger
 from offloadd.ledger.bookkeeper.metrics import BookKeeperMetrics
 from offloadd.metadata import managed_ledger
 from offloadd.metadata.base import Versioned
@@ -23,7 +24,7 @@ from offloadd.metadata.zookeeper import Watch
 from offloadd.model import LedgerDesc, TopicName
 from offloadd.model.losses import describe_lost
 
-__all__ = ["Listers", "WatchedTopic", "log_mirror_change"]
+__all__ = ["Listers", "WatchedTopic", "log_mirror_change", "unread_entries"]
 
 # the source logs these lines: operators filter by its logger
 log = logging.getLogger("offloadd.ledger.bookkeeper.source")
@@ -33,6 +34,7 @@ log = logging.getLogger("offloadd.ledger.bookkeeper.source")
 class WatchedTopic:
     topic: TopicName
     info: managed_ledger.ManagedLedgerInfo | None = None
+    ids: tuple[int, ...] = ()  # the ledgers ``info`` lists, in order (set with it)
     version: int = -1
     mzxid: int = -1  # of the read ``info`` came from: newer reads only replace it
     node: Versioned | None = None  # that read
@@ -46,13 +48,29 @@ class WatchedTopic:
     mirrored_closed: frozenset[int] = frozenset()  # ledgers BookKeeper had closed by then
     read_pos: tuple[int, int] | None = None
     mirror_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    stamp: int = field(default_factory=lambda: next(STAMPS))  # of its last change (wake)
 
     def wake(self) -> None:
+        self.stamp = next(STAMPS)
         event, self.changed = self.changed, asyncio.Event()
         event.set()
 
+    def set_info(self, info: managed_ledger.ManagedLedgerInfo | None) -> None:
+        self.info = info
+        self.ids = tuple(li.ledgerId for li in info.ledgerInfo) if info is not None else ()
+
     def ledger_ids(self) -> list[int]:
-        return [li.ledgerId for li in self.info.ledgerInfo] if self.info is not None else []
+        return list(self.ids)
+
+    def stamp_with(self, ledgers: Mapping[int, KnownLedger]) -> int:
+        """The newest stamp of the list and of the ledgers it lists (those ``ledgers``
+        holds): any change the topic's ledger descriptions can show stamps one of them."""
+        stamp = self.stamp
+        for lid in self.ids:
+            led = ledgers.get(lid)
+            if led is not None and led.stamp > stamp:
+                stamp = led.stamp
+        return stamp
 
     @property
     def mirror_current(self) -> bool:
@@ -100,6 +118,18 @@ class Listers:
     def clear(self) -> None:
         self._by_ledger.clear()
         self._unlisted.clear()
+
+
+def unread_entries(read_pos: tuple[int, int], descs: Sequence[LedgerDesc]) -> int:
+    """Readable entries past ``read_pos`` (ledger, entry): the topic's LAC lag."""
+    rl, re = read_pos
+    lag = 0
+    for d in descs:
+        if d.ledger_id == rl:
+            lag += max(d.last_entry_id - re, 0)
+        elif d.ledger_id > rl:
+            lag += d.entries
+    return lag
 
 
 def log_mirror_change(topic: TopicName, version: int, change: MirrorChange,
