@@ -16,7 +16,7 @@ once may be referred to by name later, as Avro allows.
 from __future__ import annotations
 
 import struct
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from offloadd.errors import OffloaddError
@@ -103,43 +103,72 @@ def _enc(schema: Any, v: Any, names: Mapping[str, Any], out: bytearray) -> None:
     t = s if isinstance(s, str) else s["type"]
     if isinstance(t, dict | list):
         _enc(t, v, names, out)
-    elif t == "null":
-        if v is not None:
-            raise AvroError(f"null expected, got {v!r}")
-    elif t == "boolean":
-        out.append(1 if v else 0)
-    elif t in ("int", "long"):
-        out += _zigzag(int(v))
-    elif t == "float":
-        out += _F32.pack(v)
-    elif t == "double":
-        out += _F64.pack(v)
-    elif t in ("bytes", "string"):
-        raw = v.encode() if isinstance(v, str) else bytes(v)
-        out += _zigzag(len(raw)) + raw
-    elif t == "fixed":
-        out += bytes(v)
-    elif t == "enum":
-        out += _zigzag(s["symbols"].index(v))
-    elif t == "array":
-        if v:
-            out += _zigzag(len(v))
-            for item in v:
-                _enc(s["items"], item, names, out)
-        out.append(0)
-    elif t == "map":
-        if v:
-            out += _zigzag(len(v))
-            for k, item in v.items():
-                raw = k.encode()
-                out += _zigzag(len(raw)) + raw
-                _enc(s["values"], item, names, out)
-        out.append(0)
-    elif t in ("record", "error"):
-        for f in s["fields"]:
-            _enc(f["type"], v.get(f["name"], f.get("default")), names, out)
-    else:
+        return
+    primitive = _ENC_PRIMITIVE.get(t)
+    if primitive is not None:
+        primitive(v, out)
+        return
+    composite = _ENC_COMPOSITE.get(t)
+    if composite is None:
         raise AvroError(f"unsupported Avro type {t!r}")
+    composite(s, v, names, out)
+
+
+def _enc_null(v: Any, out: bytearray) -> None:
+    if v is not None:
+        raise AvroError(f"null expected, got {v!r}")
+
+
+def _enc_bytes(v: Any, out: bytearray) -> None:
+    raw = v.encode() if isinstance(v, str) else bytes(v)
+    out += _zigzag(len(raw)) + raw
+
+
+def _enc_array(s: Any, v: Any, names: Mapping[str, Any], out: bytearray) -> None:
+    if v:
+        out += _zigzag(len(v))
+        for item in v:
+            _enc(s["items"], item, names, out)
+    out.append(0)
+
+
+def _enc_map(s: Any, v: Any, names: Mapping[str, Any], out: bytearray) -> None:
+    if v:
+        out += _zigzag(len(v))
+        for k, item in v.items():
+            raw = k.encode()
+            out += _zigzag(len(raw)) + raw
+            _enc(s["values"], item, names, out)
+    out.append(0)
+
+
+def _enc_record(s: Any, v: Any, names: Mapping[str, Any], out: bytearray) -> None:
+    for f in s["fields"]:
+        _enc(f["type"], v.get(f["name"], f.get("default")), names, out)
+
+
+def _enc_enum(s: Any, v: Any, names: Mapping[str, Any], out: bytearray) -> None:
+    out += _zigzag(s["symbols"].index(v))
+
+
+_ENC_PRIMITIVE: dict[str, Callable[[Any, bytearray], None]] = {
+    "null": _enc_null,
+    "boolean": lambda v, out: out.append(1 if v else 0),
+    "int": lambda v, out: out.extend(_zigzag(int(v))),
+    "long": lambda v, out: out.extend(_zigzag(int(v))),
+    "float": lambda v, out: out.extend(_F32.pack(v)),
+    "double": lambda v, out: out.extend(_F64.pack(v)),
+    "bytes": _enc_bytes,
+    "string": _enc_bytes,
+    "fixed": lambda v, out: out.extend(bytes(v)),
+}
+_ENC_COMPOSITE: dict[str, Callable[[Any, Any, Mapping[str, Any], bytearray], None]] = {
+    "enum": _enc_enum,
+    "array": _enc_array,
+    "map": _enc_map,
+    "record": _enc_record,
+    "error": _enc_record,
+}
 
 
 def _matches(s: Any, v: Any, names: Mapping[str, Any]) -> bool:
@@ -216,52 +245,81 @@ def _dec(schema: Any, r: _Reader, names: Mapping[str, Any]) -> Any:
     t = s if isinstance(s, str) else s["type"]
     if isinstance(t, dict | list):
         return _dec(t, r, names)
-    if t == "null":
-        return None
-    if t == "boolean":
-        b = r.take(1)[0]
-        if b > 1:
-            raise AvroError(f"boolean byte {b} at byte {r.pos - 1}")
-        return b == 1
-    if t in ("int", "long"):
-        return r.long()
-    if t == "float":
-        return _F32.unpack(r.take(4))[0]
-    if t == "double":
-        return _F64.unpack(r.take(8))[0]
-    if t == "bytes":
-        return r.take(r.long())
-    if t == "string":
-        raw = r.take(r.long())
-        try:
-            return raw.decode()
-        except UnicodeDecodeError as exc:
-            raise AvroError(f"string is not UTF-8: {exc}") from None
-    if t == "fixed":
-        return r.take(int(s["size"]))
-    if t == "enum":
-        i = r.long()
-        if not 0 <= i < len(s["symbols"]):
-            raise AvroError(f"enum index {i} of {len(s['symbols'])}")
-        return s["symbols"][i]
-    if t == "array":
-        items: list[Any] = []
-        while n := r.long():
-            if n < 0:  # a block with its byte size
-                n = -n
-                r.long()
-            items.extend(_dec(s["items"], r, names) for _ in range(n))
-        return items
-    if t == "map":
-        m: dict[str, Any] = {}
-        while n := r.long():
-            if n < 0:
-                n = -n
-                r.long()
-            for _ in range(n):
-                k = _dec("string", r, names)
-                m[k] = _dec(s["values"], r, names)
-        return m
-    if t in ("record", "error"):
-        return {f["name"]: _dec(f["type"], r, names) for f in s["fields"]}
-    raise AvroError(f"unsupported Avro type {t!r}")
+    primitive = _DEC_PRIMITIVE.get(t)
+    if primitive is not None:
+        return primitive(r)
+    composite = _DEC_COMPOSITE.get(t)
+    if composite is None:
+        raise AvroError(f"unsupported Avro type {t!r}")
+    return composite(s, r, names)
+
+
+def _dec_boolean(r: _Reader) -> bool:
+    b = r.take(1)[0]
+    if b > 1:
+        raise AvroError(f"boolean byte {b} at byte {r.pos - 1}")
+    return b == 1
+
+
+def _dec_string(r: _Reader) -> str:
+    raw = r.take(r.long())
+    try:
+        return raw.decode()
+    except UnicodeDecodeError as exc:
+        raise AvroError(f"string is not UTF-8: {exc}") from None
+
+
+def _dec_enum(s: Any, r: _Reader, names: Mapping[str, Any]) -> Any:
+    i = r.long()
+    if not 0 <= i < len(s["symbols"]):
+        raise AvroError(f"enum index {i} of {len(s['symbols'])}")
+    return s["symbols"][i]
+
+
+def _blocks(r: _Reader) -> Iterator[int]:
+    """The item counts of an array's or map's blocks, up to the empty one that ends it."""
+    while n := r.long():
+        if n < 0:  # a block with its byte size
+            n = -n
+            r.long()
+        yield n
+
+
+def _dec_array(s: Any, r: _Reader, names: Mapping[str, Any]) -> Any:
+    items: list[Any] = []
+    for n in _blocks(r):
+        items.extend(_dec(s["items"], r, names) for _ in range(n))
+    return items
+
+
+def _dec_map(s: Any, r: _Reader, names: Mapping[str, Any]) -> Any:
+    m: dict[str, Any] = {}
+    for n in _blocks(r):
+        for _ in range(n):
+            k = _dec_string(r)
+            m[k] = _dec(s["values"], r, names)
+    return m
+
+
+def _dec_record(s: Any, r: _Reader, names: Mapping[str, Any]) -> Any:
+    return {f["name"]: _dec(f["type"], r, names) for f in s["fields"]}
+
+
+_DEC_PRIMITIVE: dict[str, Callable[[_Reader], Any]] = {
+    "null": lambda r: None,
+    "boolean": _dec_boolean,
+    "int": _Reader.long,
+    "long": _Reader.long,
+    "float": lambda r: _F32.unpack(r.take(4))[0],
+    "double": lambda r: _F64.unpack(r.take(8))[0],
+    "bytes": lambda r: r.take(r.long()),
+    "string": _dec_string,
+}
+_DEC_COMPOSITE: dict[str, Callable[[Any, _Reader, Mapping[str, Any]], Any]] = {
+    "fixed": lambda s, r, names: r.take(int(s["size"])),
+    "enum": _dec_enum,
+    "array": _dec_array,
+    "map": _dec_map,
+    "record": _dec_record,
+    "error": _dec_record,
+}

@@ -33,7 +33,7 @@ import datetime as dt
 import decimal
 import json
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -217,32 +217,15 @@ def _convert(schema: Any, v: Any, names: dict[str, Any], *, strict: bool) -> Any
     a JSON document brings (Avro bytes already matched the schema)."""
     s = names.get(schema, schema) if isinstance(schema, str) else schema
     if isinstance(s, list):
-        inner, opt = _optional(s)
-        if v is None:
-            if opt or "null" in s:
-                return None
-            raise TypeError("null for a non-optional union")
-        if opt:
-            return _convert(inner, v, names, strict=strict)
-        return v if isinstance(v, str) else json.dumps(v, default=str)
+        return _convert_union(s, v, names, strict)
     t = s if isinstance(s, str) else s["type"]
     logical = s.get("logicalType") if isinstance(s, dict) else None
     if v is None:
         if strict and t != "null":
             raise TypeError(f"null for {t}")
         return None
-    if logical in ("timestamp-millis", "timestamp-micros"):
-        _check(v, int, strict)
-        return v * 1000 if logical == "timestamp-millis" else v
-    if logical == "date":
-        _check(v, int, strict)
-        return _EPOCH_DATE + dt.timedelta(days=v)
-    if logical == "decimal":
-        raw = v.encode("latin-1") if isinstance(v, str) else bytes(v)
-        unscaled = int.from_bytes(raw, "big", signed=True)
-        return decimal.Decimal(unscaled).scaleb(-int(s.get("scale", 0)))
-    if logical == "uuid":
-        return str(uuid.UUID(v)) if isinstance(v, str) else str(uuid.UUID(bytes=bytes(v)))
+    if logical in _LOGICAL:
+        return _LOGICAL[logical](s, v, strict)
     if isinstance(t, dict | list):
         return _convert(t, v, names, strict=strict)
     if t in ("record", "error"):
@@ -256,6 +239,50 @@ def _convert(schema: Any, v: Any, names: dict[str, Any], *, strict: bool) -> Any
     if t == "map":
         _check(v, dict, strict)
         return [(k, _convert(s["values"], x, names, strict=strict)) for k, x in v.items()]
+    return _primitive(t, v, strict)
+
+
+def _convert_union(s: list[Any], v: Any, names: dict[str, Any], strict: bool) -> Any:
+    inner, opt = _optional(s)
+    if v is None:
+        if opt or "null" in s:
+            return None
+        raise TypeError("null for a non-optional union")
+    if opt:
+        return _convert(inner, v, names, strict=strict)
+    return v if isinstance(v, str) else json.dumps(v, default=str)
+
+
+def _timestamp(s: Any, v: Any, strict: bool) -> Any:
+    _check(v, int, strict)
+    return v * 1000 if s.get("logicalType") == "timestamp-millis" else v
+
+
+def _date(s: Any, v: Any, strict: bool) -> Any:
+    _check(v, int, strict)
+    return _EPOCH_DATE + dt.timedelta(days=v)
+
+
+def _decimal(s: Any, v: Any, strict: bool) -> Any:
+    raw = v.encode("latin-1") if isinstance(v, str) else bytes(v)
+    unscaled = int.from_bytes(raw, "big", signed=True)
+    return decimal.Decimal(unscaled).scaleb(-int(s.get("scale", 0)))
+
+
+def _uuid(s: Any, v: Any, strict: bool) -> Any:
+    return str(uuid.UUID(v)) if isinstance(v, str) else str(uuid.UUID(bytes=bytes(v)))
+
+
+_LOGICAL: dict[str, Callable[[Any, Any, bool], Any]] = {
+    "timestamp-millis": _timestamp,
+    "timestamp-micros": _timestamp,
+    "date": _date,
+    "decimal": _decimal,
+    "uuid": _uuid,
+}
+
+
+def _primitive(t: str, v: Any, strict: bool) -> Any:
     if t in ("int", "long"):
         _check(v, int, strict)
     elif t in ("float", "double"):
