@@ -41,16 +41,18 @@ def _positive_int(text: str) -> int:
     return int(text)
 
 
-def _at_most(limit: int, what: str) -> Callable[[str], int]:
-    """A positive integer no larger than ``limit`` (named ``what`` in the refusal)."""
+def _at_most(parse_one: Callable[[str], int], limit: int, what: str,
+             name: str) -> Callable[[str], int]:
+    """``parse_one``, refusing values above ``limit`` (named ``what`` in the refusal); ``name``
+    is what argparse says when the value does not parse at all."""
 
     def parse(text: str) -> int:
-        v = _positive_int(text)
+        v = parse_one(text)
         if v > limit:
             raise argparse.ArgumentTypeError(f"{v} is more than the {limit:,} {what} allowed")
         return v
 
-    parse.__name__ = "integer"  # what argparse says when a type function fails otherwise
+    parse.__name__ = name
     return parse
 
 
@@ -65,19 +67,6 @@ def _size(text: str) -> int:
     if v <= 0:
         raise argparse.ArgumentTypeError(f"{text!r} is not a positive size")
     return v
-
-
-def _size_at_most(limit: int, what: str) -> Callable[[str], int]:
-    """A size no larger than ``limit`` (named ``what`` in the refusal)."""
-
-    def parse(text: str) -> int:
-        v = _size(text)
-        if v > limit:
-            raise argparse.ArgumentTypeError(f"{v} is more than the {limit:,} {what} allowed")
-        return v
-
-    parse.__name__ = "size"  # what argparse says when a type function fails otherwise
-    return parse
 
 
 def _rate(text: str) -> float:
@@ -99,8 +88,8 @@ def _rate(text: str) -> float:
     return float(v)
 
 
-_topic_count = _at_most(MAX_TOPICS, "topics")
-_entry_size = _size_at_most(MAX_ENTRY_SIZE, "bytes per entry")
+_topic_count = _at_most(_positive_int, MAX_TOPICS, "topics", "integer")
+_entry_size = _at_most(_size, MAX_ENTRY_SIZE, "bytes per entry", "size")
 
 
 def _positive_float(text: str) -> float:
