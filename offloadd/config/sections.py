@@ -263,6 +263,10 @@ class LakehouseSettings(Section):
                                           "size are small")
     snapshot_max_age_minutes: float = Field(60.0, gt=0, description="expire snapshots older "
                                             "than this (the current one is always kept)")
+    reader_grace_minutes: float = Field(30.0, ge=0, description="a replaced snapshot stays "
+                                        "readable, and a file no snapshot references stays in "
+                                        "the warehouse, this long (longer than the longest "
+                                        "query and the longest projection commit)")
     delete_with_retention: bool = Field(False, description="delete a topic's rows of ledgers "
                                         "that retention deleted from the tier; off: the table "
                                         "keeps them")
