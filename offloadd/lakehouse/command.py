@@ -133,7 +133,13 @@ def cmd_lakehouse(settings: Settings, args: argparse.Namespace, run: Any) -> int
 
 def _tables(settings: Settings, args: argparse.Namespace) -> int:
     from offloadd.lakehouse.query import list_tables
-    from offloadd.lakehouse.tables import last_position, open_catalog
+    from offloadd.lakehouse.tables import (
+        CATALOG_NAME,
+        TOPIC_PROPERTY,
+        client_properties,
+        last_position,
+        open_catalog,
+    )
 
     catalog = open_catalog(settings, create=False)
     out = []
@@ -143,15 +149,23 @@ def _tables(settings: Settings, args: argparse.Namespace) -> int:
         summary = snap.summary if snap is not None else None
         out.append({
             "table": ".".join(ident),
+            "identifier": list(ident),
+            "topic": table.properties.get(TOPIC_PROPERTY),
             "location": table.location(),
+            "metadata_location": table.metadata_location,
             "rows": int(summary["total-records"] or 0) if summary else 0,
             "data_files": int(summary["total-data-files"] or 0) if summary else 0,
             "snapshots": len(table.metadata.snapshots),
             "last_position": str(p) if (p := last_position(table)) else None,
         })
-    if args.json:
-        print(json.dumps(out, indent=1))
+    props = client_properties(settings)
+    if args.json:  # what a client needs to open them (docs/lakehouse.md, "From other tools")
+        print(json.dumps({"catalog": CATALOG_NAME, "type": props["type"], "uri": props["uri"],
+                          "warehouse": props["warehouse"], "properties": props,
+                          "tables": out}, indent=1))
     else:
+        print(f"catalog {CATALOG_NAME!r} ({props['type']}) at {props['uri']}, warehouse "
+              f"{props['warehouse']}")
         for t in out:
             print(f"{t['table']}: {t['rows']} rows in {t['data_files']} files, "
                   f"{t['snapshots']} snapshots, last position {t['last_position']}")

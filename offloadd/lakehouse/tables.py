@@ -35,9 +35,11 @@ from offloadd.lakehouse.schema import json_type, partition_spec, table_schema
 from offloadd.model import Position, TopicName
 
 __all__ = [
+    "CATALOG_NAME",
     "LAST_POSITION",
     "TOPIC_PROPERTY",
     "catalog_properties",
+    "client_properties",
     "identifier",
     "last_position",
     "open_catalog",
@@ -45,6 +47,10 @@ __all__ = [
     "warehouse_location",
 ]
 
+# The name offloadd gives its catalog. pyiceberg's SQL catalog stores it in every row of its
+# tables (``catalog_name``): a client loading the same database under another name sees no
+# namespace at all (``NoSuchNamespaceError``), so clients must use this one.
+CATALOG_NAME = "offloadd"
 LAST_POSITION = "offloadd.last-position"
 TOPIC_PROPERTY = "offloadd.topic"
 TABLE_PROPERTIES = {
@@ -100,6 +106,30 @@ def catalog_properties(settings: Settings) -> dict[str, str]:
     return props
 
 
+_SECRET_PROPERTIES = ("credential", "token", "s3.access-key-id", "s3.secret-access-key",
+                      "s3.session-token")
+
+
+def client_properties(settings: Settings) -> dict[str, str]:
+    """What another pyiceberg client passes to ``load_catalog(CATALOG_NAME, **props)`` to open
+    offloadd's catalog — :func:`catalog_properties` without a secret (a client brings its own
+    credentials) and with a password in the URI masked."""
+    props = {k: v for k, v in catalog_properties(settings).items()
+             if k not in _SECRET_PROPERTIES}
+    props["uri"] = _mask_password(props["uri"])
+    return props
+
+
+def _mask_password(uri: str) -> str:
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(uri)
+    if parts.password is None:
+        return uri
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit(parts._replace(netloc=f"{parts.username}:***@{host}"))
+
+
 def open_catalog(settings: Settings, *, create: bool = True) -> Catalog:
     """The configured catalog; ``create=False`` for read-only commands (no directory made)."""
     lh = settings.lakehouse
@@ -114,7 +144,7 @@ def open_catalog(settings: Settings, *, create: bool = True) -> Catalog:
             Path(props["warehouse"][len("file://"):]).mkdir(parents=True, exist_ok=True)
     for attempt in range(5):
         try:
-            return load_catalog("offloadd", **props)
+            return load_catalog(CATALOG_NAME, **props)
         except Exception as exc:  # two processes creating the catalog tables at once
             if "already exists" not in str(exc) or attempt == 4:
                 raise
