@@ -44,7 +44,7 @@ from pyiceberg.table import Table
 from offloadd.blobstore.base import BlobStore
 from offloadd.config import Settings
 from offloadd.errors import NotFound, OffloaddError
-from offloadd.lakehouse import cleanup
+from offloadd.lakehouse import cleanup, layout
 from offloadd.lakehouse.rows import RowBuilder
 from offloadd.lakehouse.tables import (
     LAST_POSITION,
@@ -125,7 +125,8 @@ class Projector:
         table = self._tables.get(topic)
         if table is None:
             cat = await self.catalog()
-            table = await asyncio.to_thread(open_table, cat, topic, self._json_fields(topic))
+            table = await asyncio.to_thread(open_table, cat, topic, self._json_fields(topic),
+                                            partition=layout.choice_for(self.settings, topic))
             self._tables[topic] = table
         elif refresh:
             await asyncio.to_thread(table.refresh)

@@ -31,7 +31,8 @@ from pyiceberg.table import Table
 
 from offloadd.config import Settings
 from offloadd.errors import ConfigError, FormatError
-from offloadd.lakehouse.schema import json_type, partition_spec, table_schema
+from offloadd.lakehouse import layout
+from offloadd.lakehouse.schema import json_type, table_schema
 from offloadd.model import Position, TopicName
 
 __all__ = [
@@ -157,8 +158,10 @@ def identifier(topic: TopicName) -> tuple[str, str, str]:
 
 
 def open_table(catalog: Catalog, topic: TopicName, json_fields: dict[str, str] | None = None,
-               *, create: bool = True) -> Table:
-    """The topic's table, created on first use; JSON fields configured since are added."""
+               *, create: bool = True, partition: str = layout.DEFAULT) -> Table:
+    """The topic's table, created on first use; JSON fields configured since are added, the
+    partition spec and sort order brought to ``partition`` and the log order
+    (:mod:`~offloadd.lakehouse.layout`)."""
     ident = identifier(topic)
     try:
         table = catalog.load_table(ident)
@@ -169,7 +172,8 @@ def open_table(catalog: Catalog, topic: TopicName, json_fields: dict[str, str] |
             catalog.create_namespace((topic.tenant, topic.namespace))
         try:
             table = catalog.create_table(
-                ident, schema=table_schema(json_fields), partition_spec=partition_spec(),
+                ident, schema=table_schema(json_fields),
+                partition_spec=layout.partition_spec(partition), sort_order=layout.sort_order(),
                 properties={**TABLE_PROPERTIES, TOPIC_PROPERTY: str(topic)})
         except TableAlreadyExistsError:  # another process created it meanwhile
             table = catalog.load_table(ident)
@@ -177,6 +181,8 @@ def open_table(catalog: Catalog, topic: TopicName, json_fields: dict[str, str] |
     if wrong:  # a table created by an older offloadd, or changed by hand
         with table.transaction() as tx:
             tx.set_properties(wrong)
+        table = catalog.load_table(ident)
+    if layout.evolve(table, partition):
         table = catalog.load_table(ident)
     missing = {k: v for k, v in (json_fields or {}).items()
                if k not in {f.name for f in table.schema().fields}}
