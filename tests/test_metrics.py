@@ -415,8 +415,10 @@ class TestTopicLevel:
                 assert not re.match(r"\w+_(bucket|sum|count|created)\{", line), line
         assert len(per_topic) == self.TOPICS
         assert max(per_topic.values()) <= 15
-        # every series declared per topic is there for each topic
-        assert min(per_topic.values()) == sum(1 for s in TABLE if s.level is Level.TOPIC)
+        # every series declared per topic is there for each topic; the lakehouse's five only
+        # where the lakehouse projects the topic (issue 24: they come on top of the 15)
+        assert min(per_topic.values()) == sum(1 for s in TABLE if s.level is Level.TOPIC
+                                              and not s.name.startswith("offloadd_lakehouse_"))
         assert any(ln.startswith("offloadd_upload_duration_seconds_bucket{")
                    and 'namespace="tenant-0/ns-0"' in ln for ln in lines)
 

@@ -102,3 +102,35 @@ def test_status_counts_the_warehouse_and_each_tables_lag(lake: tuple[Path, int])
     text = run(["status", "--config", "offloadd.toml"], cwd, check=False).stdout
     assert f"lakehouse warehouse {warehouse.as_uri()}: {len(files)} files" in text
     assert f"public.default.topic-0: {messages} rows" in text
+
+
+@pytest.mark.parametrize("topic_level", [True, False])
+async def test_metrics_report_each_tables_lag_rows_files_and_snapshot(
+        lake: tuple[Path, int], topic_level: bool) -> None:
+    """Issue 24 item 7: /metrics carries the tables' figures, per namespace when the topic-level
+    switch is off."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from offloadd import wiring
+    from offloadd.lakehouse.follower import report_tables
+    from offloadd.metrics import Metrics
+
+    cwd, messages = lake
+    settings = settings_of(cwd / "offloadd.toml")
+    metrics = Metrics(topic_level=topic_level)
+    md = await wiring.open_metadata(settings)
+    try:
+        assert await report_tables(settings, md, metrics) == 1
+    finally:
+        await md.close()
+    text = metrics.exposition()[0].decode()
+    samples = {s.name: s for f in text_string_to_metric_families(text) for s in f.samples
+               if s.name.startswith("offloadd_lakehouse_")}
+    assert samples["offloadd_lakehouse_rows"].value == messages
+    assert samples["offloadd_lakehouse_lag_entries"].value == 0
+    assert samples["offloadd_lakehouse_lag_seconds"].value == 0
+    assert samples["offloadd_lakehouse_data_files"].value >= 1
+    assert samples["offloadd_lakehouse_last_snapshot_timestamp_seconds"].value > 1.7e9
+    labels = samples["offloadd_lakehouse_rows"].labels
+    assert labels.get("namespace") == "public/default"
+    assert ("topic" in labels) is topic_level
