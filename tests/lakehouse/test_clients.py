@@ -131,6 +131,11 @@ async def test_metrics_report_each_tables_lag_rows_files_and_snapshot(
     assert samples["offloadd_lakehouse_lag_seconds"].value == 0
     assert samples["offloadd_lakehouse_data_files"].value >= 1
     assert samples["offloadd_lakehouse_last_snapshot_timestamp_seconds"].value > 1.7e9
+    from tests.ops.test_metric_coverage import dashboard_names, docs_names, rule_names
+
+    named = {n for n in rule_names() | dashboard_names() | docs_names()
+             if n.startswith("offloadd_lakehouse_")}
+    assert len(named) == 5 and named <= set(samples)  # what the deploy files name is served
     labels = samples["offloadd_lakehouse_rows"].labels
     assert labels.get("namespace") == "public/default"
     assert ("topic" in labels) is topic_level
