@@ -54,3 +54,51 @@ def test_a_snapshot_expires_only_a_grace_after_it_stopped_being_current() -> Non
     assert expirable(md, now_ms=1000, max_age_ms=50, grace_ms=500) == [1]  # 2 left at 900
     assert expirable(md, now_ms=1000, max_age_ms=950, grace_ms=0) == [1]  # 2 is too young
     assert expirable(md, now_ms=1000, max_age_ms=0, grace_ms=5000) == []
+
+
+def test_the_lakehouse_lag_alert_fires_past_five_minutes_per_topic_or_namespace(
+        tmp_path: Any) -> None:
+    """OffloaddLakehouseLagHigh (promtool test rules): a table 10 min behind fires, one that
+    caught up does not; per namespace when the topic label is off."""
+    import shutil
+    import subprocess
+    from pathlib import Path
+
+    import pytest
+    import yaml  # type: ignore[import-untyped]  # PyYAML arrives with moto[server]
+
+    tool = shutil.which("promtool")
+    if tool is None:
+        pytest.skip("promtool not installed (Debian package prometheus; scripts/setup --servers)")
+    rules = Path(__file__).resolve().parents[2] / "deploy" / "prometheus" / "offloadd-rules.yml"
+    s = "offloadd_lakehouse_lag_seconds"
+
+    def annotations(who: str, lag: str) -> dict[str, str]:
+        return {"runbook_url": "docs/runbook.md#offloaddlakehouselaghigh",
+                "summary": f"Lakehouse table of {who} trails the tier by {lag}",
+                "description": f"Entries of {who} committed to the tier have not reached its "
+                "Iceberg table for over 5 minutes: the projection fails or is slower than the "
+                "offload."}
+    case = {"rule_files": [str(rules)], "evaluation_interval": "1m", "tests": [{
+        "interval": "1m",
+        "input_series": [
+            {"series": f'{s}{{namespace="public/default",topic="behind"}}',
+             "values": "600+60x30"},
+            {"series": f'{s}{{namespace="public/default",topic="fine"}}', "values": "3x30"},
+            {"series": f'{s}{{namespace="t/aggregated"}}', "values": "900x30"},
+            {"series": f'{s}{{namespace="t/recovered"}}', "values": "900x5 0x25"},
+        ],
+        "alert_rule_test": [{"eval_time": "20m", "alertname": "OffloaddLakehouseLagHigh",
+                             "exp_alerts": [
+                                 {"exp_labels": {"namespace": "public/default",
+                                                 "topic": "behind", "severity": "warning"},
+                                  "exp_annotations": annotations("behind", "30m 0s")},
+                                 {"exp_labels": {"namespace": "t/aggregated",
+                                                 "severity": "warning"},
+                                  "exp_annotations": annotations("t/aggregated", "15m 0s")}]}],
+    }]}
+    test_file = tmp_path / "lake-test.yml"
+    test_file.write_text(yaml.safe_dump(case))
+    p = subprocess.run([tool, "test", "rules", str(test_file)], capture_output=True, text=True,
+                       timeout=60, check=False)
+    assert p.returncode == 0, p.stdout + p.stderr
