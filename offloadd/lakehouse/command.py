@@ -106,7 +106,8 @@ def cmd_lakehouse(settings: Settings, args: argparse.Namespace, run: Any) -> int
                 proj = Projector(settings, md, bs)
                 topics: list[TopicName] | None = args.topic
                 if args.lakehouse_command == "maintain":
-                    out: list[dict[str, Any]] = [r.to_json() for r in await proj.maintain(topics)]
+                    out: list[dict[str, Any]] = [r.to_json() for r in await _maintain(
+                        proj, topics)]
                     print(json.dumps(out, indent=1))
                     return 0
                 if args.follow:
@@ -116,10 +117,10 @@ def cmd_lakehouse(settings: Settings, args: argparse.Namespace, run: Any) -> int
                         loop.add_signal_handler(sig, stop.set)
                     await proj.run(stop)
                     return 0
-                reps = await proj.sync(topics, max_commits=args.max_commits)
+                reps = await _sync(proj, topics, args.max_commits)
                 result: dict[str, Any] = {"topics": [r.to_json() for r in reps]}
                 if args.maintain:
-                    result["maintenance"] = [r.to_json() for r in await proj.maintain(topics)]
+                    result["maintenance"] = [r.to_json() for r in await _maintain(proj, topics)]
                 print(json.dumps(result, indent=1))
                 return 1 if any(r.error for r in reps) else 0
             finally:
@@ -129,6 +130,41 @@ def cmd_lakehouse(settings: Settings, args: argparse.Namespace, run: Any) -> int
 
     code: int = run(go())
     return code
+
+
+async def _sync(proj: Any, topics: list[TopicName] | None,
+                max_commits: int | None) -> list[Any]:
+    """``Projector.sync`` topic by topic, with progress on a terminal (lakehouse/progress.py)."""
+    from offloadd.lakehouse.progress import Progress
+
+    todo = topics if topics is not None else await proj.topics()
+    progress = Progress("lakehouse sync", len(todo))
+    if not progress.enabled:
+        return list(await proj.sync(todo, max_commits=max_commits))
+    reps = []
+    for i, topic in enumerate(todo):
+        progress.topic(i, str(topic))
+        done = await proj.sync([topic], max_commits=max_commits)
+        for r in done:
+            progress.add_rows(r.rows)
+        reps.extend(done)
+    progress.done()
+    return reps
+
+
+async def _maintain(proj: Any, topics: list[TopicName] | None) -> list[Any]:
+    from offloadd.lakehouse.progress import Progress
+
+    todo = topics if topics is not None else await proj.topics()
+    progress = Progress("lakehouse maintain", len(todo))
+    if not progress.enabled:
+        return list(await proj.maintain(todo))
+    out = []
+    for i, topic in enumerate(todo):
+        progress.topic(i, str(topic))
+        out.extend(await proj.maintain([topic]))
+    progress.done()
+    return out
 
 
 def _tables(settings: Settings, args: argparse.Namespace) -> int:

@@ -139,3 +139,39 @@ async def test_metrics_report_each_tables_lag_rows_files_and_snapshot(
     labels = samples["offloadd_lakehouse_rows"].labels
     assert labels.get("namespace") == "public/default"
     assert ("topic" in labels) is topic_level
+
+
+@pytest.mark.timeout(300)
+def test_sync_and_maintain_show_progress_on_a_terminal_only(lake: tuple[Path, int]) -> None:
+    """Issue 24 item 7: a progress line on stderr when it is a TTY; nothing extra otherwise,
+    and stdout's JSON is the same either way."""
+    import pty
+
+    cwd, _ = lake
+    for cmd in (["lakehouse", "sync"], ["lakehouse", "maintain"]):
+        argv = [sys.executable, "-m", "offloadd", *cmd, "--config", "offloadd.toml",
+                "--log-level", "ERROR"]
+        plain = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=240,
+                               stdin=subprocess.DEVNULL)
+        assert plain.returncode == 0 and "\r" not in plain.stderr and plain.stderr == "", \
+            plain.stderr
+        leader, follower = pty.openpty()
+        try:
+            tty = subprocess.run(argv, cwd=cwd, stdout=subprocess.PIPE, stderr=follower,
+                                 text=True, timeout=240, stdin=subprocess.DEVNULL)
+            os.close(follower)
+            seen = b""
+            while True:
+                try:
+                    chunk = os.read(leader, 65536)
+                except OSError:  # the pty is closed once the child is gone and it is drained
+                    break
+                if not chunk:
+                    break
+                seen += chunk
+        finally:
+            os.close(leader)
+        assert tty.returncode == 0
+        assert json.loads(tty.stdout) is not None
+        text = seen.decode()
+        assert f"{' '.join(cmd)}: 1/1 {TOPIC}" in text and "1 topic done" in text, text
