@@ -102,6 +102,7 @@ _LAST_LEDGER = T["offloadd_last_offloaded_ledger"]
 _LAST_ENTRY = T["offloadd_last_offloaded_entry"]
 _READING_MAX = T["brk_ledgeroffloader_ledger_reading_max_bytes"]
 _SEGMENTS = T["offloadd_segments"]
+_LAKE = T["offloadd_lakehouse_lag_entries"]  # the five lakehouse slots, in TABLE order
 _READ_ERROR = N["brk_ledgeroffloader_read_offload_error"]
 _REREAD = N["offloadd_read_rereads"]
 _READ_BYTES = N["brk_ledgeroffloader_read_bytes"]
@@ -262,6 +263,14 @@ class TopicProbe(probes.TopicProbe):
     def last_commit_time(self, seconds: float) -> None:
         """Wall-clock time (seconds since the epoch) of the topic's last commit to the tier."""
         self._set(_LAST_COMMIT, seconds)
+
+    def lakehouse_table(self, lag_entries: float, lag_seconds: float, rows: float,
+                        data_files: float, last_snapshot_s: float) -> None:
+        """The topic's Iceberg table after a projection pass (:mod:`offloadd.lakehouse.ops`);
+        NaN for what is unknown."""
+        with self._lock:
+            self._cells[_LAKE:_LAKE + 5] = [lag_entries, lag_seconds, rows, data_files,
+                                            last_snapshot_s]
 
 
 class Metrics:

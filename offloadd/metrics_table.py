@@ -131,6 +131,18 @@ TABLE: tuple[Series, ...] = (
     Series("offloadd_last_offloaded_entry", G, T,
            "Entry id of the last position committed to the tier. Per namespace: the highest.",
            agg="max"),
+    # -- the lakehouse, per topic table (docs/lakehouse.md; fed by the follower after each pass)
+    Series("offloadd_lakehouse_lag_entries", G, T,
+           "Entries committed to the tier but not yet in the topic's Iceberg table."),
+    Series("offloadd_lakehouse_lag_seconds", G, T,
+           "Age of the oldest commit to the tier whose entries are not all in the table (0 "
+           "when the table has everything). Per namespace: the oldest of its topics.",
+           agg="max"),
+    Series("offloadd_lakehouse_rows", G, T, "Rows in the topic's table (current snapshot)."),
+    Series("offloadd_lakehouse_data_files", G, T,
+           "Data files of the table's current snapshot."),
+    Series("offloadd_lakehouse_last_snapshot_timestamp_seconds", G, T,
+           "Unix time of the table's current snapshot. Per namespace: the latest.", agg="max"),
     # -- ours, per namespace -----------------------------------------------------------------------
     Series("offloadd_segments", G, N, "Offload segments by state.", ("state",),
            ("assigned", "offloaded", "failed")),

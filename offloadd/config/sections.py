@@ -6,7 +6,7 @@ The offload policy's sections, which resolve per topic, are in :mod:`offloadd.co
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 
@@ -272,6 +272,10 @@ class RetentionSettings(Section):
     interval_s: float = Field(300.0, gt=0, description="period of the daemon's gc pass")
 
 
+PartitionChoice = Literal["day(publish_time)", "hour(publish_time)", "day(event_time)",
+                         "hour(event_time)", "none"]
+
+
 class LakehouseSettings(Section):
     """The projection of offloaded messages into Apache Iceberg tables (docs/lakehouse.md)."""
 
@@ -305,16 +309,26 @@ class LakehouseSettings(Section):
                                           "size are small")
     snapshot_max_age_minutes: float = Field(60.0, gt=0, description="expire snapshots older "
                                             "than this (the current one is always kept)")
+    reader_grace_minutes: float = Field(30.0, ge=0, description="a replaced snapshot stays "
+                                        "readable, and a file no snapshot references stays in "
+                                        "the warehouse, this long (longer than the longest "
+                                        "query and the longest projection commit)")
     delete_with_retention: bool = Field(False, description="delete a topic's rows of ledgers "
                                         "that retention deleted from the tier; off: the table "
                                         "keeps them")
+    partition: PartitionChoice = Field("day(publish_time)", description="how tables are "
+                                       "partitioned: day(...) or hour(...) of publish_time or "
+                                       "event_time, or none")
+    partitions: dict[str, PartitionChoice] = Field(default_factory=dict, description="topic "
+                                                   "→ its partition choice (overrides "
+                                                   "partition)")
     json_fields: dict[str, dict[str, Literal["string", "long", "double", "boolean"]]] = Field(
         default_factory=dict, description="topic → {field: type}: top-level fields of JSON "
         "payloads as columns")
 
-    @field_validator("json_fields")
+    @field_validator("json_fields", "partitions")
     @classmethod
-    def _check_json_topics(cls, v: dict[str, dict[str, str]]) -> dict[str, dict[str, str]]:
+    def _check_json_topics(cls, v: dict[str, Any]) -> dict[str, Any]:
         topic_keys(v)
         return v
 

@@ -173,7 +173,8 @@ def cmd_lakehouse(settings: Settings, args: argparse.Namespace, run: Any) -> int
                 proj = Projector(settings, md, bs)
                 topics: list[TopicName] | None = args.topic
                 if args.lakehouse_command == "maintain":
-                    out: list[dict[str, Any]] = [r.to_json() for r in await proj.maintain(topics)]
+                    out: list[dict[str, Any]] = [r.to_json() for r in await _maintain(
+                        proj, topics)]
                     print(json.dumps(out, indent=1) if args.json else maintain_text(out))
                     return 0
                 if args.follow:
@@ -183,10 +184,10 @@ def cmd_lakehouse(settings: Settings, args: argparse.Namespace, run: Any) -> int
                         loop.add_signal_handler(sig, stop.set)
                     await proj.run(stop)
                     return 0
-                reps = await proj.sync(topics, max_commits=args.max_commits)
+                reps = await _sync(proj, topics, args.max_commits)
                 result: dict[str, Any] = {"topics": [r.to_json() for r in reps]}
                 if args.maintain:
-                    result["maintenance"] = [r.to_json() for r in await proj.maintain(topics)]
+                    result["maintenance"] = [r.to_json() for r in await _maintain(proj, topics)]
                 print(json.dumps(result, indent=1) if args.json else sync_text(result))
                 return 1 if any(r.error for r in reps) else 0
             finally:
@@ -198,9 +199,50 @@ def cmd_lakehouse(settings: Settings, args: argparse.Namespace, run: Any) -> int
     return code
 
 
+async def _sync(proj: Any, topics: list[TopicName] | None,
+                max_commits: int | None) -> list[Any]:
+    """``Projector.sync`` topic by topic, with progress on a terminal (lakehouse/progress.py)."""
+    from offloadd.lakehouse.progress import Progress
+
+    todo = topics if topics is not None else await proj.topics()
+    progress = Progress("lakehouse sync", len(todo))
+    if not progress.enabled:
+        return list(await proj.sync(todo, max_commits=max_commits))
+    reps = []
+    for i, topic in enumerate(todo):
+        progress.topic(i, str(topic))
+        done = await proj.sync([topic], max_commits=max_commits)
+        for r in done:
+            progress.add_rows(r.rows)
+        reps.extend(done)
+    progress.done()
+    return reps
+
+
+async def _maintain(proj: Any, topics: list[TopicName] | None) -> list[Any]:
+    from offloadd.lakehouse.progress import Progress
+
+    todo = topics if topics is not None else await proj.topics()
+    progress = Progress("lakehouse maintain", len(todo))
+    if not progress.enabled:
+        return list(await proj.maintain(todo))
+    out = []
+    for i, topic in enumerate(todo):
+        progress.topic(i, str(topic))
+        out.extend(await proj.maintain([topic]))
+    progress.done()
+    return out
+
+
 def _tables(settings: Settings, args: argparse.Namespace) -> int:
     from offloadd.lakehouse.query import list_tables
-    from offloadd.lakehouse.tables import last_position, open_catalog
+    from offloadd.lakehouse.tables import (
+        CATALOG_NAME,
+        TOPIC_PROPERTY,
+        client_properties,
+        last_position,
+        open_catalog,
+    )
 
     catalog = open_catalog(settings, create=False)
     out = []
@@ -210,15 +252,23 @@ def _tables(settings: Settings, args: argparse.Namespace) -> int:
         summary = snap.summary if snap is not None else None
         out.append({
             "table": ".".join(ident),
+            "identifier": list(ident),
+            "topic": table.properties.get(TOPIC_PROPERTY),
             "location": table.location(),
+            "metadata_location": table.metadata_location,
             "rows": int(summary["total-records"] or 0) if summary else 0,
             "data_files": int(summary["total-data-files"] or 0) if summary else 0,
             "snapshots": len(table.metadata.snapshots),
             "last_position": str(p) if (p := last_position(table)) else None,
         })
-    if args.json:
-        print(json.dumps(out, indent=1))
+    props = client_properties(settings)
+    if args.json:  # what a client needs to open them (docs/lakehouse.md, "From other tools")
+        print(json.dumps({"catalog": CATALOG_NAME, "type": props["type"], "uri": props["uri"],
+                          "warehouse": props["warehouse"], "properties": props,
+                          "tables": out}, indent=1))
     else:
+        print(f"catalog {CATALOG_NAME!r} ({props['type']}) at {props['uri']}, warehouse "
+              f"{props['warehouse']}")
         for t in out:
             print(f"{t['table']}: {t['rows']} rows in {t['data_files']} files, "
                   f"{t['snapshots']} snapshots, last position {t['last_position']}")

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import datetime as dt
 import fnmatch
 import logging
 import random
@@ -45,6 +44,7 @@ from pyiceberg.table import Table
 from offloadd.blobstore.base import BlobStore
 from offloadd.config import Settings
 from offloadd.errors import NotFound, OffloaddError
+from offloadd.lakehouse import cleanup, layout
 from offloadd.lakehouse.rows import RowBuilder
 from offloadd.lakehouse.schemas import TypedDecoder
 from offloadd.lakehouse.tables import (
@@ -91,6 +91,8 @@ class CompactReport:
     files_written: int = 0
     snapshots_expired: int = 0
     rows_deleted_with_retention: bool = False
+    files_deleted: int = 0  # by the orphan sweep (lakehouse/cleanup.py)
+    bytes_deleted: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -128,7 +130,8 @@ class Projector:
         table = self._tables.get(topic)
         if table is None:
             cat = await self.catalog()
-            table = await asyncio.to_thread(open_table, cat, topic, self._json_fields(topic))
+            table = await asyncio.to_thread(open_table, cat, topic, self._json_fields(topic),
+                                            partition=layout.choice_for(self.settings, topic))
             self._tables[topic] = table
         elif refresh:
             await asyncio.to_thread(table.refresh)
@@ -302,12 +305,12 @@ class Projector:
             table.refresh()
 
     def _expire(self, table: Table, rep: CompactReport) -> None:
-        age = self.settings.lakehouse.snapshot_max_age_minutes * 60
-        cutoff = dt.datetime.fromtimestamp(self._clock() - age, tz=dt.UTC)
-        before = len(table.metadata.snapshots)
-        table.maintenance.expire_snapshots().older_than(cutoff).commit()
-        table.refresh()
-        rep.snapshots_expired = before - len(table.metadata.snapshots)
+        lh = self.settings.lakehouse
+        grace = lh.reader_grace_minutes * 60
+        rep.snapshots_expired = cleanup.expire(table, self._clock(),
+                                               lh.snapshot_max_age_minutes * 60, grace)
+        swept = cleanup.sweep(table, self._clock(), grace)
+        rep.files_deleted, rep.bytes_deleted = swept.files_deleted, swept.bytes_deleted
 
     async def _delete_with_retention(self, topic: TopicName, table: Table,
                                      rep: CompactReport) -> None:

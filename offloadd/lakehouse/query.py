@@ -5,7 +5,9 @@ under the names a user would type: the topic's local name (``"topic-0"``, quoted
 dash), the same with every character that is not a letter, digit or underscore replaced by ``_``
 (``topic_0``), and the full ``"tenant.namespace.topic"``. A local name shared by topics of several
 namespaces is registered under its full name only. Tables the SQL does not mention are not read.
-The whole scan of each named table is held in memory (no predicate push-down into the scan yet).
+Predicates of the SQL on ``ledger_id``, ``entry_id`` and the time columns become the scan's filter
+(:mod:`~offloadd.lakehouse.pruning`): pyiceberg skips the partitions and data files that cannot
+match; what is read is held in memory.
 """
 
 from __future__ import annotations
@@ -13,21 +15,43 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import json
+import logging
 import re
 from collections.abc import Iterable
+from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any, TextIO
 
 import duckdb
 from pyiceberg.catalog import Catalog
+from pyiceberg.expressions import BooleanExpression
+from pyiceberg.io.pyarrow import ArrowScan
+from pyiceberg.table import Table
 
-__all__ = ["QueryResult", "aliases", "list_tables", "run_query"]
+from offloadd.lakehouse.pruning import scan_filters
+
+log = logging.getLogger(__name__)
+
+__all__ = ["QueryResult", "TableScan", "aliases", "list_tables", "run_query"]
+
+
+@dataclass(frozen=True)
+class TableScan:
+    """What the query read of one table: data files planned (after pruning) of all the current
+    snapshot's, and the scan filter derived from the SQL (None: whole table)."""
+
+    table: str
+    files: int
+    files_total: int
+    row_filter: str | None
 
 
 class QueryResult:
-    def __init__(self, columns: list[str], rows: list[tuple[Any, ...]]) -> None:
+    def __init__(self, columns: list[str], rows: list[tuple[Any, ...]],
+                 scans: list[TableScan] | None = None) -> None:
         self.columns = columns
         self.rows = rows
+        self.scans = scans or []
 
     def to_json(self) -> list[dict[str, Any]]:
         return [{c: _plain(v) for c, v in zip(self.columns, r, strict=True)} for r in self.rows]
@@ -83,22 +107,39 @@ def run_query(catalog: Catalog, sql: str, max_rows: int | None = None) -> QueryR
     con = duckdb.connect(":memory:")
     try:
         lowered = sql.lower()
-        scanned: dict[tuple[str, ...], Any] = {}
-        for name, ident in names.items():
-            if not re.search(r"(?<![\w.])" + re.escape(name.lower()) + r"(?![\w])", lowered):
-                continue
-            if ident not in scanned:
-                scanned[ident] = catalog.load_table(ident).scan().to_arrow()
-            con.register(name, scanned[ident])
+        used = {name: ident for name, ident in names.items()
+                if re.search(r"(?<![\w.])" + re.escape(name.lower()) + r"(?![\w])", lowered)}
+        filters = scan_filters(con, sql, list(used)) if used else {}
+        scanned: dict[tuple[Any, ...], Any] = {}
+        scans: list[TableScan] = []
+        for name, ident in used.items():
+            flt = filters.get(name.lower())
+            key = (ident, repr(flt))
+            if key not in scanned:
+                scanned[key] = _scan(catalog.load_table(ident), ".".join(ident), flt, scans)
+            con.register(name, scanned[key])
         cur = con.execute(sql)
         if cur is None:  # DuckDB's answer to text without a statement (comments, ";")
             raise ValueError("the query has no SQL statement, e.g. \"SELECT count(*) FROM "
                              "topic_0\"")
         columns = [d[0] for d in cur.description or []]
         rows = cur.fetchmany(max_rows) if max_rows is not None else cur.fetchall()
-        return QueryResult(columns, rows)
+        return QueryResult(columns, rows, scans)
     finally:
         con.close()
+
+
+def _scan(table: Table, name: str, flt: BooleanExpression | None,
+          scans: list[TableScan]) -> Any:
+    """The table's rows the filter may keep, as Arrow: pyiceberg prunes partitions and files
+    by the filter, then reads only the planned files."""
+    scan = table.scan(row_filter=flt) if flt is not None else table.scan()
+    tasks = list(scan.plan_files())
+    total = len(tasks) if flt is None else len(list(table.scan().plan_files()))
+    scans.append(TableScan(name, len(tasks), total, str(flt) if flt is not None else None))
+    log.debug("query: %s: %d of %d data files (filter %s)", name, len(tasks), total, flt)
+    return ArrowScan(table.metadata, table.io, scan.projection(), scan.row_filter,
+                     scan.case_sensitive, scan.limit).to_table(tasks)
 
 
 def _plain(v: Any) -> Any:

@@ -31,13 +31,16 @@ from pyiceberg.table import Table
 
 from offloadd.config import Settings
 from offloadd.errors import ConfigError, FormatError
-from offloadd.lakehouse.schema import json_type, partition_spec, table_schema
+from offloadd.lakehouse import layout
+from offloadd.lakehouse.schema import json_type, table_schema
 from offloadd.model import Position, TopicName
 
 __all__ = [
+    "CATALOG_NAME",
     "LAST_POSITION",
     "TOPIC_PROPERTY",
     "catalog_properties",
+    "client_properties",
     "identifier",
     "last_position",
     "open_catalog",
@@ -45,6 +48,10 @@ __all__ = [
     "warehouse_location",
 ]
 
+# The name offloadd gives its catalog. pyiceberg's SQL catalog stores it in every row of its
+# tables (``catalog_name``): a client loading the same database under another name sees no
+# namespace at all (``NoSuchNamespaceError``), so clients must use this one.
+CATALOG_NAME = "offloadd"
 LAST_POSITION = "offloadd.last-position"
 TOPIC_PROPERTY = "offloadd.topic"
 TABLE_PROPERTIES = {
@@ -100,6 +107,30 @@ def catalog_properties(settings: Settings) -> dict[str, str]:
     return props
 
 
+_SECRET_PROPERTIES = ("credential", "token", "s3.access-key-id", "s3.secret-access-key",
+                      "s3.session-token")
+
+
+def client_properties(settings: Settings) -> dict[str, str]:
+    """What another pyiceberg client passes to ``load_catalog(CATALOG_NAME, **props)`` to open
+    offloadd's catalog — :func:`catalog_properties` without a secret (a client brings its own
+    credentials) and with a password in the URI masked."""
+    props = {k: v for k, v in catalog_properties(settings).items()
+             if k not in _SECRET_PROPERTIES}
+    props["uri"] = _mask_password(props["uri"])
+    return props
+
+
+def _mask_password(uri: str) -> str:
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(uri)
+    if parts.password is None:
+        return uri
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit(parts._replace(netloc=f"{parts.username}:***@{host}"))
+
+
 def open_catalog(settings: Settings, *, create: bool = True) -> Catalog:
     """The configured catalog; ``create=False`` for read-only commands (no directory made)."""
     lh = settings.lakehouse
@@ -114,7 +145,7 @@ def open_catalog(settings: Settings, *, create: bool = True) -> Catalog:
             Path(props["warehouse"][len("file://"):]).mkdir(parents=True, exist_ok=True)
     for attempt in range(5):
         try:
-            return load_catalog("offloadd", **props)
+            return load_catalog(CATALOG_NAME, **props)
         except Exception as exc:  # two processes creating the catalog tables at once
             if "already exists" not in str(exc) or attempt == 4:
                 raise
@@ -127,8 +158,10 @@ def identifier(topic: TopicName) -> tuple[str, str, str]:
 
 
 def open_table(catalog: Catalog, topic: TopicName, json_fields: dict[str, str] | None = None,
-               *, create: bool = True) -> Table:
-    """The topic's table, created on first use; JSON fields configured since are added."""
+               *, create: bool = True, partition: str = layout.DEFAULT) -> Table:
+    """The topic's table, created on first use; JSON fields configured since are added, the
+    partition spec and sort order brought to ``partition`` and the log order
+    (:mod:`~offloadd.lakehouse.layout`)."""
     ident = identifier(topic)
     try:
         table = catalog.load_table(ident)
@@ -139,7 +172,8 @@ def open_table(catalog: Catalog, topic: TopicName, json_fields: dict[str, str] |
             catalog.create_namespace((topic.tenant, topic.namespace))
         try:
             table = catalog.create_table(
-                ident, schema=table_schema(json_fields), partition_spec=partition_spec(),
+                ident, schema=table_schema(json_fields),
+                partition_spec=layout.partition_spec(partition), sort_order=layout.sort_order(),
                 properties={**TABLE_PROPERTIES, TOPIC_PROPERTY: str(topic)})
         except TableAlreadyExistsError:  # another process created it meanwhile
             table = catalog.load_table(ident)
@@ -147,6 +181,8 @@ def open_table(catalog: Catalog, topic: TopicName, json_fields: dict[str, str] |
     if wrong:  # a table created by an older offloadd, or changed by hand
         with table.transaction() as tx:
             tx.set_properties(wrong)
+        table = catalog.load_table(ident)
+    if layout.evolve(table, partition):
         table = catalog.load_table(ident)
     missing = {k: v for k, v in (json_fields or {}).items()
                if k not in {f.name for f in table.schema().fields}}

@@ -150,7 +150,8 @@ class Runtime:
             return
         from offloadd.lakehouse.follower import LakehouseFollower
 
-        self.lakehouse = LakehouseFollower(self.settings, self.metadata, self.blobstore)
+        self.lakehouse = LakehouseFollower(self.settings, self.metadata, self.blobstore,
+                                           self.metrics)
         self.lakehouse.start()
         self.extras.append(self.lakehouse)
 

@@ -202,6 +202,7 @@ async def collect(settings: Settings, topics: Sequence[TopicName] | None = None,
                 t["policy"] = detail[t["topic"]]
         members = [_liveness(asdict(m)) for m in await cluster.read_members(md)]
         fence = await _conditional_writes(md)
+        lake = await _lakehouse(settings, md, names, now_ms)
         source = wiring.source_status(settings, src.source)
     finally:
         await src.source.close()
@@ -215,6 +216,8 @@ async def collect(settings: Settings, topics: Sequence[TopicName] | None = None,
                            "currency": settings.cost.currency, "topics": out_topics}
     if fence is not None:
         out["conditional_writes"] = fence
+    if lake is not None:
+        out["lakehouse"] = lake
     if source is not None:
         out["source"] = source
     if settings.metrics.enabled:
@@ -229,6 +232,43 @@ async def collect(settings: Settings, topics: Sequence[TopicName] | None = None,
         for t in out_topics:
             if isinstance(live.get(t["topic"]), dict):
                 _merge_live(t, live[t["topic"]])
+    return out
+
+
+async def _lakehouse(settings: Settings, md: MetadataStore, names: Sequence[TopicName],
+                     now_ms: int) -> dict[str, Any] | None:
+    """The tables and the warehouse (:mod:`offloadd.lakehouse.ops`) when the lakehouse is on or
+    has a catalog; None without the extra or anything projected."""
+    from offloadd import lakehouse
+    from offloadd.errors import ConfigError
+
+    try:
+        lakehouse.require()
+        from offloadd.lakehouse.ops import lakehouse_status
+
+        out = await lakehouse_status(settings, md, names, now_ms)
+    except ConfigError as exc:
+        return {"error": str(exc)} if settings.lakehouse.enabled else None
+    except Exception as exc:  # the catalog's or the warehouse's: shown, status goes on
+        return {"error": f"{type(exc).__name__}: {exc}"}
+    wh = out["warehouse"]
+    wh["monthly_cost"] = round(wh["bytes"] / 2**30 * settings.cost.storage_per_gb_month, 4)
+    return out
+
+
+def _lakehouse_lines(lake: dict[str, Any], currency: str) -> list[str]:
+    if "error" in lake:
+        return [f"lakehouse: ERROR {lake['error']}"]
+    wh = lake["warehouse"]
+    out = [f"lakehouse warehouse {wh['location']}: {wh['files']} files, {_size(wh['bytes'])}; "
+           f"est. {wh['monthly_cost']:.2f} {currency}/month"]
+    for t in lake["tables"]:
+        lag = ("lag unknown" if t["lag_entries"] is None else
+               f"lag {t['lag_entries']} entries, {t['lag_seconds']:.0f} s")
+        out.append(f"  {t['table']}: {t['rows']} rows in {t['data_files']} files "
+                   f"({_size(t['data_bytes'])}), last snapshot "
+                   f"{_when(t['last_snapshot_ms'])}, position {t['last_position'] or '-'}; "
+                   f"{lag}")
     return out
 
 
@@ -328,6 +368,8 @@ def render_text(st: dict[str, Any]) -> str:
             lines.append(f"{t['topic']}: DATA LOST TO RETENTION: " + ", ".join(
                 f"{x['ledger']}:{x['first']}..{x['last']}" for x in t["data_lost"]))
         lines.extend(_topic_lines(t, owner, st.get("currency", "USD")))
+    if st.get("lakehouse"):
+        lines.extend(_lakehouse_lines(st["lakehouse"], st.get("currency", "USD")))
     return "\n".join(lines)
 
 

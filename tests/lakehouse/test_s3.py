@@ -61,3 +61,27 @@ min_part_size_bytes = {MIN_PART_SIZE}
                        tmp_path).stdout)
     rows = table_rows(settings, topics[1])
     assert q == [{"n": rows.num_rows - rows.column("key").null_count}]
+    # issue 24 item 4 on S3: after maintain (grace 0) the warehouse holds what the tables
+    # reference and nothing else; `status` counts it
+    env_cfg = write_config(tmp_path, blobstore=cfg.read_text().split("[blobstore]\n", 1)[1]
+                           .split("[source]", 1)[0], name="maintain.toml",
+                           lakehouse="enabled = true\ncompact_min_files = 2\n"
+                           "snapshot_max_age_minutes = 0.0001\nreader_grace_minutes = 0\n")
+    done = json.loads(run(["lakehouse", "maintain", "--config", str(env_cfg)], tmp_path).stdout)
+    assert sum(r["files_deleted"] for r in done) > 0, done
+    from offloadd.lakehouse.cleanup import referenced
+
+    cat = open_catalog(settings, create=False)
+    wanted = set()
+    for topic in ("topic-0", "topic-1"):
+        wanted |= referenced(cat.load_table(("public", "default", topic)))
+    pages = s3_bucket.boto3().get_paginator("list_objects_v2").paginate(
+        Bucket=s3_bucket.name, Prefix="tier/lakehouse/")
+    # (keys ending in "/" are the directory markers pyarrow's S3 filesystem writes: no data)
+    left = {f"{s3_bucket.name}/{o['Key']}" for p in pages for o in p.get("Contents", [])
+            if not o["Key"].endswith("/")}
+    assert left == wanted
+    for topic in topics:
+        assert digest(table_rows(settings, topic)) == s["topics"][topic]["sent"], topic
+    st = json.loads(run(["status", "--config", str(cfg), "--json"], tmp_path, check=False).stdout)
+    assert st["lakehouse"]["warehouse"]["files"] == len(left)

@@ -46,3 +46,21 @@ def test_read_only_commands_do_not_create_a_catalog(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="nothing was projected yet"):
         open_catalog(s, create=False)
     assert not (tmp_path / "none").exists()
+
+
+def test_what_clients_are_told_holds_no_secret(tmp_path: Path) -> None:
+    """``lakehouse tables --json`` prints client_properties: no credential, no password."""
+    from offloadd.lakehouse.tables import CATALOG_NAME, client_properties
+
+    s = config.load(None, blobstore__driver="aws-s3", blobstore__bucket="b",
+                    blobstore__endpoint="http://127.0.0.1:9", blobstore__access_key_id="AK",
+                    blobstore__secret_access_key="SK", blobstore__session_token="ST",
+                    lakehouse__catalog_uri="postgresql://user:hunter2@db:5432/cat",
+                    lakehouse__path=str(tmp_path))
+    props = client_properties(s)
+    assert CATALOG_NAME == "offloadd"
+    assert props["uri"] == "postgresql://user:***@db:5432/cat"
+    assert props["s3.endpoint"] == "http://127.0.0.1:9" and props["warehouse"] == "s3://b/lakehouse"
+    text = repr(props)
+    for secret in ("hunter2", "AK", "SK", "ST"):
+        assert secret not in text
