@@ -70,6 +70,9 @@ class OffloadEnv:
     # every topic's commits and status writes go through it: many topics' in one request
     # (offloadd.commit.batch); None: each on its own
     commits: CommitBatcher | None = None
+    # told when a topic's committed position may have moved (a commit, a recovery): the
+    # daemon's lag loop measures again only the topics something happened to
+    on_progress: Callable[[TopicName], None] | None = None
 
 
 class TopicContext:
@@ -138,6 +141,7 @@ class TopicContext:
         info = await self.commit(edit)
         segment.to(SegmentState.OFFLOADED)
         self.last_committed = end
+        self.progressed()
         self.committed_segments += 1
         self.failed_attempts = 0
         self.last_error = None
@@ -162,6 +166,11 @@ class TopicContext:
         return catalog.driver_metadata(store.name, dict(store.driver_properties()))
 
     # ---- reporting -----------------------------------------------------------------------
+    def progressed(self) -> None:
+        """The committed position may have moved: say so to whoever follows it."""
+        if self.env.on_progress is not None:
+            self.env.on_progress(self.topic)
+
     def publish_states(self, segs: Sequence[catalog.Segment]) -> None:
         assigned = sum(1 for s in segs if not s.complete)
         offloaded = sum(1 for s in segs if s.complete)

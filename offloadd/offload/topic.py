@@ -214,6 +214,7 @@ class TopicOffloader(TopicContext):
                 self.probe.last_commit_time(done[-1].offloaded_ms / 1000)
         self.position = catalog.next_position(info)
         self.recovered = True
+        self.progressed()
         self.publish_states(catalog.segments(info))
 
     async def _redo_or_drop(self, seg: Segment, failed: Tracked) -> None:
@@ -282,5 +283,7 @@ class TopicOffloader(TopicContext):
             "failed_attempts": self.failed_attempts,
             "last_error": self.last_error,
             "last_commit_ms": self.last_commit_ms,
-            "lag": self.lag.as_dict() if self.lag is not None else None,
+            # (aged: a quiet topic's lag is measured once, its seconds move with the clock)
+            "lag": self.lag.aged(self.env.wall_ms()).as_dict() if self.lag is not None
+            else None,
         }
