@@ -75,6 +75,38 @@ class OffloadEnv:
     on_progress: Callable[[TopicName], None] | None = None
 
 
+class Wake:
+    """What cuts a topic's wait short (a trigger, a stop, a reload). Unlike ``asyncio.Event``
+    it costs nothing while nobody waits (no waiter deque) and is awaited among other waits as
+    a plain future, with no task of its own: an idle topic's wait is one of ten thousand."""
+
+    __slots__ = ("_fut", "_set")
+
+    def __init__(self) -> None:
+        self._set = False
+        self._fut: asyncio.Future[None] | None = None
+
+    def set(self) -> None:
+        self._set = True
+        fut = self._fut
+        if fut is not None and not fut.done():
+            fut.set_result(None)
+
+    def clear(self) -> None:
+        self._set = False
+        self._fut = None
+
+    def is_set(self) -> bool:
+        return self._set
+
+    def future(self) -> asyncio.Future[None]:
+        """Done at the next :meth:`set` (at once if set); for one wait."""
+        fut = self._fut = asyncio.get_running_loop().create_future()
+        if self._set:
+            fut.set_result(None)
+        return fut
+
+
 class TopicContext:
     def __init__(self, topic: TopicName, env: OffloadEnv, policy: Callable[[], TopicPolicy],
                  fence: Fence, probe: TopicProbe, status: StatusSink | None) -> None:
@@ -96,7 +128,7 @@ class TopicContext:
         self.last_error: str | None = None
         self.attempt: SegmentAttempt | None = None  # the open streaming attempt
         self.segment: Tracked | None = None  # the state of the segment in progress
-        self.wake = asyncio.Event()  # a trigger or a stop request cuts a wait short
+        self.wake = Wake()  # a trigger or a stop request cuts a wait short
 
     # ---- reading -------------------------------------------------------------------------
     async def ledgers(self) -> list[LedgerDesc]:
@@ -116,7 +148,7 @@ class TopicContext:
     async def wait(self, pos: Position | None, timeout: float) -> None:
         """Until the topic may have moved past ``pos``, a wake-up, or ``timeout``."""
         self.wake.clear()
-        waits: list[Awaitable[object]] = [self.wake.wait()]
+        waits: list[Awaitable[object]] = [self.wake.future()]
         if pos is not None:
             waits.append(self.env.source.wait_for_entries(
                 self.topic, pos.ledger_id, pos.entry_id - 1, timeout))

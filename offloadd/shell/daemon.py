@@ -48,6 +48,7 @@ from offloadd.offload.threshold import TailLog, Thresholds
 from offloadd.offload.throttle import Throttle
 from offloadd.offload.topic import OffloadEnv, TopicOffloader, TopicPolicy, TopicProbe
 from offloadd.retry import Backoff
+from offloadd.shell.memtrim import MemoryTrim, malloc_trim
 
 log = logging.getLogger(__name__)
 MiB = 1024 * 1024
@@ -113,6 +114,7 @@ class Daemon:
         self.state = Lifecycle.NEW
         off = settings.offload
         self.buffer = OffloadBuffer(off.buffer_max_bytes, on_change=on_buffer)
+        self._trim = MemoryTrim(self.buffer)
         self.throttle = Throttle(off.flow_permits_per_second, off.burst_bytes)
         # the pipeline reads through a wrapper that times each read per topic
         piped = self.source if probe_factory is None else MeteredSource(self.source,
@@ -360,6 +362,8 @@ class Daemon:
                         res = on_ready()
                         if res is not None:
                             await res
+                if self._trim.due():  # quiet: give back what catching up pooled
+                    await asyncio.to_thread(malloc_trim)
                 await self._pause()
             for t in duties:
                 t.cancel()
