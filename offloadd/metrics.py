@@ -122,7 +122,7 @@ class TopicProbe(probes.TopicProbe):
     say what each report means), plus the calls of the daemon and gc. Get it from
     :meth:`Metrics.topic`; a report is a few float operations under one lock."""
 
-    __slots__ = ("_cells", "_lock", "_m", "_ns", "_window", "namespace", "topic")
+    __slots__ = ("_cells", "_lag_at", "_lock", "_m", "_ns", "_window", "namespace", "topic")
 
     def __init__(self, metrics: Metrics, ns: Namespace, topic: str, *,
                  served: bool = True) -> None:
@@ -133,6 +133,16 @@ class TopicProbe(probes.TopicProbe):
         self._ns = ns
         self._cells = list(FRESH) if served else ns.retired
         self._window = Window(metrics._clock())
+        # when a non-zero lag was reported (the registry's clock): a scrape ages its seconds,
+        # as the lag loop leaves a topic nothing happened to unmeasured (offload/lag.py)
+        self._lag_at: float | None = None
+
+    def cells(self, now: float) -> list[float]:
+        """A copy of the slots as of ``now`` (the lag's seconds aged). Under the lock."""
+        cells = list(self._cells)
+        if self._lag_at is not None:
+            cells[_LAG_SECONDS] += max(0.0, now - self._lag_at)
+        return cells
 
     def _add(self, slot: int, amount: float) -> None:
         with self._lock:
@@ -253,6 +263,7 @@ class TopicProbe(probes.TopicProbe):
             self._cells[_LAG_ENTRIES] = entries
             self._cells[_LAG_BYTES] = nbytes
             self._cells[_LAG_SECONDS] = seconds
+            self._lag_at = self._m._clock() if entries else None
 
     def last_offloaded(self, ledger: int, entry: int) -> None:
         """The last position committed to the tier."""
@@ -470,12 +481,13 @@ class _Exposition(Collector):
     def collect(self) -> Iterable[Metric]:
         m = self._m
         with m._lock:  # copies only: the families are built after it
+            now = m._clock()
             per_topic = m.topic_level_now()
             m._process["offloadd_topics"][()] = len(m._topics)
             m._process["offloadd_metrics_topic_level"][()] = 1.0 if per_topic else 0.0
             snapshot = Snapshot(
-                {key: (list(p._cells), p._window) for key, p in m._topics.items()},
+                {key: (p.cells(now), p._window) for key, p in m._topics.items()},
                 {name: ns.copy() for name, ns in m._namespaces.items()},
                 {name: dict(cells) for name, cells in m._process.items()},
-                per_topic=per_topic, now=m._clock(), period=m._period)
+                per_topic=per_topic, now=now, period=m._period)
         return list(snapshot.families())

@@ -168,6 +168,10 @@ class ClusterOwnership(Ownership):
         self._session_seen = self._sessions is None
         self._registered: int | None = None  # the generation our member node belongs to
         self._held: dict[TopicName, _Held] = {}
+        # +1 on every change to _held or _generation; ``revoked`` looks for running topics
+        # not held only when it moved (an idle pass over 10,000 topics: nothing to look at)
+        self._held_changes = 0
+        self._all_held_at = -1  # _held_changes when every running topic was last held
         self._unreleased: set[TopicName] = set()  # owner nodes whose release failed
         self._locks: dict[TopicName, asyncio.Lock] = {}
         self._revoke: Callable[[Mapping[TopicName, Revoke]], None] = lambda verdicts: None
@@ -191,6 +195,7 @@ class ClusterOwnership(Ownership):
                 if topic in self._held or topic in self._unreleased:
                     # a holding without a task (or a failed release): start from a clean slate
                     self._held.pop(topic, None)
+                    self._held_changes += 1
                     if not await self._release_node(topic):
                         return None
                 epoch = await epochs.try_acquire(self.store, ml, self.owner_id)
@@ -210,6 +215,7 @@ class ClusterOwnership(Ownership):
             if epoch is None:
                 return None
             self._held[topic] = _Held(epoch, generation)
+            self._held_changes += 1
         log.info("topic %s: acquired at epoch %d", topic, epoch)
         return EpochFence(self.store, ml, epoch)
 
@@ -217,6 +223,7 @@ class ClusterOwnership(Ownership):
         """Give the topic up (its task has ended); never raises."""
         async with self._lock(topic):
             held = self._held.pop(topic, None)
+            self._held_changes += 1
             if held is None or held.generation != self._generation:
                 return  # an owner node of an ended session went with it
             if await self._release_node(topic):
@@ -233,10 +240,15 @@ class ClusterOwnership(Ownership):
         """Refresh membership, then say which running topics to give up and how."""
         connected = self._connected()
         out: dict[TopicName, Revoke] = {}
-        for topic in running:
-            held = self._held.get(topic)
-            if held is None or held.generation != self._generation:
-                out[topic] = Revoke.LOST
+        # a topic starts only once acquired (held in this generation): one not held can
+        # only follow a change to the holdings or a new generation
+        if self._all_held_at != self._held_changes:
+            for topic in running:
+                held = self._held.get(topic)
+                if held is None or held.generation != self._generation:
+                    out[topic] = Revoke.LOST
+            if not out:
+                self._all_held_at = self._held_changes
         if not connected:
             return out
         try:
@@ -244,7 +256,7 @@ class ClusterOwnership(Ownership):
         except OffloaddError as exc:
             log.warning("cluster membership not refreshed: %s", exc)
             return out
-        for topic in self._due([t for t in running if t not in out]):
+        for topic in self._due([t for t in running if t not in out] if out else list(running)):
             if (verdict := await self._check(topic)) is not None:
                 out[topic] = verdict
         return out
@@ -314,6 +326,7 @@ class ClusterOwnership(Ownership):
             return
         lost = sorted(str(t) for t in self.held())
         self._generation += 1
+        self._held_changes += 1
         self._session_seen, self._live_sid = False, None
         self._registered = None
         self._unreleased.clear()  # those owner nodes went with the session

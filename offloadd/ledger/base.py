@@ -33,7 +33,7 @@ capability             used by                                     implemented b
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
@@ -144,6 +144,11 @@ class ChangeFeed(Protocol):
     def generation(self, topic: TopicName) -> tuple[int, int] | None:
         """Changes recorded for the topic so far; None when unknown. While it is unchanged the
         topic's ledgers are as they were."""
+        ...
+
+    def follow(self) -> Callable[[], set[TopicName] | None]:
+        """A drain for one consumer: each call returns the topics (among those asked about by
+        :meth:`generation`) that changed since its previous call, None when it cannot say."""
         ...
 
 

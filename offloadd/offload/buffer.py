@@ -99,6 +99,17 @@ class OffloadBuffer:
             self._free.append(b)
             self._free_bytes += len(b)
 
+    @property
+    def pooled(self) -> int:
+        """Bytes of free arrays kept for the next reads."""
+        return self._free_bytes
+
+    def trim(self) -> int:
+        """Drop the free arrays (bytes dropped): a daemon whose topics went quiet gives back
+        what catching up pooled (up to the cap) instead of keeping it resident for ever."""
+        dropped, self._free, self._free_bytes = self._free_bytes, [], 0
+        return dropped
+
     def grow(self, n: int) -> None:
         """Account for ``n`` more bytes than were reserved (an oversize entry arrived)."""
         self._take(n)

@@ -61,7 +61,7 @@ class TopicOffloader(TopicContext):
         self.state = Lifecycle.NEW
         self.recovered = False  # last_committed is known (recovery read the catalog)
         self.lag: Lag | None = None  # the lag loop's latest measurement (offload/lag.py)
-        self._manual = asyncio.Event()
+        self._manual = False  # a trigger not yet acted on
         self._stop = asyncio.Event()
         self._recovery_failures = 0  # failures since the last good recovery that were its own
         self._reported_lost: set[int] = set()
@@ -79,7 +79,7 @@ class TopicOffloader(TopicContext):
     # ---- control -------------------------------------------------------------------------
     def trigger(self) -> None:
         """Close the open segment now (SIGUSR1 / ``offloadd offload-now``)."""
-        self._manual.set()
+        self._manual = True
         self.wake.set()
 
     def request_stop(self) -> None:
@@ -129,14 +129,14 @@ class TopicOffloader(TopicContext):
         if policy.mode == "ledger" and not stopping:
             target, used = roller.roll(policy.roll, now=self.env.clock(), ledgers=ledgers,
                                        segment=self.streaming.open_segment(),
-                                       manual=self._manual.is_set(), stopping=stopping)
+                                       manual=self._manual, stopping=stopping)
             self._apply(target, used)
             await self.ledger_mode.step(pos, desc)
             return False
         d = roller.decide(
             policy.roll, now=self.env.clock(), ledgers=ledgers, pos=pos, desc=desc,
             segment=self.streaming.open_segment(), pending_since=self.streaming.pending_since,
-            manual=self._manual.is_set(), stopping=stopping,
+            manual=self._manual, stopping=stopping,
             bytes_before=self.streaming.bytes_before.get(desc.ledger_id) if desc else None,
             idle_poll_s=self.idle_poll_s(policy))
         self._apply(d.close_target, d.trigger_used)
@@ -145,7 +145,7 @@ class TopicOffloader(TopicContext):
 
     def _apply(self, close_target: Position | None, trigger_used: bool) -> None:
         if trigger_used:
-            self._manual.clear()
+            self._manual = False
         if self.attempt is not None:
             self.attempt.close_target = close_target
 
@@ -214,6 +214,7 @@ class TopicOffloader(TopicContext):
                 self.probe.last_commit_time(done[-1].offloaded_ms / 1000)
         self.position = catalog.next_position(info)
         self.recovered = True
+        self.progressed()
         self.publish_states(catalog.segments(info))
 
     async def _redo_or_drop(self, seg: Segment, failed: Tracked) -> None:
@@ -259,7 +260,7 @@ class TopicOffloader(TopicContext):
                   self.failed_attempts)
         await self.streaming.abandon()
         if att is not None and att.close_target is not None:
-            self._manual.set()  # the retry closes as promptly as the failed attempt meant to
+            self._manual = True  # the retry closes as promptly as the failed attempt meant to
         delay = self.env.retry.delay(self.failed_attempts)
         if await self._sleep_or_stop(delay) and att is None:
             return
@@ -282,5 +283,7 @@ class TopicOffloader(TopicContext):
             "failed_attempts": self.failed_attempts,
             "last_error": self.last_error,
             "last_commit_ms": self.last_commit_ms,
-            "lag": self.lag.as_dict() if self.lag is not None else None,
+            # (aged: a quiet topic's lag is measured once, its seconds move with the clock)
+            "lag": self.lag.aged(self.env.wall_ms()).as_dict() if self.lag is not None
+            else None,
         }

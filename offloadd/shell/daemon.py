@@ -50,6 +50,7 @@ from offloadd.offload.throttle import Throttle
 from offloadd.offload.topic import OffloadEnv, TopicOffloader, TopicPolicy, TopicProbe
 from offloadd.retry import Backoff
 from offloadd.shell import policies
+from offloadd.shell.memtrim import MemoryTrim, malloc_trim
 from offloadd.shell.policies import PulsarPolicyView
 
 log = logging.getLogger(__name__)
@@ -120,6 +121,7 @@ class Daemon:
         self.state = Lifecycle.NEW
         off = settings.offload
         self.buffer = OffloadBuffer(off.buffer_max_bytes, on_change=on_buffer)
+        self._trim = MemoryTrim(self.buffer)
         self.throttle = Throttle(off.flow_permits_per_second, off.burst_bytes)
         # the pipeline reads through a wrapper that times each read per topic
         piped = self.source if probe_factory is None else MeteredSource(self.source,
@@ -129,7 +131,7 @@ class Daemon:
             acquire=self._acquire, blocks_in_flight=off.blocks_in_flight,
             part_size=settings.blobstore.part_size_bytes,
             retry=Backoff(off.retry_base_s, off.retry_max_s),
-            commits=CommitBatcher(metadata),
+            commits=CommitBatcher(metadata), on_progress=self._lag_woken_add,
             # a source that wakes its waiters when a topic changes needs no frequent look
             idle_poll_s=source.changes.idle_poll_s if source.changes is not None
             else OffloadEnv.idle_poll_s)
@@ -143,6 +145,8 @@ class Daemon:
         self.ready = False
         self.lag_monitor = LagMonitor(source.offsets)
         self._ledgers_seen: dict[TopicName, list[LedgerDesc]] = {}
+        # topics whose committed position may have moved since the lag loop's last pass
+        self._lag_woken: set[TopicName] = set()
         self._on_stopping: Callable[[], None] | None = None
         self._reloading: asyncio.Task[None] | None = None
 
@@ -224,6 +228,7 @@ class Daemon:
             self.metrics.throttle_limit(settings.offload.flow_permits_per_second)
         for r in self.topics.values():  # idle topics sleep long: let them see new policies
             r.offloader.wake.set()
+        self.scheduler.rescan()  # the topic patterns may have changed
         logging.getLogger().setLevel(settings.daemon.log_level)
         later = [k for k in _restart_keys(old) if _dig(old, k) != _dig(settings, k)]
         if later:
@@ -375,6 +380,8 @@ class Daemon:
                         res = on_ready()
                         if res is not None:
                             await res
+                if self._trim.due():  # quiet: give back what catching up pooled
+                    await asyncio.to_thread(malloc_trim)
                 await self._pause()
             for t in duties:
                 t.cancel()
@@ -489,31 +496,34 @@ class Daemon:
             for gone in set(checked) - set(self.topics):
                 del checked[gone]
 
+    def _lag_woken_add(self, topic: TopicName) -> None:
+        self._lag_woken.add(topic)
+
     async def _lag_loop(self) -> None:
-        """Every ``[daemon] lag_interval_s``: each running topic's lag, from its last committed
-        position to the source's LAC (offload/lag.py). Independent of the topic tasks, so the
-        figures keep moving while uploads fail or the store hangs."""
+        """Every ``[daemon] lag_interval_s``: the lag of each running topic something happened
+        to, from its last committed position to the source's LAC (offload/lag.py).
+        Independent of the topic tasks, so the figures keep moving while uploads fail or the
+        store hangs.
+
+        A topic is measured again only when something may have moved it: with a source that
+        says which topics changed (the embedded store's journal: ``follow``), a measured,
+        recovered topic is *quiet* until its source records a change or it commits; its lag
+        stays what it was, seconds aged by the readers (``Lag.aged``). An idle daemon then
+        does nothing per topic here, open segments or not. Without such a source (or when it
+        lost track) every running topic is measured every interval."""
         limit = asyncio.Semaphore(16)  # source calls in flight at once
-
         changes = self.source_view.changes
-        generation = changes.generation if changes is not None else None
-        seen: dict[TopicName, object] = {}  # what a fully offloaded topic's lag was measured at
+        follow = changes.follow() if changes is not None else None
+        quiet: set[TopicName] = set()  # measured; nothing happened to them since
+        restless: set[TopicName] = set()  # running and not quiet: measured every pass
+        version = -1  # the scheduler's topic set the two sets were derived from
+        last_pass_ms: int | None = None  # when the previous pass took the changes
 
-        def unchanged(topic: TopicName, off: TopicOffloader) -> bool:
-            # an idle topic costs nothing: while its source records no change and nothing is
-            # uncommitted, its lag stays 0 / 0 / 0 (seconds included)
-            if generation is None or topic not in seen:
-                return False
-            if seen[topic] == (generation(topic), off.last_committed):
-                self.lag_monitor.still(topic)
-                return True
-            del seen[topic]
-            return False
-
-        async def one(topic: TopicName, off: TopicOffloader) -> None:
-            mark = (generation(topic), off.last_committed) if generation is not None else None
+        async def one(topic: TopicName, off: TopicOffloader) -> bool:
+            """Measure; True when the topic may be left quiet until something happens."""
             async with limit:
                 interval = self.settings.daemon.lag_interval_s
+                measured = True
                 try:
                     async with asyncio.timeout(max(interval * 5, 10.0)):
                         ledgers = await self.source.ledgers(topic)
@@ -522,38 +532,63 @@ class Daemon:
                     # the last list we had still gives growing seconds: better than a freeze
                     log.debug("lag of %s: source unavailable (%s)", topic, exc)
                     ledgers = self._ledgers_seen.get(topic, [])
+                    measured = False
                     if not ledgers:
-                        return
+                        return False
                 committed = off.last_committed
                 if not off.recovered:  # recovery may be stuck on the store: ask the catalog
                     try:
                         info, _ = await managed_ledger.load(self.metadata, topic.managed_ledger)
                     except OffloaddError as exc:
                         log.debug("lag of %s: catalog unreadable (%s)", topic, exc)
-                        return
+                        return False
                     done = [seg for seg in catalog.segments(info) if seg.complete]
                     committed = done[-1].end if done else None
                 lag = await self.lag_monitor.sample(topic, ledgers, committed)
                 off.lag = lag
                 off.probe.lag(lag.entries, lag.bytes, lag.seconds)
-                if mark is not None and mark[0] is not None and lag.entries == 0 \
-                        and off.recovered:
-                    seen[topic] = mark
+                return measured and off.recovered
 
         while True:
             await asyncio.sleep(self.settings.daemon.lag_interval_s)
-            for gone in set(self._ledgers_seen) - set(self.topics):
-                del self._ledgers_seen[gone]
-                self.lag_monitor.forget(gone)
-                seen.pop(gone, None)
-            running = [(t, r.offloader) for t, r in self.topics.items()
-                       if not r.task.done() and not unchanged(t, r.offloader)]
-            if running:
-                results = await asyncio.gather(*(one(t, off) for t, off in running),
-                                               return_exceptions=True)
-                for (topic, _), res in zip(running, results, strict=True):
-                    if isinstance(res, Exception):  # a bug must not stop the figures for good
-                        log.error("lag of %s not measured: %r", topic, res)
+            topics = self.topics
+            if version != self.scheduler.version:
+                version = self.scheduler.version
+                for gone in set(self._ledgers_seen) - set(topics):
+                    del self._ledgers_seen[gone]
+                    self.lag_monitor.forget(gone)
+                quiet &= topics.keys()
+                restless = topics.keys() - quiet
+            now_ms = int(time.time() * 1000)
+            changed = follow() if follow is not None else None
+            woken, self._lag_woken = self._lag_woken, set()
+            if changed is None:  # anything may have moved: measure every topic
+                restless |= quiet
+                quiet = set()
+            else:
+                for topic in (changed | woken) & quiet:
+                    quiet.discard(topic)
+                    restless.add(topic)
+                    # nothing was recorded for it by the previous pass: its tail was the one
+                    # last seen until then (a bound for the new entries' age)
+                    if last_pass_ms is not None:
+                        self.lag_monitor.still(topic, until_ms=last_pass_ms)
+            last_pass_ms = now_ms
+            running = [(t, r.offloader) for t in restless
+                       if (r := topics.get(t)) is not None and not r.task.done()]
+            if not running:
+                continue
+            if changes is not None:
+                for t, _ in running:  # (so the journal names the topic from now on)
+                    changes.generation(t)
+            results = await asyncio.gather(*(one(t, off) for t, off in running),
+                                           return_exceptions=True)
+            for (topic, _), res in zip(running, results, strict=True):
+                if isinstance(res, Exception):  # a bug must not stop the figures for good
+                    log.error("lag of %s not measured: %r", topic, res)
+                elif res is True and changed is not None and topic in restless:
+                    restless.discard(topic)
+                    quiet.add(topic)
 
     def _signal_trigger(self, trigger_file: Path | None) -> None:
         """SIGUSR1: all topics, or those ``offloadd offload-now --topic`` wrote down."""

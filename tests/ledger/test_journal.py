@@ -71,3 +71,35 @@ def test_a_replaced_journal_is_followed(tmp_path: Path) -> None:
     JournalWriter(tmp_path).record(B)
     assert reader.replaced()
     assert reader.changes() is ANY
+
+
+async def test_a_follower_takes_the_topics_changed_since_it_last_asked(tmp_path: Path) -> None:
+    """The watcher's drain for one consumer (the daemon's lag loop, issue 22): the topics the
+    journal named since the last call, or None when nothing can be said."""
+    import asyncio
+
+    from offloadd.ledger.local.watch import ChangeWatcher
+
+    writer = JournalWriter(tmp_path)
+    writer.record(A)
+    watcher = ChangeWatcher(tmp_path, interval_s=0.01)
+    take = watcher.follow()
+    assert take() is None  # not watching yet
+    watcher.generation(A)
+    watcher.generation(B)  # the topics it is asked about
+    watcher.start()
+    try:
+        assert take() is None  # its first answer has no baseline
+        assert take() == set()
+        writer.record(B)
+        await asyncio.sleep(0.1)
+        assert take() == {B}
+        assert take() == set()
+        for _ in range(SLOTS + 1):  # lapped: anything may have changed
+            writer.record(A)
+        await asyncio.sleep(0.1)
+        assert take() is None
+        assert take() == set()
+    finally:
+        await watcher.close()
+    assert take() is None

@@ -278,3 +278,82 @@ class TestDaemonLagLoop:
             daemon.request_stop()
             await asyncio.wait_for(running, 30)
             await store.close()
+
+
+class TestQuietTopics:
+    """Issue 22, "idle is free": the lag loop measures a topic again only when something
+    happened to it (its source recorded a change, or it committed); a quiet topic's lag stays
+    what it was, its seconds moving with the clock in ``status`` and in the scrape."""
+
+    async def test_idle_topics_with_open_segments_are_not_read_again(
+            self, tmp_path: Path) -> None:
+        from offloadd.config import Settings
+        from offloadd.ledger.local import LocalLedgerSource, LocalLedgerWriter
+        from offloadd.metrics import Metrics
+        from offloadd.shell.daemon import Daemon
+
+        md = MemoryMetadataStore()
+        # a writer of its own, as another process's: the source follows its change journal
+        writer = LocalLedgerWriter(tmp_path / "ledgers", md)
+        source = LocalLedgerSource(tmp_path / "ledgers", md, watch_interval=0.01)
+        topics = [TopicName("public", "default", f"quiet-{i}") for i in range(12)]
+        for t in topics:
+            await writer.append(t, [b"z" * 100])
+        reads: dict[TopicName, int] = {}
+        ledgers = source.ledgers
+
+        async def counted(topic: TopicName) -> list[LedgerDesc]:
+            reads[topic] = reads.get(topic, 0) + 1
+            return await ledgers(topic)
+
+        source.ledgers = counted  # type: ignore[method-assign]
+        # segments stay open (10-minute roll): every topic has lag, none commits
+        settings = Settings(metrics={"enabled": False},
+                            daemon={"lag_interval_s": 0.02, "status_interval_s": 0.2})
+        metrics = Metrics()
+        daemon = Daemon(settings, source=wiring.local_view(source), metadata=md,
+                        tier=StoreView(MemoryBlobStore()),
+                        probe_factory=lambda t: metrics.topic(t.ns, str(t)), metrics=metrics)
+        running = asyncio.create_task(daemon.run(install_signals=False))
+
+        def lags() -> dict[TopicName, Lag | None]:
+            return {t: (r.offloader.lag if (r := daemon.topics.get(t)) else None)
+                    for t in topics}
+
+        try:
+            async with asyncio.timeout(20):
+                while any(lag is None or lag.entries != 1 for lag in lags().values()):
+                    await asyncio.sleep(0.02)
+            # settled (the journal's first look wakes everything once): then a window of
+            # fifteen passes of the lag loop reads no topic's ledgers, nothing happening to any
+            # (before: every topic, every pass)
+            quiet_windows = 0
+            async with asyncio.timeout(20):
+                while not quiet_windows:
+                    reads.clear()
+                    before = daemon.topics[topics[0]].offloader.status()["lag"]
+                    await asyncio.sleep(0.3)
+                    quiet_windows += not reads
+            # the quiet topic's lag still ages: in status and in the scrape
+            after = daemon.topics[topics[0]].offloader.status()["lag"]
+            assert isinstance(before, dict) and isinstance(after, dict)
+            assert after["entries"] == 1 and after["seconds"] >= before["seconds"] + 0.25
+            scraped = {s.labels["topic"]: s.value for fam in metrics.registry.collect()
+                       for s in fam.samples if s.name == "offloadd_lag_seconds"}
+            measured = daemon.topics[topics[0]].offloader.lag
+            assert measured is not None
+            assert scraped[str(topics[0])] >= measured.seconds + 0.25
+
+            # one topic is written: that one is measured again, and only that one
+            await writer.append(topics[3], [b"z" * 100])
+            async with asyncio.timeout(20):
+                while (lag := lags()[topics[3]]) is None or lag.entries != 2:
+                    await asyncio.sleep(0.02)
+            assert set(reads) == {topics[3]}
+            assert all(lag is not None and lag.entries == 1
+                       for t, lag in lags().items() if t != topics[3])
+        finally:
+            daemon.request_stop()
+            await asyncio.wait_for(running, 30)
+            await writer.close()
+            await source.close()

@@ -197,6 +197,25 @@ class BookKeeperLedgerSource:
         t = self._topics.get(topic)
         return (0, t.stamp_with(self._ledgers)) if t is not None else None
 
+    def follow(self) -> Callable[[], set[TopicName] | None]:
+        """:class:`~offloadd.ledger.base.ChangeFeed`: a drain returning the watched topics
+        whose stamp moved since its previous call (every one at the first call). No I/O: one
+        comparison of in-memory stamps per watched topic."""
+        seen: dict[TopicName, tuple[int, int] | None] = {}
+
+        def drain() -> set[TopicName] | None:
+            changed: set[TopicName] = set()
+            for topic in list(self._topics):
+                now = self.generation(topic)
+                if seen.get(topic, ()) != now:
+                    seen[topic] = now
+                    changed.add(topic)
+            for gone in seen.keys() - self._topics.keys():
+                del seen[gone]
+            return changed
+
+        return drain
+
     def wanted(self, topic: TopicName) -> bool:
         pats = self.options.topics
         return not pats or any(fnmatch.fnmatchcase(str(topic), p) for p in pats)

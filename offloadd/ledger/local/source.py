@@ -8,7 +8,7 @@ import os
 import time
 from array import array
 from bisect import bisect_right
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -51,7 +51,7 @@ log = logging.getLogger(__name__)
 
 # How long a topic task waits for news before it looks anyway: the journal wakes it when its
 # topic changes, so this is only a safety net (see OffloadEnv.idle_poll_s).
-IDLE_LOOK_S = 300.0
+IDLE_LOOK_S = 3600.0
 TOPICS_REFRESH_S = 30.0  # list_topics: the longest a cached listing is reused
 
 
@@ -241,6 +241,11 @@ class LocalLedgerSource(LedgerSource, LedgerDeleter, LocalCopies, EntryChecksums
         """Changes the writer recorded for the topic so far, None when unknown: while it is
         unchanged (and the source is being watched) the topic's ledgers are as they were."""
         return self._watcher.generation(topic)
+
+    def follow(self) -> Callable[[], set[TopicName] | None]:
+        """The topics the writer recorded a change of since the last call (see
+        :meth:`ChangeWatcher.follow`); None when that cannot be said."""
+        return self._watcher.follow()
 
     async def delete_ledger(self, topic: TopicName, ledger_id: int) -> None:
         """Drop a closed ledger from the topic's metadata (CAS), then unlink its files.

@@ -8,8 +8,9 @@ source runs one task that reads the store's change journal (:mod:`.journal`) eve
 waiters of the topics it names (all of them when the journal cannot say). An idle daemon thus
 costs one tiny read per tick whatever its number of topics.
 
-It also counts, per topic, the changes it has seen (:meth:`generation`): the lag loop skips a
-fully offloaded topic whose count did not move (``offloadd/shell/daemon.py``).
+It also counts, per topic, the changes it has seen (:meth:`generation`), and hands each
+follower (:meth:`follow`) the topics that changed since it last asked: the daemon's lag loop
+measures only those again, not every topic every interval (``offloadd/shell/daemon.py``).
 """
 
 from __future__ import annotations
@@ -17,17 +18,28 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 from pathlib import Path
 
 from offloadd.ledger.local.journal import ANY, TOPICS_KEY, JournalReader, topic_key
 from offloadd.model import TopicName
 
-__all__ = ["ChangeWatcher"]
+__all__ = ["ChangeWatcher", "Follower"]
 
 log = logging.getLogger(__name__)
 
 DEFAULT_INTERVAL_S = 0.05
 REOPEN_EVERY = 20  # ticks between checks that the journal file is still the same one
+
+
+class Follower:
+    """The changes one consumer has not taken yet (from :meth:`ChangeWatcher.follow`)."""
+
+    __slots__ = ("everything", "keys")
+
+    def __init__(self) -> None:
+        self.keys: set[int] = set()
+        self.everything = False  # the journal could not say what changed
 
 
 class ChangeWatcher:
@@ -39,6 +51,8 @@ class ChangeWatcher:
         self._waiters: dict[int, set[asyncio.Future[None]]] = {}
         self._counts: dict[int, int] = {}
         self._keys: dict[TopicName, int] = {}  # topic -> journal key (a hash: computed once)
+        self._names: dict[int, list[TopicName]] = {}  # journal key -> the topics it stands for
+        self._followers: list[Follower] = []
         self._epoch = 0  # +1 whenever the journal could not say what changed
         self._task: asyncio.Task[None] | None = None
         self._primed = False
@@ -77,15 +91,35 @@ class ChangeWatcher:
     def generation(self, topic: TopicName) -> tuple[int, int] | None:
         """Changes seen for the topic so far (with the epoch of changes to unknown topics);
         None while nothing watches (then nothing can be said)."""
+        key = self._key(topic)  # (named from now on, to followers too)
         if not self.running:
             return None
-        return self._epoch, self._counts.get(self._key(topic), 0)
+        return self._epoch, self._counts.get(key, 0)
 
     def topics_generation(self) -> tuple[int, int] | None:
         """Like :meth:`generation`, for the list of topics (a writer created one)."""
         if not self.running:
             return None
         return self._epoch, self._counts.get(TOPICS_KEY, 0)
+
+    def follow(self) -> Callable[[], set[TopicName] | None]:
+        """A drain for one consumer: each call returns the topics whose changes the watcher
+        has read since the previous call (among the topics it was asked about, by
+        :meth:`generation` or :meth:`register`), or None when it cannot say (not watching,
+        or the journal lost track): then anything may have changed."""
+        follower = Follower()
+        follower.everything = True  # the first call knows nothing yet
+        self._followers.append(follower)
+
+        def take() -> set[TopicName] | None:
+            keys, follower.keys = follower.keys, set()
+            if follower.everything or not self.running:
+                follower.everything = False
+                return None
+            names = self._names
+            return {t for k in keys for t in names.get(k, ())}
+
+        return take
 
     @property
     def waiting(self) -> int:
@@ -99,6 +133,8 @@ class ChangeWatcher:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._reader.close()
+        for follower in self._followers:
+            follower.everything = True
         self._wake_all()
 
     # -- plumbing -----------------------------------------------------------------------------
@@ -107,6 +143,7 @@ class ChangeWatcher:
         key = self._keys.get(topic)
         if key is None:
             key = self._keys[topic] = topic_key(topic)
+            self._names.setdefault(key, []).append(topic)
         return key
 
     async def _run(self) -> None:
@@ -127,9 +164,14 @@ class ChangeWatcher:
         changed = self._reader.changes()
         if changed is ANY:
             self._epoch += 1
+            for follower in self._followers:
+                follower.everything = True
             self._wake_all()
             return
         assert isinstance(changed, set)
+        if changed:
+            for follower in self._followers:
+                follower.keys |= changed
         for key in changed:
             self._counts[key] = self._counts.get(key, 0) + 1
             for fut in self._waiters.pop(key, ()):
