@@ -36,6 +36,8 @@ __all__ = ["Running", "Scheduler", "SchedulerSettings", "default_owner_id"]
 log = logging.getLogger(__name__)
 
 ABANDON_GRACE_S = 10.0
+# more segments than this still open at a stop's closing time are left, not abandoned
+LEAVE_OVER = 64
 
 
 @dataclass(frozen=True)
@@ -211,12 +213,20 @@ class Scheduler:
         tasks = [r.task for r in self.topics.values()]
         if tasks:
             _, pending = await asyncio.wait(tasks, timeout=deadline - reserve)
-            for t in pending:
-                t.cancel()
+            # Cleaning each one up (abort its upload, read the catalog, delete the objects)
+            # is three or four store requests a topic: 10,000 of them outlast any deadline.
+            # Above LEAVE_OVER they are left as a crash leaves them: nothing of theirs is
+            # recorded (or, ASSIGNED, recovery redoes it), and offloadd gc sweeps the uploads.
+            leave = len(pending) > LEAVE_OVER
+            for r in self.topics.values():
+                if r.task in pending:
+                    r.offloader.leave_open = leave
+                    r.task.cancel()
             if pending:
-                log.warning("shutdown deadline (%.0fs) close to passing: abandoning %d "
-                            "in-flight segment(s); they are redone on the next start",
-                            deadline, len(pending))
+                log.warning("shutdown deadline (%.0fs) close to passing: %s %d in-flight "
+                            "segment(s); they are redone on the next start", deadline,
+                            "leaving (offloadd gc sweeps their uploads)" if leave
+                            else "abandoning", len(pending))
                 # abandoning aborts uploads; a hung store must not hold the exit hostage
                 # (a third of what is left stays for the status records and releases)
                 _, stuck = await asyncio.wait(pending, timeout=left() * 2 / 3)
