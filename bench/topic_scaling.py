@@ -19,7 +19,9 @@ both on loopback):
    side, ``commits_per_s_daemon``) and over the command's wall time (its start-up included);
 5. **idle with everything committed**: CPU %, RSS, scrape again (every topic now has had a
    commit, so its per-topic series exist), and ``offloadd status`` wall time (text and
-   ``--json``);
+   ``--json``), and apart from it the command's start-up (interpreter and imports,
+   ``status_startup``); the commands run with compiled bytecode kept (``--bytecode-cache``,
+   the default), as an installed package has it;
 6. **commits again**: a few more entries on every topic (the writer beside the running
    daemon), wait until read, ``offload-now --wait`` again;
 7. **stop**: a few more entries on every topic, wait until read (N open segments), SIGTERM, and
@@ -76,6 +78,8 @@ MiB = 1024 * 1024
 PY = [sys.executable, "-m", "offloadd"]
 TICK = os.sysconf("SC_CLK_TCK")
 TOPIC_PREFIX = "persistent://public/default/topic-"
+# The environment of every offloadd child (see --bytecode-cache): None = this process's
+CHILD_ENV: dict[str, str] | None = None
 
 
 # ---- the writer, in a child process --------------------------------------------------------
@@ -165,7 +169,7 @@ class Daemon:
         with self.log.open("wb") as out:
             self.proc = subprocess.Popen([*PY, "run", "--config", str(self.config)],
                                          cwd=self.config.parent, stdout=subprocess.DEVNULL,
-                                         stderr=out, stdin=subprocess.DEVNULL)
+                                         stderr=out, stdin=subprocess.DEVNULL, env=CHILD_ENV)
 
     @property
     def pid(self) -> int:
@@ -242,11 +246,14 @@ class Daemon:
 
     def offload_now(self, timeout: float) -> dict[str, Any]:
         """``offloadd offload-now --wait --json``: wall time, commits, commits/s."""
-        t0 = time.monotonic()
+        t0, c0 = time.monotonic(), cpu_ticks(self.pid)
         p = subprocess.run([*PY, "offload-now", "--config", str(self.config), "--wait",
                             "--json", "--timeout", str(int(timeout))], cwd=self.config.parent,
-                           capture_output=True, text=True, timeout=timeout + 60)
+                           capture_output=True, text=True, timeout=timeout + 60, env=CHILD_ENV)
         wall = time.monotonic() - t0
+        # the daemon's CPU time over the command: on a machine shared with other work the
+        # rate follows the CPU the daemon was given; CPU per commit does not
+        cpu_s = (cpu_ticks(self.pid) - c0) / TICK
         self.check()
         try:
             answer = json.loads(p.stdout)
@@ -260,7 +267,10 @@ class Daemon:
                                "wall_s": round(wall, 2), "daemon_s": round(slowest, 2),
                                "commits_per_s": round(len(done) / wall, 1) if wall else None,
                                "commits_per_s_daemon": round(len(done) / slowest, 1)
-                               if slowest else None}
+                               if slowest else None,
+                               "daemon_cpu_s": round(cpu_s, 2),
+                               "daemon_cpu_ms_per_commit": round(1000 * cpu_s / len(done), 2)
+                               if done else None}
         others = sorted({str(r.get("result")) for r in results} - {"committed"})
         if others:
             out["other_results"] = others
@@ -286,9 +296,22 @@ class Daemon:
 
 def timed(args: list[str], cwd: Path, timeout: float) -> dict[str, Any]:
     t0 = time.monotonic()
-    p = subprocess.run([*PY, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout)
+    p = subprocess.run([*PY, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout,
+                       env=CHILD_ENV)
     return {"seconds": round(time.monotonic() - t0, 2), "exit": p.returncode,
             "bytes": len(p.stdout)}
+
+
+def startup(cwd: Path, timeout: float) -> dict[str, Any]:
+    """What a one-shot command costs before it does anything: the interpreter and the imports
+    of ``offloadd status`` (its parser, the configuration, the status module), apart from the
+    command's own work."""
+    t0 = time.monotonic()
+    p = subprocess.run([sys.executable, "-c", "import offloadd.shell.cli, offloadd.shell.commands, "
+                        "offloadd.shell.status, offloadd.config; "
+                        "offloadd.shell.cli.build_parser()"],
+                       cwd=cwd, capture_output=True, text=True, timeout=timeout, env=CHILD_ENV)
+    return {"seconds": round(time.monotonic() - t0, 2), "exit": p.returncode}
 
 
 # ---- configurations ------------------------------------------------------------------------
@@ -368,7 +391,8 @@ secret_access_key = "testing"
 def key_refused(config_path: Path) -> str | None:
     """``offloadd config check``'s complaint about the file, or None if it loads."""
     p = subprocess.run([*PY, "config", "check", "--config", str(config_path)],
-                       cwd=config_path.parent, capture_output=True, text=True, timeout=60)
+                       cwd=config_path.parent, capture_output=True, text=True, timeout=60,
+                       env=CHILD_ENV)
     return None if p.returncode == 0 else (p.stderr.strip().splitlines() or ["refused"])[-1]
 
 
@@ -401,6 +425,7 @@ def one_run(store_factory: Callable[[Path], Store], topics: int, a: argparse.Nam
         time.sleep(a.settle)
         out["idle_committed"] = daemon.idle(a.idle_seconds)
         out["idle_committed"]["scrape"] = daemon.scrape()
+        out["status_startup"] = startup(work, a.run_timeout)
         out["status_text"] = timed(["status", "--config", str(cfg)], work, a.run_timeout)
         out["status_json"] = timed(["status", "--config", str(cfg), "--json"], work,
                                    a.run_timeout)
@@ -500,6 +525,11 @@ def main() -> None:
                                           / MiB / 3)),
                     help="kill a daemon whose RSS passes this (default: a third of the "
                     "machine's memory, at most 8 GiB)")
+    ap.add_argument("--bytecode-cache", action=argparse.BooleanOptionalAction, default=True,
+                    help="run the offloadd commands with compiled bytecode kept (in a temporary "
+                    "PYTHONPYCACHEPREFIX), as an installed package has it; without, a command "
+                    "in an environment with PYTHONDONTWRITEBYTECODE=1 compiles every module it "
+                    "imports on each start (~1 s of `status` here)")
     ap.add_argument("--out", type=Path, help="also write the JSON document here")
     ap.add_argument("--keep", action="store_true", help="keep the work directories")
     a = ap.parse_args()
@@ -520,6 +550,14 @@ def main() -> None:
         "runs": [],
     }
     base = Path(tempfile.mkdtemp(prefix="offloadd-topic-scaling-"))
+    global CHILD_ENV
+    if a.bytecode_cache:
+        CHILD_ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+        CHILD_ENV["PYTHONPYCACHEPREFIX"] = str(base / "pycache")
+    doc["bytecode"] = ("cached (PYTHONPYCACHEPREFIX in the run's temporary directory)"
+                       if a.bytecode_cache else
+                       "as the environment has it (PYTHONDONTWRITEBYTECODE="
+                       f"{os.environ.get('PYTHONDONTWRITEBYTECODE', '')!r})")
     # SIGTERM/SIGINT unwind through the finally blocks, which stop every child started here
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda s, f: (_ for _ in ()).throw(KeyboardInterrupt()))

@@ -229,6 +229,43 @@ class ClusterOwnership(Ownership):
             if await self._release_node(topic):
                 log.info("topic %s: released (epoch %d)", topic, held.epoch)
 
+    async def release_many(self, topics: Collection[TopicName]) -> None:
+        """Give up many topics whose tasks have ended (a stop: all of them) in few requests
+        (:func:`offloadd.commit.epochs.release_many`); never raises. A topic whose lock is
+        taken (an acquisition or a release under way) goes through :meth:`release`."""
+        batch: list[TopicName] = []
+        single: list[TopicName] = []
+        for topic in topics:
+            lock = self._locks.get(topic)
+            (single if lock is not None and lock.locked() else batch).append(topic)
+        mine: list[TopicName] = []
+        for topic in batch:
+            held = self._held.pop(topic, None)
+            if held is not None and held.generation == self._generation:
+                mine.append(topic)
+        if mine:
+            try:
+                failed = await epochs.release_many(
+                    self.store, [t.managed_ledger for t in mine], self.owner_id)
+            except OffloaddError as exc:  # not expected: release_many reports per topic
+                failed = {t.managed_ledger: exc for t in mine}
+            errors = 0
+            for topic in mine:
+                error = failed.get(topic.managed_ledger)
+                if error is None:
+                    self._unreleased.discard(topic)
+                else:
+                    errors += 1
+                    self._unreleased.add(topic)
+                    log.debug("topic %s: release failed: %s", topic, error)
+            if errors:
+                log.warning("%d of %d topic(s) not released (%s); their owner nodes go with "
+                            "the session, or are retried at the next pass", errors, len(mine),
+                            next(e for e in failed.values() if e is not None))
+            log.info("released %d topic(s)", len(mine) - errors)
+        for topic in single:
+            await self.release(topic)
+
     async def still_owned(self, topic: TopicName) -> bool:
         """True while this process holds the topic in the current session (a suspended
         connection still counts: the session may survive)."""

@@ -31,11 +31,20 @@ from __future__ import annotations
 
 import contextlib
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-from offloadd.errors import Conflict, Fenced, FormatError, NotFound
+from offloadd.errors import Conflict, Fenced, FormatError, NotFound, OffloaddError
 from offloadd.metadata import cas
-from offloadd.metadata.base import CheckOp, CreateOp, MetadataStore, Versioned
+from offloadd.metadata.base import (
+    BatchedMulti,
+    BatchedReads,
+    CheckOp,
+    CreateOp,
+    DeleteOp,
+    MetadataStore,
+    Versioned,
+)
 from offloadd.model.keys import owner_path, topic_state_path
 
 _ATTEMPTS = 50
@@ -131,6 +140,48 @@ async def release(store: MetadataStore, ml_name: str, owner_id: str) -> bool:
         return True
     except (NotFound, Conflict):
         return False
+
+
+RELEASES_PER_REQUEST = 256  # owner-node deletes in one transaction / ZooKeeper multi
+
+
+async def release_many(store: MetadataStore, ml_names: Sequence[str], owner_id: str
+                       ) -> dict[str, OffloaddError | None]:
+    """:func:`release` for many topics in few requests: their owner nodes read together, the
+    ones ``owner_id`` holds deleted ``RELEASES_PER_REQUEST`` at a time, each delete its own
+    group (at the version read: a node that changed since is left alone) in one SQLite
+    transaction / ZooKeeper ``multi``. One after the other, 10,000 releases took tens of
+    seconds of a stop. Returns, per name, None (released, or not ours to release) or the
+    error that left its node in place (a failed request fails the names it carried). A store
+    without the batch capabilities gets one :func:`release` per name."""
+    out: dict[str, OffloaddError | None] = {}
+    if not (isinstance(store, BatchedReads) and isinstance(store, BatchedMulti)):
+        for name in ml_names:
+            try:
+                await release(store, name, owner_id)
+                out[name] = None
+            except OffloaddError as exc:
+                out[name] = exc
+        return out
+    for start in range(0, len(ml_names), RELEASES_PER_REQUEST):
+        chunk = list(ml_names[start:start + RELEASES_PER_REQUEST])
+        try:
+            nodes = await store.get_many([owner_path(n) for n in chunk])
+            mine = [(n, node) for n, node in zip(chunk, nodes, strict=True)
+                    if node is not None and node.data == owner_id.encode()]
+            out.update((n, None) for n in chunk)
+            if not mine:
+                continue
+            results = await store.multi_batch(
+                [[DeleteOp(owner_path(n), node.version)] for n, node in mine])
+        except OffloaddError as exc:
+            out.update((n, exc) for n in chunk)
+            continue
+        for (n, _), result in zip(mine, results, strict=True):
+            # a node gone or changed since it was read is no longer ours to delete
+            if isinstance(result, OffloaddError) and not isinstance(result, NotFound | Conflict):
+                out[n] = result
+    return out
 
 
 def fence_op(ml_name: str, epoch: int) -> CheckOp:

@@ -164,8 +164,9 @@ _DOCS: dict[str, str] = {
     "metrics.bind": "host:port of the metrics HTTP endpoint",
     "daemon.pid_file": "written by `offloadd run`; `offloadd offload-now` signals the process "
                        "it names",
-    "daemon.shutdown_deadline_s": "SIGTERM: time to finish in-flight uploads before they are "
-                                  "abandoned (and redone on the next start)",
+    "daemon.shutdown_deadline_s": "SIGTERM: the whole stop's bound; uploads still in flight a "
+                                  "third of it before the end (at most 10 s) are abandoned "
+                                  "(and redone on the next start)",
     "daemon.log_format": '"auto": JSON lines unless stderr is a terminal',
     "daemon.log_level": "applied again on SIGHUP",
 }

@@ -34,7 +34,8 @@ __all__ = ["Running", "Scheduler", "SchedulerSettings"]
 log = logging.getLogger(__name__)
 
 ABANDON_GRACE_S = 10.0
-RELEASE_CONCURRENCY = 64  # ownership releases in flight at once when stopping
+# more segments than this still open at a stop's closing time are left, not abandoned
+LEAVE_OVER = 64
 
 
 @dataclass(frozen=True)
@@ -219,37 +220,53 @@ class Scheduler:
 
     # ---- stopping ------------------------------------------------------------------------
     async def shutdown(self) -> None:
-        """Stop every task: open segments are closed and committed within the shutdown
-        deadline; what is still in flight then is abandoned safely (a later run redoes it)."""
+        """Stop every task within the shutdown deadline, the whole stop included: open
+        segments are closed and committed until ``deadline - reserve``; what is still in
+        flight then is abandoned safely (a later run redoes it) in the reserve, where the
+        status records are written and ownership given back too (``reserve`` = a third of the
+        deadline, at most ``ABANDON_GRACE_S``). 10,000 open segments cannot all close within
+        30 s; they must not make the stop outlast the supervisor's patience."""
         deadline = self._settings().shutdown_deadline_s
+        loop = asyncio.get_running_loop()
+        end = loop.time() + deadline
+        reserve = min(ABANDON_GRACE_S, deadline / 3)
+
+        def left(floor: float = 0.5) -> float:  # of the reserve, but never nothing at all
+            return max(end - loop.time(), floor)
+
         for r in self.topics.values():
             r.offloader.request_stop()
         tasks = [r.task for r in self.topics.values()]
         if tasks:
-            _, pending = await asyncio.wait(tasks, timeout=deadline)
-            for t in pending:
-                t.cancel()
+            _, pending = await asyncio.wait(tasks, timeout=deadline - reserve)
+            # Cleaning each one up (abort its upload, read the catalog, delete the objects)
+            # is three or four store requests a topic: 10,000 of them outlast any deadline.
+            # Above LEAVE_OVER they are left as a crash leaves them: nothing of theirs is
+            # recorded (or, ASSIGNED, recovery redoes it), and offloadd gc sweeps the uploads.
+            leave = len(pending) > LEAVE_OVER
+            for r in self.topics.values():
+                if r.task in pending:
+                    r.offloader.leave_open = leave
+                    r.task.cancel()
             if pending:
-                log.warning("shutdown deadline (%.0fs) passed: abandoning %d in-flight "
+                log.warning("shutdown deadline (%.0fs) close to passing: %s %d in-flight "
                             "segment(s); they are redone on the next start", deadline,
-                            len(pending))
+                            "leaving (offloadd gc sweeps their uploads)" if leave
+                            else "abandoning", len(pending))
                 # abandoning aborts uploads; a hung store must not hold the exit hostage
-                _, stuck = await asyncio.wait(pending, timeout=ABANDON_GRACE_S)
+                # (a third of what is left stays for the status records and releases)
+                _, stuck = await asyncio.wait(pending, timeout=left() * 2 / 3)
                 if stuck:
-                    log.warning("%d topic task(s) still abandoning after %.0fs; exiting "
-                                "anyway (offloadd gc sweeps what they leave)", len(stuck),
-                                ABANDON_GRACE_S)
+                    log.warning("%d topic task(s) still abandoning; exiting anyway (offloadd "
+                                "gc sweeps what they leave)", len(stuck))
         for r in self.topics.values():
             self._let_go(r)
         if self._bg:  # status records are written before ownership is given up
-            await asyncio.wait(list(self._bg), timeout=ABANDON_GRACE_S)
-        # many at once: one after the other, 10,000 topics' releases took longer than the
-        # stop may (a ZooKeeper round trip or an SQLite commit each); release never raises
-        gate = asyncio.Semaphore(RELEASE_CONCURRENCY)
-
-        async def release(topic: TopicName) -> None:
-            async with gate:
-                await self.ownership.release(topic)
-
-        await asyncio.gather(*(release(t) for t in list(self.topics)), return_exceptions=True)
+            await asyncio.wait(list(self._bg), timeout=left() / 2)
+        releasing = asyncio.ensure_future(self.ownership.release_many(list(self.topics)))
+        _, late = await asyncio.wait({releasing}, timeout=left())
+        if late:  # the owner nodes are ephemeral: they go when the store's session closes
+            releasing.cancel()
+            log.warning("ownership not all given back before the shutdown deadline; the "
+                        "rest goes when the metadata session closes")
         self.topics.clear()

@@ -63,6 +63,9 @@ class TopicOffloader(TopicContext):
         self.lag: Lag | None = None  # the lag loop's latest measurement (offload/lag.py)
         self._manual = False  # a trigger not yet acted on
         self._stop = asyncio.Event()
+        # a stop out of time: a cancellation leaves the open attempt as a crash would (nothing
+        # recorded for it; its incomplete upload is offloadd gc's) instead of cleaning it up
+        self.leave_open = False
         self._recovery_failures = 0  # failures since the last good recovery that were its own
         self._reported_lost: set[int] = set()
         self._held = TailLog()  # marks for the offload thresholds
@@ -113,7 +116,10 @@ class TopicOffloader(TopicContext):
                         self.topic, exc)
             await self.streaming.abandon()
         except asyncio.CancelledError:
-            await self.streaming.abandon()  # runs to its end even when cancelled
+            if self.leave_open:
+                log.debug("topic %s: stopped out of time; the open attempt is left", self.topic)
+            else:
+                await self.streaming.abandon()  # runs to its end even when cancelled
             raise
         finally:
             self.state = self.state.to(Lifecycle.STOPPED)

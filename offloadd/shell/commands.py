@@ -47,9 +47,16 @@ def _run(coro: Coroutine[Any, Any, int]) -> int:
 
 
 def _settings(args: argparse.Namespace) -> Any:
+    path = getattr(args, "config", None)
+    if path is not None:
+        # not through offloadd.shell.standalone: it imports the daemon, its HTTP server and
+        # aiohttp, a quarter of a one-shot command's start-up (`status` at 10,000 topics)
+        from offloadd import config
+
+        return config.load(path)
     from offloadd.shell.standalone import load_settings
 
-    return load_settings(getattr(args, "config", None))
+    return load_settings(None)
 
 
 def setup_logs(settings: Any, args: argparse.Namespace | None = None) -> None:

@@ -48,6 +48,7 @@ from offloadd.commit.epochs import TopicState
 from offloadd.config import Settings
 from offloadd.errors import NotFound, OffloaddError
 from offloadd.ledger.base import SourceView
+from offloadd.ledger.local import LocalLedgerSource
 from offloadd.metadata import managed_ledger, offload_status
 from offloadd.metadata.base import BatchedReads, MetadataStore, Versioned
 from offloadd.metadata.offload_status import OffloadStatus
@@ -132,7 +133,10 @@ async def topic_status(md: MetadataStore, source: SourceView, topic: TopicName,
         out["data_lost"] = [{"ledger": x.ledger_id, "first": x.first, "last": x.last,
                              "entries": x.entries} for x in lost]
     try:
-        ledgers = await source.source.ledgers(topic)
+        if nodes is not None and isinstance(source.source, LocalLedgerSource):
+            ledgers = source.source.ledgers_in(info)  # the record is read: no hop, no re-read
+        else:
+            ledgers = await source.source.ledgers(topic)
         if last is None:
             cbytes = None
         elif nodes is not None:  # many topics: no worker-thread hop each (see _payload_bytes)

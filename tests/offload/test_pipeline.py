@@ -242,6 +242,47 @@ class TestFailures:
         await rig.verify_ok()
 
 
+class TestStopOutOfTime:
+    """A stop with thousands of open segments leaves them as a crash would (``leave_open``):
+    the attempt is not cleaned up, and the next owner offloads every entry exactly once."""
+
+    @pytest.mark.parametrize("leave", [True, False])
+    async def test_a_cancelled_task_leaves_or_abandons_its_open_attempt(
+            self, tmp_path: Path, leave: bool) -> None:
+        aborted: list[str] = []
+
+        def fault(op: str, key: str) -> None:
+            if op == "abort":
+                aborted.append(key)
+
+        rig = Rig(tmp_path, RolloverPolicy(max_entries=6), RollPolicy(1 << 20, 600, 2 * KiB),
+                  MemoryBlobStore(fault))
+        rig.env.part_size = 2 * KiB  # a multipart upload, open while the segment is
+        await rig.write(20)
+        off = rig.offloader()
+        task = asyncio.create_task(off.run())
+        await until(lambda: _read_all(off, 20))
+        attempt = off.attempt
+        assert attempt is not None  # a segment is open: read, not closed (600 s age roll)
+        off.leave_open = leave
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        if leave:  # left as a crash leaves it: its upload is offloadd gc's
+            assert off.attempt is attempt and aborted == []
+        else:
+            assert off.attempt is None and aborted
+        assert await rig.segments() == []  # nothing of it recorded either way
+
+        off2 = rig.offloader()
+        task2 = asyncio.create_task(off2.run())
+        await until(lambda: _has_position(off2))
+        off2.trigger()
+        await until(lambda: _committed_at_least(rig, 20))
+        await stop(task2, off2)
+        assert await rig.read_back() == rig.payloads  # nothing lost, nothing twice
+        await rig.verify_ok()
+
+
 class TestFencing:
     """A stale owner's commit fails its compare-and-set and it stops without committing."""
 
@@ -304,6 +345,11 @@ async def _read_to(off: TopicOffloader, frames: int) -> bool:
 
 async def _has_position(off: TopicOffloader) -> bool:
     return off.position is not None
+
+
+async def _read_all(off: TopicOffloader, n: int) -> bool:
+    return off.position is not None and off.position.entry_id >= 0 and \
+        off.attempt is not None and off.attempt.entries >= n
 
 
 async def _committed_at_least(rig: Rig, n: int) -> bool:

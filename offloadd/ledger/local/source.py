@@ -133,6 +133,22 @@ class LocalLedgerSource(LedgerSource, LedgerDeleter, LocalCopies, EntryChecksums
                                       li.timestamp))
         return out
 
+    def ledgers_in(self, info: managed_ledger.ManagedLedgerInfo) -> list[LedgerDesc]:
+        """:meth:`ledgers` from a managed-ledger record already read, an open ledger's files
+        scanned in place (blocking). For a command with nothing else to do meanwhile:
+        ``offloadd status`` reads 10,000 topics' records in batches, and two worker-thread
+        hops a topic (the record again, the scan) were a third of its time."""
+        out: list[LedgerDesc] = []
+        for li in info.ledgerInfo:
+            if is_open(li):
+                count, end = scan_files(ledger_files(self.path, li.ledgerId))
+                out.append(LedgerDesc(li.ledgerId, LedgerState.OPEN, count - 1,
+                                      end - FRAME_OVERHEAD * count, li.timestamp))
+            else:
+                out.append(LedgerDesc(li.ledgerId, LedgerState.CLOSED, li.entries - 1, li.size,
+                                      li.timestamp))
+        return out
+
     async def read(self, topic: TopicName, ledger_id: int, first_entry_id: int,
                    last_entry_id: int, max_bytes: int | None = None, *,
                    into: bytearray | None = None) -> EntryRun:

@@ -53,6 +53,10 @@ class EmbeddedMetadataStore(MetadataStore, BatchedMulti, BatchedReads):
         self._closed = False
         self._owners_at: int | None = None  # data_version when _others was listed
         self._others: list[tuple[int, int | None]] = []  # other processes owning ephemerals
+        # get()s waiting for the worker thread, per event loop, and the batches being served
+        self._gets: dict[asyncio.AbstractEventLoop,
+                         list[tuple[str, asyncio.Future[Versioned]]]] = {}
+        self._serving: set[asyncio.Task[None]] = set()
 
     @classmethod
     async def open(cls, path: str | Path, *, read_only: bool = False) -> EmbeddedMetadataStore:
@@ -64,15 +68,49 @@ class EmbeddedMetadataStore(MetadataStore, BatchedMulti, BatchedReads):
     # -- the protocol ---------------------------------------------------------------------
 
     async def get(self, path: str) -> Versioned:
+        """The node at ``path``. The reads asked for in one turn of the event loop go to the
+        worker thread together (one hop, each read as on its own): with thousands of topics
+        committing or stopping at once, a worker-thread hop per read was most of the event
+        loop's time (a stop with 10,000 open segments: 42 % of it in ``to_thread``)."""
         check_path(path)
+        loop = asyncio.get_running_loop()
+        waiting = self._gets.get(loop)
+        if waiting is None:
+            waiting = self._gets[loop] = []
+            loop.call_soon(self._send_gets, loop)
+        future: asyncio.Future[Versioned] = loop.create_future()
+        waiting.append((path, future))
+        return await future
 
-        def op(c: sqlite3.Connection) -> Versioned:
-            row = tree.row(c, path)
+    def _send_gets(self, loop: asyncio.AbstractEventLoop) -> None:
+        batch = self._gets.pop(loop, [])
+        if batch:
+            task = loop.create_task(self._serve_gets(batch))
+            self._serving.add(task)
+            task.add_done_callback(self._serving.discard)
+
+    async def _serve_gets(self, batch: list[tuple[str, asyncio.Future[Versioned]]]) -> None:
+        paths = [p for p, _ in batch]
+        try:
+            rows = await self._run(f"get of {len(paths)} node(s)",
+                                   lambda c: [tree.row(c, p) for p in paths])
+        except BaseException as exc:  # the request failed (or we are cancelled): each read did
+            for _, future in batch:
+                if not future.done():
+                    if isinstance(exc, asyncio.CancelledError):
+                        future.cancel()
+                    else:
+                        future.set_exception(exc)
+            if not isinstance(exc, Exception):
+                raise
+            return
+        for (path, future), row in zip(batch, rows, strict=True):
+            if future.done():  # its caller was cancelled
+                continue
             if row is None:
-                raise NotFound(f"metadata node {path} does not exist")
-            return Versioned(row[0], row[1])
-
-        return await self._run(f"get {path}", op)
+                future.set_exception(NotFound(f"metadata node {path} does not exist"))
+            else:
+                future.set_result(Versioned(row[0], row[1]))
 
     async def exists(self, path: str) -> bool:
         check_path(path)
