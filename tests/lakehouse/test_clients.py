@@ -34,7 +34,7 @@ def doc_recipes() -> dict[str, str]:
 def lake(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, int]:
     cwd = tmp_path_factory.mktemp("lakehouse-clients")
     cfg = write_config(cwd)
-    out = run(["standalone", "--config", str(cfg), "--duration", "4", "--topics", "1",
+    out = run(["standalone", "--json", "--config", str(cfg), "--duration", "4", "--topics", "1",
                "--rate", "300000"], cwd, timeout=240)
     messages = summary(out.stdout)["topics"][TOPIC]["sent"]["messages"]
     assert table_rows(settings_of(cfg), TOPIC).num_rows == messages > 0
@@ -149,7 +149,7 @@ def test_sync_and_maintain_show_progress_on_a_terminal_only(lake: tuple[Path, in
 
     cwd, _ = lake
     for cmd in (["lakehouse", "sync"], ["lakehouse", "maintain"]):
-        argv = [sys.executable, "-m", "offloadd", *cmd, "--config", "offloadd.toml",
+        argv = [sys.executable, "-m", "offloadd", *cmd, "--json", "--config", "offloadd.toml",
                 "--log-level", "ERROR"]
         plain = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=240,
                                stdin=subprocess.DEVNULL)

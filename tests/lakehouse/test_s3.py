@@ -67,7 +67,8 @@ min_part_size_bytes = {MIN_PART_SIZE}
                            .split("[source]", 1)[0], name="maintain.toml",
                            lakehouse="enabled = true\ncompact_min_files = 2\n"
                            "snapshot_max_age_minutes = 0.0001\nreader_grace_minutes = 0\n")
-    done = json.loads(run(["lakehouse", "maintain", "--config", str(env_cfg)], tmp_path).stdout)
+    done = json.loads(run(["lakehouse", "maintain", "--json", "--config", str(env_cfg)],
+                          tmp_path).stdout)
     assert sum(r["files_deleted"] for r in done) > 0, done
     from offloadd.lakehouse.cleanup import referenced
 

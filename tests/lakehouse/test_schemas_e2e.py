@@ -36,11 +36,12 @@ def done(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, dict[str
     evolved.write_text(json.dumps(V1))
     for topic, kind in ((AVRO, "avro"), (JSON, "json")):
         for extra in ([], ["--schema-file", str(evolved)]):  # version 0, then version 1
-            out = run(["produce", "--config", str(cfg), "--topic", topic, "--bytes", "30000",
+            out = run(["produce", "--json", "--config", str(cfg), "--topic", topic,
+                       "--bytes", "30000",
                        "--schema", kind, *extra], cwd)
             n = summary(out.stdout)["sent"][topic]["messages"]
             sent.setdefault(topic, []).append(n)
-    out = run(["standalone", "--config", str(cfg), "--duration", "8", "--topics", "1",
+    out = run(["standalone", "--json", "--config", str(cfg), "--duration", "8", "--topics", "1",
                "--rate", "100000"], cwd, timeout=240)
     result = summary(out.stdout)
     for topic in (AVRO, JSON):
