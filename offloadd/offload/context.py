@@ -11,6 +11,7 @@ steps every segment goes through — both fenced compare-and-sets of the catalog
 from __future__ import annotations
 
 import asyncio
+import enum
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
@@ -36,16 +37,24 @@ from offloadd.offload.runs import RunReader
 from offloadd.offload.threshold import Thresholds
 from offloadd.retry import Backoff
 
-__all__ = ["OffloadEnv", "TopicContext", "TopicPolicy"]
+__all__ = ["OffloadEnv", "OffloadMode", "TopicContext", "TopicPolicy"]
 
 DEFAULT_RETRY = Backoff(0.5, 30.0)  # [offload] retry_base_s, retry_max_s
 THRESHOLD_LOOK_S = 1.0  # how often a topic with offload thresholds looks (threshold.py marks)
 
 
+class OffloadMode(enum.Enum):
+    """How a topic's data reaches the tier: streaming segments that roll by size or age
+    (PIP-76), or each ledger whole once it closes (PIP-17)."""
+
+    STREAMING = "streaming"
+    LEDGER = "ledger"
+
+
 @dataclass(frozen=True)
 class TopicPolicy:
     roll: RollPolicy
-    mode: str = "streaming"
+    mode: OffloadMode = OffloadMode.STREAMING
     # what stays only in the source for now (threshold.py)
     thresholds: Thresholds = field(default_factory=Thresholds)
 

@@ -29,7 +29,7 @@ from offloadd.model.lifecycle import Lifecycle
 from offloadd.model.segment_state import SegmentState, Tracked, stored
 from offloadd.offload import roller
 from offloadd.offload.attempt import delete_attempt
-from offloadd.offload.context import OffloadEnv, TopicContext, TopicPolicy
+from offloadd.offload.context import OffloadEnv, OffloadMode, TopicContext, TopicPolicy
 from offloadd.offload.lag import Lag
 from offloadd.offload.ledger_mode import LedgerMode
 from offloadd.offload.probes import NullProbe, StatusSink, TopicProbe
@@ -132,7 +132,7 @@ class TopicOffloader(TopicContext):
                                   self.position)
         pos, desc = self._normalise(ledgers)
         stopping = self._stop.is_set()
-        if policy.mode == "ledger" and not stopping:
+        if policy.mode is OffloadMode.LEDGER and not stopping:
             target, used = roller.roll(policy.roll, now=self.env.clock(), ledgers=ledgers,
                                        segment=self.streaming.open_segment(),
                                        manual=self._manual, stopping=stopping)

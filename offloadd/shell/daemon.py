@@ -20,8 +20,8 @@ import os
 import signal
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -42,58 +42,21 @@ from offloadd.model import LedgerDesc, Position, TopicName, catalog
 from offloadd.model.keys import CONDITIONAL_WRITES
 from offloadd.model.lifecycle import Lifecycle
 from offloadd.offload.buffer import OffloadBuffer
+from offloadd.offload.context import OffloadMode
 from offloadd.offload.lag import LagMonitor
 from offloadd.offload.roller import RollPolicy
 from offloadd.offload.scheduler import Running, Scheduler, SchedulerSettings
-from offloadd.offload.threshold import TailLog, Thresholds
+from offloadd.offload.threshold import Thresholds
 from offloadd.offload.throttle import Throttle
 from offloadd.offload.topic import OffloadEnv, TopicOffloader, TopicPolicy, TopicProbe
 from offloadd.retry import Backoff
 from offloadd.shell import policies
 from offloadd.shell.memtrim import MemoryTrim, malloc_trim
+from offloadd.shell.offload_now import OffloadNow, Served, offload_now
 from offloadd.shell.policies import PulsarPolicyView
 
 log = logging.getLogger(__name__)
 MiB = 1024 * 1024
-OFFLOAD_NOW_AT_ONCE = 64  # topics whose tails offload-now reads at once
-POLL_S_PER_PENDING = 0.00005  # offload-now --wait: 0.5 s between looks at 10,000 topics
-
-
-@dataclass(frozen=True)
-class OffloadNow:
-    """What an offload-now did for one topic.
-
-    ``result``: ``committed`` (everything up to ``target`` is in the tier), ``triggered``
-    (asked, not waited for), ``nothing`` (no entry past what is committed), ``failed`` (an
-    attempt failed: ``error``; the daemon keeps retrying), ``timeout``, ``not-served``,
-    ``ledger-mode``.
-    """
-
-    topic: str
-    result: str
-    target: str | None = None
-    last_committed: str | None = None
-    error: str | None = None
-    seconds: float = 0.0
-
-    @property
-    def ok(self) -> bool:
-        return self.result in ("committed", "triggered", "nothing")
-
-    def to_json(self) -> dict[str, Any]:
-        return {"topic": self.topic, "result": self.result, "target": self.target,
-                "last_committed": self.last_committed, "error": self.error,
-                "seconds": round(self.seconds, 3)}
-
-
-def _text(pos: Position | None) -> str | None:
-    return str(pos) if pos is not None else None
-
-
-def _tail(ledgers: Sequence[LedgerDesc]) -> Position | None:
-    """The topic's last readable entry."""
-    return next((Position(d.ledger_id, d.last_entry_id) for d in reversed(ledgers)
-                 if d.last_entry_id >= 0), None)
 
 
 ProbeFactory = Callable[[TopicName], TopicProbe]
@@ -204,7 +167,7 @@ class Daemon:
                                       max_block_size=p.max_block_size_bytes,
                                       min_block_size=min(s.min_block_size(p),
                                                          p.max_block_size_bytes)),
-                           mode=p.mode,
+                           mode=OffloadMode(p.mode),
                            thresholds=Thresholds.from_config(p.threshold_bytes,
                                                              p.threshold_seconds))
 
@@ -264,78 +227,9 @@ class Daemon:
         names = topics if topics is not None else self.default_trigger_topics()
         if names is None:
             names = list(self.topics)
-        t0 = time.monotonic()
-        results: dict[TopicName, OffloadNow] = {}
-        pending: dict[TopicName, tuple[TopicOffloader, Position, int]] = {}
-        # the tails are read many at once: one after the other, 10,000 topics' reads (a
-        # worker-thread hop each) held the last topics' triggers back by seconds
-        gate = asyncio.Semaphore(OFFLOAD_NOW_AT_ONCE)
-
-        async def close(name: TopicName) -> None:
-            r = self.topics.get(name)
-            if r is None:
-                results[name] = OffloadNow(str(name), "not-served", error="this daemon does not "
-                                           "offload that topic (unknown, filtered out by "
-                                           "[source] topics, or owned by another daemon)")
-                return
-            off = r.offloader
-            policy = self.policy(name)
-            if policy.mode == "ledger":
-                results[name] = OffloadNow(str(name), "ledger-mode", _text(off.last_committed),
-                                           error="the topic offloads whole ledgers as they close")
-                return
-            try:
-                async with gate:
-                    ledgers = await self.source.ledgers(name)
-                # the thresholds keep the newest data in the source: the segment closes at
-                # what may be offloaded now (ledger boundaries tell that much for sure)
-                tail = _tail(TailLog().clip(policy.thresholds, ledgers, self.env.wall_ms()))
-            except OffloaddError as exc:
-                results[name] = OffloadNow(str(name), "failed", _text(off.last_committed),
-                                           error=f"cannot read the topic's tail: {exc}")
-                return
-            done = off.last_committed
-            if tail is None or (done is not None and done >= tail):
-                results[name] = OffloadNow(str(name), "nothing", _text(done), _text(done))
-                return
-            off.trigger()
-            if not wait:
-                results[name] = OffloadNow(str(name), "triggered", _text(tail), _text(done))
-                return
-            pending[name] = (off, tail, off.failed_attempts)
-
-        await asyncio.gather(*map(close, dict.fromkeys(names)))
-        log.info("offload-now: closing open segments (%s)",
-                 ", ".join(map(str, names)) or "no topic")
-        while pending:
-            for name, (off, tail, failed_before) in list(pending.items()):
-                done = off.last_committed
-                if done is not None and done >= tail:
-                    results[name] = OffloadNow(str(name), "committed", str(tail), str(done),
-                                               seconds=time.monotonic() - t0)
-                elif off.failed_attempts > failed_before:
-                    results[name] = OffloadNow(str(name), "failed", str(tail), _text(done),
-                                               error=off.last_error,
-                                               seconds=time.monotonic() - t0)
-                elif off.state is Lifecycle.STOPPED or self.topics.get(name) is None:
-                    results[name] = OffloadNow(str(name), "failed", str(tail), _text(done),
-                                               error="the topic's task stopped",
-                                               seconds=time.monotonic() - t0)
-                else:
-                    continue
-                del pending[name]
-            if not pending:
-                break
-            if time.monotonic() - t0 >= timeout_s:
-                for name, (off, tail, _) in pending.items():
-                    results[name] = OffloadNow(str(name), "timeout", str(tail),
-                                               _text(off.last_committed),
-                                               error=off.last_error,
-                                               seconds=time.monotonic() - t0)
-                break
-            # each look goes over every pending topic: with thousands, look less often
-            await asyncio.sleep(max(poll_s, len(pending) * POLL_S_PER_PENDING))
-        return [results[n] for n in names]
+        return await offload_now(Served(lambda: self.topics, self.policy, self.source,
+                                        self.env.wall_ms), names, wait=wait,
+                                 timeout_s=timeout_s, poll_s=poll_s)
 
     def request_stop(self) -> None:
         if self.state in (Lifecycle.NEW, Lifecycle.RUNNING):
@@ -355,28 +249,10 @@ class Daemon:
                   on_stopping: Callable[[], None] | None = None) -> None:
         loop = asyncio.get_running_loop()
         self._on_stopping = on_stopping
-        installed: list[int] = []
-        if install_signals:
-            handlers: dict[int, Callable[[], None]] = {
-                signal.SIGUSR1: lambda: self._signal_trigger(trigger_file),
-                signal.SIGTERM: self.request_stop,
-                signal.SIGINT: self.request_stop,
-            }
-            if reload is not None:
-                handlers[signal.SIGHUP] = lambda: self._signal_reload(reload)
-            for sig, fn in handlers.items():
-                loop.add_signal_handler(sig, fn)
-                installed.append(sig)
+        installed = self._install_signals(trigger_file, reload) if install_signals else []
         if self.state is Lifecycle.NEW:
             self.state = self.state.to(Lifecycle.RUNNING)
-        duties = [asyncio.create_task(self._gc_loop(), name="gc"),
-                  asyncio.create_task(self._read_check_loop(), name="read check")]
-        if self.settings.compact.enabled:
-            duties.append(asyncio.create_task(self._compact_loop(), name="compact"))
-        fence = self.tier.fence
-        if fence is not None and not fence.conditional.answered and \
-                self.settings.blobstore.conditional_writes != "off":
-            duties.append(asyncio.create_task(self._fence_probe_loop(fence), name="fence probe"))
+        duties = self._start_duties()
         lag_task = asyncio.create_task(self._lag_loop(), name="lag")
         try:
             first = True
@@ -407,6 +283,35 @@ class Daemon:
                 loop.remove_signal_handler(sig)
             self.state = self.state.to(Lifecycle.STOPPED)
             self.ready = False
+
+    def _install_signals(self, trigger_file: Path | None,
+                         reload: Callable[[], Settings] | None) -> list[int]:
+        """SIGUSR1 closes segments now, SIGTERM/SIGINT stop, SIGHUP reloads (with ``reload``);
+        the signals installed, to remove at the end."""
+        handlers: dict[int, Callable[[], None]] = {
+            signal.SIGUSR1: lambda: self._signal_trigger(trigger_file),
+            signal.SIGTERM: self.request_stop,
+            signal.SIGINT: self.request_stop,
+        }
+        if reload is not None:
+            handlers[signal.SIGHUP] = lambda: self._signal_reload(reload)
+        loop = asyncio.get_running_loop()
+        for sig, fn in handlers.items():
+            loop.add_signal_handler(sig, fn)
+        return list(handlers)
+
+    def _start_duties(self) -> list[asyncio.Task[None]]:
+        """The background loops beside the topic tasks (the lag loop apart: it runs until the
+        very end, to keep the figures moving while the topics close)."""
+        duties = [asyncio.create_task(self._gc_loop(), name="gc"),
+                  asyncio.create_task(self._read_check_loop(), name="read check")]
+        if self.settings.compact.enabled:
+            duties.append(asyncio.create_task(self._compact_loop(), name="compact"))
+        fence = self.tier.fence
+        if fence is not None and not fence.conditional.answered and \
+                self.settings.blobstore.conditional_writes != "off":
+            duties.append(asyncio.create_task(self._fence_probe_loop(fence), name="fence probe"))
+        return duties
 
     async def _gc_loop(self) -> None:
         """Retention and garbage collection every ``[retention] interval_s`` (docs/retention.md):
@@ -529,36 +434,6 @@ class Daemon:
         version = -1  # the scheduler's topic set the two sets were derived from
         last_pass_ms: int | None = None  # when the previous pass took the changes
 
-        async def one(topic: TopicName, off: TopicOffloader) -> bool:
-            """Measure; True when the topic may be left quiet until something happens."""
-            async with limit:
-                interval = self.settings.daemon.lag_interval_s
-                measured = True
-                try:
-                    async with asyncio.timeout(max(interval * 5, 10.0)):
-                        ledgers = await self.source.ledgers(topic)
-                    self._ledgers_seen[topic] = ledgers
-                except (OffloaddError, TimeoutError) as exc:
-                    # the last list we had still gives growing seconds: better than a freeze
-                    log.debug("lag of %s: source unavailable (%s)", topic, exc)
-                    ledgers = self._ledgers_seen.get(topic, [])
-                    measured = False
-                    if not ledgers:
-                        return False
-                committed = off.last_committed
-                if not off.recovered:  # recovery may be stuck on the store: ask the catalog
-                    try:
-                        info, _ = await managed_ledger.load(self.metadata, topic.managed_ledger)
-                    except OffloaddError as exc:
-                        log.debug("lag of %s: catalog unreadable (%s)", topic, exc)
-                        return False
-                    done = [seg for seg in catalog.segments(info) if seg.complete]
-                    committed = done[-1].end if done else None
-                lag = await self.lag_monitor.sample(topic, ledgers, committed)
-                off.lag = lag
-                off.probe.lag(lag.entries, lag.bytes, lag.seconds)
-                return measured and off.recovered
-
         while True:
             await asyncio.sleep(self.settings.daemon.lag_interval_s)
             topics = self.topics
@@ -591,7 +466,8 @@ class Daemon:
             if changes is not None:
                 for t, _ in running:  # (so the journal names the topic from now on)
                     changes.generation(t)
-            results = await asyncio.gather(*(one(t, off) for t, off in running),
+            results = await asyncio.gather(*(self._measure_lag(t, off, limit)
+                                             for t, off in running),
                                            return_exceptions=True)
             for (topic, _), res in zip(running, results, strict=True):
                 if isinstance(res, Exception):  # a bug must not stop the figures for good
@@ -599,6 +475,37 @@ class Daemon:
                 elif res is True and changed is not None and topic in restless:
                     restless.discard(topic)
                     quiet.add(topic)
+
+    async def _measure_lag(self, topic: TopicName, off: TopicOffloader,
+                           limit: asyncio.Semaphore) -> bool:
+        """Measure; True when the topic may be left quiet until something happens."""
+        async with limit:
+            interval = self.settings.daemon.lag_interval_s
+            measured = True
+            try:
+                async with asyncio.timeout(max(interval * 5, 10.0)):
+                    ledgers = await self.source.ledgers(topic)
+                self._ledgers_seen[topic] = ledgers
+            except (OffloaddError, TimeoutError) as exc:
+                # the last list we had still gives growing seconds: better than a freeze
+                log.debug("lag of %s: source unavailable (%s)", topic, exc)
+                ledgers = self._ledgers_seen.get(topic, [])
+                measured = False
+                if not ledgers:
+                    return False
+            committed = off.last_committed
+            if not off.recovered:  # recovery may be stuck on the store: ask the catalog
+                try:
+                    info, _ = await managed_ledger.load(self.metadata, topic.managed_ledger)
+                except OffloaddError as exc:
+                    log.debug("lag of %s: catalog unreadable (%s)", topic, exc)
+                    return False
+                done = [seg for seg in catalog.segments(info) if seg.complete]
+                committed = done[-1].end if done else None
+            lag = await self.lag_monitor.sample(topic, ledgers, committed)
+            off.lag = lag
+            off.probe.lag(lag.entries, lag.bytes, lag.seconds)
+            return measured and off.recovered
 
     def _signal_trigger(self, trigger_file: Path | None) -> None:
         """SIGUSR1: all topics, or those ``offloadd offload-now --topic`` wrote down."""

@@ -34,6 +34,7 @@ from offloadd.metadata.memory import MemoryMetadataStore, MemoryTree
 from offloadd.model import TopicName, catalog
 from offloadd.model.catalog import SegmentKind
 from offloadd.offload.buffer import OffloadBuffer
+from offloadd.offload.context import OffloadMode
 from offloadd.offload.roller import RollPolicy
 from offloadd.offload.topic import OffloadEnv, TopicOffloader, TopicPolicy
 from offloadd.read.verify import verify
@@ -52,7 +53,7 @@ def offloader(store: MemoryMetadataStore, source: LocalLedgerStore, blob: Memory
     env = OffloadEnv(source=source.source, metadata=store, blobstore=blob,
                      buffer=OffloadBuffer(8 << 20), retry=Backoff(0.01, 0.05),
                      idle_poll_s=0.05)
-    return TopicOffloader(TOPIC, env, lambda: TopicPolicy(ROLL, mode=mode),
+    return TopicOffloader(TOPIC, env, lambda: TopicPolicy(ROLL, mode=OffloadMode(mode)),
                           EpochFence(store, ML, epoch))
 
 

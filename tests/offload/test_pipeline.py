@@ -20,6 +20,7 @@ from offloadd.metadata.memory import MemoryMetadataStore
 from offloadd.model import TopicName, catalog
 from offloadd.model.keys import streaming_data_key
 from offloadd.offload.buffer import OffloadBuffer
+from offloadd.offload.context import OffloadMode
 from offloadd.offload.roller import RollPolicy
 from offloadd.offload.topic import OffloadEnv, TopicOffloader, TopicPolicy
 from offloadd.read.check import read_back
@@ -44,7 +45,7 @@ class Rig:
                               blobstore=self.blob, buffer=self.buffer,
                               retry=Backoff(0.01, 0.05), idle_poll_s=0.05)
         self.roll = roll
-        self.mode = "streaming"
+        self.mode = OffloadMode.STREAMING
         self.payloads: list[bytes] = []
 
     def offloader(self, fence: object | None = None) -> TopicOffloader:
@@ -365,7 +366,7 @@ class TestLedgerMode:
 
     async def test_closed_ledgers_are_offloaded_whole(self, tmp_path: Path) -> None:
         rig = Rig(tmp_path, RolloverPolicy(max_entries=9), RollPolicy(1 << 20, 600, 4 * KiB))
-        rig.mode = "ledger"
+        rig.mode = OffloadMode.LEDGER
         await rig.write(30)  # ledgers of 9, 9, 9 entries closed; 3 entries in the open one
         off = rig.offloader()
         task = asyncio.create_task(off.run())
@@ -390,7 +391,7 @@ class TestLedgerMode:
         await until(lambda: _has_position(off))
         off.trigger()
         await until(lambda: _committed_at_least(rig, 8))  # a streaming segment ends mid-ledger
-        rig.mode = "ledger"
+        rig.mode = OffloadMode.LEDGER
         await rig.write(40)
         await until(lambda: _committed_at_least(rig, 36))
         await stop(task, off)
@@ -407,12 +408,12 @@ class TestLedgerMode:
     async def test_switching_back_to_streaming_continues_after_the_last_ledger(
             self, tmp_path: Path) -> None:
         rig = Rig(tmp_path, RolloverPolicy(max_entries=10), RollPolicy(1 << 20, 600, 4 * KiB))
-        rig.mode = "ledger"
+        rig.mode = OffloadMode.LEDGER
         await rig.write(25)
         off = rig.offloader()
         task = asyncio.create_task(off.run())
         await until(lambda: _committed_at_least(rig, 20))
-        rig.mode = "streaming"
+        rig.mode = OffloadMode.STREAMING
         off.trigger()
         await until(lambda: _committed_at_least(rig, 25))
         await stop(task, off)

@@ -18,6 +18,7 @@ from offloadd.format.checksum import CHECKSUM_OFFSET
 from offloadd.ledger.local import RolloverPolicy
 from offloadd.model.catalog import Segment
 from offloadd.model.keys import streaming_data_key, streaming_index_key
+from offloadd.offload.context import OffloadMode
 from offloadd.offload.roller import RollPolicy
 from offloadd.read.reader import TierReader
 from tests.offload.test_pipeline import TOPIC, Rig, stop, until
@@ -152,7 +153,7 @@ async def test_verify_reports_a_ledger_object_without_its_metadata(tmp_path: Pat
     from offloadd.read.verify import verify
 
     rig = Rig(tmp_path, RolloverPolicy(max_entries=9), RollPolicy(1 << 20, 600, 4 * KiB))
-    rig.mode = "ledger"
+    rig.mode = OffloadMode.LEDGER
     await rig.write(20)
     off = rig.offloader()
     task = asyncio.create_task(off.run())
