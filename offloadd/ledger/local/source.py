@@ -121,33 +121,18 @@ class LocalLedgerSource(LedgerSource, LedgerDeleter, LocalCopies, EntryChecksums
 
     async def ledgers(self, topic: TopicName) -> list[LedgerDesc]:
         info = await self._info(topic)
-        out: list[LedgerDesc] = []
-        for li in info.ledgerInfo:
-            if is_open(li):
-                count, end = await asyncio.to_thread(
-                    scan_files, ledger_files(self.path, li.ledgerId))
-                out.append(LedgerDesc(li.ledgerId, LedgerState.OPEN, count - 1,
-                                      end - FRAME_OVERHEAD * count, li.timestamp))
-            else:
-                out.append(LedgerDesc(li.ledgerId, LedgerState.CLOSED, li.entries - 1, li.size,
-                                      li.timestamp))
-        return out
+        scans = {li.ledgerId: await asyncio.to_thread(scan_files,
+                                                      ledger_files(self.path, li.ledgerId))
+                 for li in info.ledgerInfo if is_open(li)}
+        return _described(info, scans)
 
     def ledgers_in(self, info: managed_ledger.ManagedLedgerInfo) -> list[LedgerDesc]:
         """:meth:`ledgers` from a managed-ledger record already read, an open ledger's files
         scanned in place (blocking). For a command with nothing else to do meanwhile:
         ``offloadd status`` reads 10,000 topics' records in batches, and two worker-thread
         hops a topic (the record again, the scan) were a third of its time."""
-        out: list[LedgerDesc] = []
-        for li in info.ledgerInfo:
-            if is_open(li):
-                count, end = scan_files(ledger_files(self.path, li.ledgerId))
-                out.append(LedgerDesc(li.ledgerId, LedgerState.OPEN, count - 1,
-                                      end - FRAME_OVERHEAD * count, li.timestamp))
-            else:
-                out.append(LedgerDesc(li.ledgerId, LedgerState.CLOSED, li.entries - 1, li.size,
-                                      li.timestamp))
-        return out
+        return _described(info, {li.ledgerId: scan_files(ledger_files(self.path, li.ledgerId))
+                                 for li in info.ledgerInfo if is_open(li)})
 
     async def read(self, topic: TopicName, ledger_id: int, first_entry_id: int,
                    last_entry_id: int, max_bytes: int | None = None, *,
@@ -373,3 +358,20 @@ class LocalLedgerSource(LedgerSource, LedgerDeleter, LocalCopies, EntryChecksums
             return mine is not None and mine.entries - 1 > last_known
         off = ledger_files(self.path, ledger_id).off
         return await asyncio.to_thread(file_size, off) >= OFF_SIZE * (last_known + 2)
+
+
+def _described(info: managed_ledger.ManagedLedgerInfo,
+               scans: dict[int, tuple[int, int]]) -> list[LedgerDesc]:
+    """The ledgers of ``info``; an open one's last entry and bytes from its file scan
+    ((entries, end offset) in ``scans``), a closed one's from its record."""
+    out: list[LedgerDesc] = []
+    for li in info.ledgerInfo:
+        scanned = scans.get(li.ledgerId)
+        if scanned is not None:
+            count, end = scanned
+            out.append(LedgerDesc(li.ledgerId, LedgerState.OPEN, count - 1,
+                                  end - FRAME_OVERHEAD * count, li.timestamp))
+        else:
+            out.append(LedgerDesc(li.ledgerId, LedgerState.CLOSED, li.entries - 1, li.size,
+                                  li.timestamp))
+    return out
