@@ -4,7 +4,9 @@ Each table the SQL names is scanned by pyiceberg into Arrow and registered in an
 under the names a user would type: the topic's local name (``"topic-0"``, quoted because of the
 dash), the same with every character that is not a letter, digit or underscore replaced by ``_``
 (``topic_0``), and the full ``"tenant.namespace.topic"``. A local name shared by topics of several
-namespaces is registered under its full name only. Tables the SQL does not mention are not read.
+namespaces is registered under its full name only. Each name with ``__messages`` appended is the
+same table with chunked messages reassembled (:mod:`offloadd.lakehouse.chunks`). Tables the SQL
+does not mention are not read.
 The whole scan of each named table is held in memory (no predicate push-down into the scan yet).
 """
 
@@ -20,6 +22,8 @@ from typing import Any, TextIO
 
 import duckdb
 from pyiceberg.catalog import Catalog
+
+from offloadd.lakehouse.chunks import MESSAGES_SUFFIX, reassemble
 
 __all__ = ["QueryResult", "aliases", "list_tables", "run_query"]
 
@@ -85,11 +89,14 @@ def run_query(catalog: Catalog, sql: str, max_rows: int | None = None) -> QueryR
         lowered = sql.lower()
         scanned: dict[tuple[str, ...], Any] = {}
         for name, ident in names.items():
-            if not re.search(r"(?<![\w.])" + re.escape(name.lower()) + r"(?![\w])", lowered):
-                continue
-            if ident not in scanned:
-                scanned[ident] = catalog.load_table(ident).scan().to_arrow()
-            con.register(name, scanned[ident])
+            for view in (name, name + MESSAGES_SUFFIX):  # the table; its chunks reassembled
+                if not re.search(r"(?<![\w.])" + re.escape(view.lower()) + r"(?![\w])",
+                                 lowered):
+                    continue
+                if ident not in scanned:
+                    scanned[ident] = catalog.load_table(ident).scan().to_arrow()
+                con.register(view, scanned[ident] if view == name
+                             else reassemble(scanned[ident]))
         cur = con.execute(sql)
         if cur is None:  # DuckDB's answer to text without a statement (comments, ";")
             raise ValueError("the query has no SQL statement, e.g. \"SELECT count(*) FROM "
