@@ -95,6 +95,11 @@ def _payload_args(sp: argparse.ArgumentParser, *, default_compression: str) -> N
                     f"snappy), used in turn (default {default_compression})")
     sp.add_argument("--max-batch", type=_positive_int, default=16, metavar="N",
                     help="pulsar entries: at most this many messages per entry (default 16)")
+    sp.add_argument("--transactions", action="store_true",
+                    help="pulsar entries: two in three are messages of transactions (several "
+                    "open at once), one transaction in four is aborted, and commit/abort "
+                    "markers follow as a broker writes them; the JSON adds visible_messages "
+                    "(what a read-committed consumer sees)")
 
 
 def _topic(text: str) -> TopicName:
@@ -191,11 +196,6 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--entry-size", type=_entry_size, default=1024, metavar="BYTES",
                     help=f"payload bytes per entry (default 1024, at most {MAX_ENTRY_SIZE:,})")
     _payload_args(sp, default_compression="none")
-    sp.add_argument("--transactions", action="store_true",
-                    help="pulsar entries: two in three are messages of transactions (several "
-                    "open at once), one transaction in four is aborted, and commit/abort "
-                    "markers follow as a broker writes them; the JSON adds visible_messages "
-                    "(what a read-committed consumer sees)")
 
     sp = cmd("status", "per topic: failing or not, last error, lag, segments by state",
              "  offloadd status --config /etc/offloadd/offloadd.toml\n"
