@@ -230,6 +230,7 @@ class PulsarEntries:
         self.digests: dict[TopicName, TopicDigest] = {}
         self._index: dict[TopicName, int] = {}
         self._open: dict[TopicName, list[_Txn]] = {}
+        self._turn: dict[TopicName, int] = {}
 
     def take(self, topic: TopicName, n: int) -> tuple[list[bytes | memoryview], int]:
         producers = self._producers.get(topic)
@@ -281,7 +282,9 @@ class PulsarEntries:
             abort = k % ABORT_EVERY == 0
             digest.aborted_transactions += abort
             open_.append(_Txn((7, k), 1 + (k * 5) % 4, abort))
-        return open_[self._next % len(open_)]
+        # in turn, so that every open transaction progresses and ends within a few entries
+        turn = self._turn[topic] = self._turn.get(topic, -1) + 1
+        return open_[turn % len(open_)]
 
     def _marker(self, topic: TopicName, txn: _Txn, now_ms: int) -> bytes:
         """The commit or abort marker a broker appends (``Markers.newTxnMarker``)."""

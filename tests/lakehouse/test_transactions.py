@@ -19,8 +19,9 @@ import pytest
 from offloadd import wiring
 from offloadd._proto import pulsar_api_pb2 as pb
 from offloadd.format.message import decode_entry, encode_entry
+from offloadd.lakehouse.query import run_query
 from offloadd.lakehouse.tables import last_position, open_catalog
-from offloadd.lakehouse.transactions import ReadCommitted
+from offloadd.lakehouse.transactions import ReadCommitted, hidden_totals
 from offloadd.ledger.local import LocalLedgerWriter
 from offloadd.model import Position, TopicName
 from tests.lakehouse.support import (
@@ -173,6 +174,29 @@ def test_produce_transactions_daemon_query_sees_only_committed(tmp_path: Path) -
     assert digest(rows) == {"messages": visible, "sha1": sent["sha1"]}
     assert "pulsar.txn.marker" not in set(rows.column("producer_name").to_pylist())
     assert rows.column("txn_id").null_count < rows.num_rows  # committed txn messages say so
+    settings = settings_of(cfg)
+    t = TopicName.parse(T0)
+    table = open_catalog(settings, create=False).load_table((t.tenant, t.namespace, t.local))
+    totals = hidden_totals(table)
+    assert (totals.aborted_messages, totals.transactions_aborted,
+            totals.transactions_committed + totals.transactions_aborted, totals.markers) == (
+        sent["aborted_messages"], sent["aborted_transactions"], sent["transactions"],
+        sent["transactions"])
+
+    # the audit option: the same tier projected again, into a second catalog, hidden rows kept
+    env = {**os.environ, "OFFLOADD_LAKEHOUSE__KEEP_HIDDEN": "true",
+           "OFFLOADD_LAKEHOUSE__PATH": str(tmp_path / "data" / "audit")}
+    report = subprocess.run([*OFFLOADD, "lakehouse", "sync", "--config", str(cfg)], cwd=tmp_path,
+                            env=env, capture_output=True, text=True, timeout=300, check=True)
+    assert "read_committed" in report.stdout
+    audit = run_query(open_catalog(settings_of(cfg).model_copy(update={
+        "lakehouse": settings.lakehouse.model_copy(
+            update={"path": tmp_path / "data" / "audit"})}), create=False),
+        "SELECT hidden, count(*) FROM topic_0 GROUP BY 1 ORDER BY 1 NULLS FIRST")
+    assert audit.rows == [(None, visible), ("aborted", sent["aborted_messages"]),
+                          ("txn-abort-marker", sent["aborted_transactions"]),
+                          ("txn-commit-marker",
+                           sent["transactions"] - sent["aborted_transactions"])]
 
 
 def append(cfg: Path, topic: str, entries: list[bytes]) -> None:
