@@ -153,6 +153,9 @@ class ReadCommitted:
             self._expire(entry.publish_time)
         marker = entry.marker_type
         txn = entry.txn
+        if marker is None and txn is None and not self._held:  # the common case, kept cheap
+            self._out.append(Released(position, raw, entry))
+            return
         if marker is not None:
             held = _Held(position, raw, entry, marker=marker_name(marker))
             if txn is not None and marker in (TXN_COMMIT, TXN_ABORT):
