@@ -159,11 +159,16 @@ def test_produce_transactions_daemon_query_sees_only_committed(tmp_path: Path) -
     assert sent["aborted_transactions"] > 0
     daemon = Daemon(tmp_path, cfg)
     try:
-        def done() -> bool:
+        def done() -> bool:  # every message and every marker (the last entries) projected
             assert daemon.proc.poll() is None, (tmp_path / "run.log").read_text()[-3000:]
             _, rows = table_state(cfg, T0)
-            return rows is not None and rows.num_rows >= visible
-        wait_until(done, 300, f"{visible} rows in the table")
+            if rows is None or rows.num_rows < visible:
+                return False
+            t = TopicName.parse(T0)
+            table = open_catalog(settings_of(cfg), create=False).load_table(
+                (t.tenant, t.namespace, t.local))
+            return hidden_totals(table).markers >= sent["transactions"]
+        wait_until(done, 300, f"{visible} rows and every marker in the table")
     finally:
         daemon.stop()
     n = run(["query", "--config", str(cfg), "--json", "SELECT count(*) AS n FROM topic_0"],
