@@ -10,6 +10,7 @@ time − segment commit time. Prints p50/p99/max as JSON, plus the projection's 
 per second of follower time is not separable here, so rows and wall time are reported).
 
     .venv/bin/python bench/lakehouse_lag.py [--seconds 90] [--rate 1000000] [--topics 3]
+        [--transactions]
 """
 
 from __future__ import annotations
@@ -52,13 +53,16 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=90)
     ap.add_argument("--rate", type=float, default=1_000_000)
     ap.add_argument("--topics", type=int, default=3)
+    ap.add_argument("--transactions", action="store_true",
+                    help="transactional messages, aborts and markers (read-committed tables)")
     a = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="offloadd-lakelag-") as d:
         root = Path(d)
         t0 = time.monotonic()
         out = subprocess.run([sys.executable, "-m", "offloadd", "standalone", "--json",
                               "--duration",
-                              str(a.seconds), "--rate", str(a.rate), "--topics", str(a.topics)],
+                              str(a.seconds), "--rate", str(a.rate), "--topics", str(a.topics),
+                              *(["--transactions"] if a.transactions else [])],
                              cwd=root, capture_output=True, text=True, check=True,
                              env={**os.environ, "OFFLOADD_METRICS__ENABLED": "false"})
         wall = time.monotonic() - t0
@@ -90,8 +94,12 @@ def main() -> None:
                 lags.append(max(0.0, (seen - committed_ms) / 1000))
     result: dict[str, Any] = {
         "seconds": a.seconds, "rate_bytes_per_s": a.rate, "topics": a.topics,
+        "transactions": a.transactions,
         "segments": len(lags), "table_snapshots": snapshots, "rows": rows,
         "messages_sent": sum(t["sent"]["messages"] for t in summary["topics"].values()),
+        # read-committed: what the tables must hold (rows above)
+        "visible_messages": sum(t["sent"].get("visible_messages", t["sent"]["messages"])
+                                for t in summary["topics"].values()),
         "wall_s": round(wall, 1),
         "lag_p50_s": round(percentile(lags, 0.50), 2),
         "lag_p99_s": round(percentile(lags, 0.99), 2),

@@ -325,6 +325,15 @@ class LakehouseSettings(Section):
     json_fields: dict[str, dict[str, Literal["string", "long", "double", "boolean"]]] = Field(
         default_factory=dict, description="topic → {field: type}: top-level fields of JSON "
         "payloads as columns")
+    transaction_timeout_s: float = Field(180.0, gt=0, description="read-committed: a "
+                                         "transaction with no commit or abort marker this long "
+                                         "(in publish time of the log) after its first message "
+                                         "is treated as aborted; until then the table holds "
+                                         "back everything from its first message on")
+    keep_hidden: bool = Field(False, description="also write what read-committed hides "
+                              "(markers, aborted and timed-out transactions' messages) as rows "
+                              "flagged in the hidden column, for audit; queries then filter "
+                              "hidden IS NULL")
 
     @field_validator("json_fields", "partitions")
     @classmethod

@@ -135,6 +135,11 @@ class DecodedEntry:
     has_checksum: bool = True
     encrypted: bool = False  # messages[0].payload is ciphertext, batch unopened
     chunk: ChunkInfo | None = None  # messages[0].payload is this chunk as stored
+    # MessageMetadata.marker_type (20): a broker-written marker (replicated subscriptions 10..13,
+    # transaction commit 21 / abort 22), never delivered to consumers; None for a message
+    marker_type: int | None = None
+    # (txnid_most_bits 23, txnid_least_bits 22): the transaction the entry belongs to
+    txn: tuple[int, int] | None = None
 
 
 def decode_entry(buf: Buffer, where: str, *, limit: int = DEFAULT_LIMIT) -> DecodedEntry:
@@ -227,7 +232,10 @@ class _Entry:
             md.producer_name, md.sequence_id, md.publish_time, md.compression, self.count,
             messages, self.broker,
             md.schema_version if md.HasField("schema_version") else None,
-            self.has_checksum, self.encrypted, self.chunk)
+            self.has_checksum, self.encrypted, self.chunk,
+            md.marker_type if md.HasField("marker_type") else None,
+            (md.txnid_most_bits, md.txnid_least_bits)
+            if md.HasField("txnid_most_bits") or md.HasField("txnid_least_bits") else None)
 
 
 def _single(md: pb.MessageMetadata, payload: bytes) -> Message:

@@ -45,7 +45,7 @@ from offloadd.blobstore.base import BlobStore
 from offloadd.config import Settings
 from offloadd.errors import NotFound, OffloaddError
 from offloadd.lakehouse import cleanup, layout
-from offloadd.lakehouse.rows import RowBuilder
+from offloadd.lakehouse.rows import RowBuilder, decode
 from offloadd.lakehouse.schemas import TypedDecoder
 from offloadd.lakehouse.tables import (
     LAST_POSITION,
@@ -53,6 +53,12 @@ from offloadd.lakehouse.tables import (
     open_catalog,
     open_table,
     summary_properties,
+)
+from offloadd.lakehouse.transactions import (
+    Counts,
+    ReadCommitted,
+    hidden_totals,
+    totals_properties,
 )
 from offloadd.lakehouse.typed import evolve
 from offloadd.metadata import managed_ledger
@@ -79,9 +85,11 @@ class TopicReport:
     last_position: str | None = None
     lost: list[str] = field(default_factory=list)  # ranges retention deleted before projection
     error: str | None = None
+    held_entries: int = 0  # behind an undecided transaction at the end of the pass
+    read_committed: Counts = field(default_factory=Counts)  # what read-committed hid
 
     def to_json(self) -> dict[str, Any]:
-        return dict(self.__dict__)
+        return {**self.__dict__, "read_committed": self.read_committed.to_json()}
 
 
 @dataclass
@@ -207,6 +215,10 @@ class Projector:
                         "projected (if there were any); they are not in the table", topic, lost)
         start = Position(last.ledger_id, last.entry_id + 1) if last is not None else None
         limit = self.settings.lakehouse.commit_max_bytes
+        # read-committed: entries of undecided transactions (and all after them) are held in
+        # memory for this pass only; the table's position never passes the first of them, so
+        # a pass that ends (or dies) with entries held reads them again next time
+        rc = ReadCommitted(int(self.settings.lakehouse.transaction_timeout_s * 1000))
         pending: list[tuple[Position, memoryview]] = []
         size = 0
         for seg in segs:
@@ -214,39 +226,58 @@ class Projector:
                 pending.append((e.position, e.payload))
                 size += len(e.payload)
                 if size >= limit:
-                    table = await self._commit(topic, table, pending, rep)
+                    table = await self._commit(topic, table, pending, rep, rc)
                     pending, size = [], 0
                     if max_commits is not None and rep.commits >= max_commits:
                         return
                     if self._stop is not None and self._stop.is_set():
                         return
         if pending:
-            await self._commit(topic, table, pending, rep)
+            await self._commit(topic, table, pending, rep, rc)
+        if rc.held:
+            rep.held_entries = rc.held
+            log.info("lakehouse: %s: %d entries held back behind an undecided transaction "
+                     "(no commit or abort marker offloaded yet)", topic, rc.held)
 
     async def _commit(self, topic: TopicName, table: Table,
-                      entries: list[tuple[Position, memoryview]], rep: TopicReport) -> Table:
-        def work() -> tuple[int, int]:
-            builder = RowBuilder(str(topic), table.schema(), self._json_fields(topic),
+                      entries: list[tuple[Position, memoryview]], rep: TopicReport,
+                      rc: ReadCommitted) -> Table:
+        keep_hidden = self.settings.lakehouse.keep_hidden
+        name = str(topic)
+
+        def work() -> tuple[int, int, Position | None, Counts]:
+            builder = RowBuilder(name, table.schema(), self._json_fields(topic),
                                  self._typed.get(topic))
             for pos, raw in entries:
-                builder.add(pos, raw)
-            last, undecodable = builder.last, builder.undecodable
-            assert last is not None
+                rc.add(pos, raw, decode(name, pos, raw))
+            released = rc.take()
+            counts, rc.counts = rc.counts, Counts()
+            if not released:  # everything is held: nothing to commit yet
+                return 0, 0, None, counts
+            for r in released:
+                if r.hidden is None or keep_hidden:
+                    builder.add_decoded(r.position, r.raw, r.entry, txn=r.txn, hidden=r.hidden)
+            last = released[-1].position
             rows = builder.table()
+            totals = hidden_totals(table)
+            totals.add(counts)
             try:
                 table.append(rows, snapshot_properties=summary_properties(
-                    last, **{"offloadd.entries": len(entries)}))
+                    last, **{"offloadd.entries": len(released)}, **totals_properties(totals)))
             except CommitFailedException as exc:
                 raise _Conflict(str(exc)) from exc
-            return rows.num_rows, undecodable
+            return rows.num_rows, builder.undecodable, last, counts
 
-        rows, undecodable = await asyncio.to_thread(work)
+        rows, undecodable, last, counts = await asyncio.to_thread(work)
+        rep.read_committed.add(counts)
+        if last is None:
+            return table
         rep.rows += rows
         rep.entries += len(entries)
         rep.undecodable += undecodable
         rep.commits += 1
-        rep.last_position = str(entries[-1][0])
-        log.debug("lakehouse: %s: committed %d rows up to %s", topic, rows, entries[-1][0])
+        rep.last_position = str(last)
+        log.debug("lakehouse: %s: committed %d rows up to %s", topic, rows, last)
         return table
 
     # ---- maintenance -----------------------------------------------------------------------

@@ -4,10 +4,12 @@ Each table the SQL names is scanned by pyiceberg into Arrow and registered in an
 under the names a user would type: the topic's local name (``"topic-0"``, quoted because of the
 dash), the same with every character that is not a letter, digit or underscore replaced by ``_``
 (``topic_0``), and the full ``"tenant.namespace.topic"``. A local name shared by topics of several
-namespaces is registered under its full name only. Tables the SQL does not mention are not read.
-Predicates of the SQL on ``ledger_id``, ``entry_id`` and the time columns become the scan's filter
-(:mod:`~offloadd.lakehouse.pruning`): pyiceberg skips the partitions and data files that cannot
-match; what is read is held in memory.
+namespaces is registered under its full name only. Each name with ``__messages`` appended is the
+same table with chunked messages reassembled (:mod:`offloadd.lakehouse.chunks`). Tables the SQL
+does not mention are not read. Predicates of the SQL on ``ledger_id``, ``entry_id`` and the time
+columns become the scan's filter (:mod:`~offloadd.lakehouse.pruning`): pyiceberg skips the
+partitions and data files that cannot match (a ``__messages`` view reads its whole table: a
+filter could cut a message's chunks apart); what is read is held in memory.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from pyiceberg.expressions import BooleanExpression
 from pyiceberg.io.pyarrow import ArrowScan
 from pyiceberg.table import Table
 
+from offloadd.lakehouse.chunks import MESSAGES_SUFFIX, reassemble
 from offloadd.lakehouse.pruning import scan_filters
 
 log = logging.getLogger(__name__)
@@ -107,17 +110,22 @@ def run_query(catalog: Catalog, sql: str, max_rows: int | None = None) -> QueryR
     con = duckdb.connect(":memory:")
     try:
         lowered = sql.lower()
-        used = {name: ident for name, ident in names.items()
-                if re.search(r"(?<![\w.])" + re.escape(name.lower()) + r"(?![\w])", lowered)}
-        filters = scan_filters(con, sql, list(used)) if used else {}
+        # view -> (table, reassembled): the table's name, and the name + "__messages"
+        used: dict[str, tuple[tuple[str, ...], bool]] = {}
+        for name, ident in names.items():
+            for view in (name, name + MESSAGES_SUFFIX):
+                if re.search(r"(?<![\w.])" + re.escape(view.lower()) + r"(?![\w])", lowered):
+                    used[view] = (ident, view != name)
+        plain = [view for view, (_, whole) in used.items() if not whole]
+        filters = scan_filters(con, sql, plain) if plain else {}
         scanned: dict[tuple[Any, ...], Any] = {}
         scans: list[TableScan] = []
-        for name, ident in used.items():
-            flt = filters.get(name.lower())
+        for view, (ident, whole) in used.items():
+            flt = None if whole else filters.get(view.lower())
             key = (ident, repr(flt))
             if key not in scanned:
                 scanned[key] = _scan(catalog.load_table(ident), ".".join(ident), flt, scans)
-            con.register(name, scanned[key])
+            con.register(view, reassemble(scanned[key]) if whole else scanned[key])
         cur = con.execute(sql)
         if cur is None:  # DuckDB's answer to text without a statement (comments, ";")
             raise ValueError("the query has no SQL statement, e.g. \"SELECT count(*) FROM "

@@ -19,11 +19,11 @@ from pyiceberg.schema import Schema
 
 from offloadd.errors import FormatError
 from offloadd.format.compression import Compression
-from offloadd.format.message import decode_entry
+from offloadd.format.message import DecodedEntry, decode_entry
 from offloadd.lakehouse.schemas import VALUE_COLUMN, TypedDecoder
 from offloadd.model import Position
 
-__all__ = ["RowBuilder"]
+__all__ = ["RowBuilder", "decode"]
 
 log = logging.getLogger(__name__)
 
@@ -58,20 +58,32 @@ class RowBuilder:
         self.payload_bytes = 0
         self.undecodable = 0
         self.last: Position | None = None
+        # (first row, end row, txn_id, hidden) per entry that sets them: most entries do not
+        self._marks: list[tuple[int, int, str | None, str | None]] = []
 
     def add(self, position: Position, raw: bytes | memoryview) -> None:
         """One entry at ``position`` (entries must come in log order)."""
+        self.add_decoded(position, raw, decode(self.topic, position, raw))
+
+    def add_decoded(self, position: Position, raw: bytes | memoryview,
+                    d: DecodedEntry | FormatError, *, txn: str | None = None,
+                    hidden: str | None = None) -> None:
+        """One entry already decoded (:func:`decode`); ``txn`` and ``hidden`` fill the columns
+        of the same names for every message of the entry."""
         self.entries += 1
         self.last = position
-        try:
-            d = decode_entry(raw, f"{self.topic} {position}")
-        except FormatError as exc:
-            log.warning("undecodable entry kept as a flagged row: %s", exc)
+        first = self.rows
+        if isinstance(d, FormatError):
             self.undecodable += 1
             self._values.append(None)
             self._row(position, -1, None, None, None, None, (), None, None, bytes(raw), None,
-                      None, None, False, None, None, None, None, str(exc))
-            return
+                      None, None, False, None, None, None, None, str(d))
+        else:
+            self._messages(position, d)
+        if txn is not None or hidden is not None:  # per entry, not per message: filled later
+            self._marks.append((first, self.rows, txn, hidden))
+
+    def _messages(self, position: Position, d: DecodedEntry) -> None:
         pt = d.publish_time * 1000
         b = d.broker
         bts = b.broker_timestamp * 1000 if b is not None and b.broker_timestamp is not None \
@@ -151,6 +163,8 @@ class RowBuilder:
                 arrays.append(pa.array(self._json_cols[f.name], f.type))
             elif f.name == VALUE_COLUMN and self.typed is not None:
                 arrays.append(pa.array(self._values, f.type))
+            elif f.name in _MARK_COLUMNS:
+                arrays.append(self._mark_column(_MARK_COLUMNS[f.name], f.type))
             else:  # a column this builder does not fill (e.g. a JSON field no longer configured)
                 arrays.append(pa.nulls(self.rows, f.type))
         out = pa.Table.from_arrays(arrays, schema=self.arrow_schema)
@@ -159,8 +173,31 @@ class RowBuilder:
         for col in self._json_cols.values():
             col.clear()
         self._values.clear()
+        self._marks.clear()
         self.rows = self.entries = self.payload_bytes = 0
         return out
+
+    def _mark_column(self, which: int, typ: pa.DataType) -> pa.Array:
+        if not any(m[which] is not None for m in self._marks):
+            return pa.nulls(self.rows, typ)
+        values: list[str | None] = [None] * self.rows
+        for m in self._marks:
+            v = m[which]
+            if v is not None:
+                values[m[0]:m[1]] = [str(v)] * (m[1] - m[0])
+        return pa.array(values, typ)
+
+
+_MARK_COLUMNS = {"txn_id": 2, "hidden": 3}
+
+
+def decode(topic: str, position: Position, raw: bytes | memoryview) -> DecodedEntry | FormatError:
+    """The entry decoded, or the decoder's error (logged: the entry becomes a flagged row)."""
+    try:
+        return decode_entry(raw, f"{topic} {position}")
+    except FormatError as exc:
+        log.warning("undecodable entry kept as a flagged row: %s", exc)
+        return exc
 
 
 def _codec_name(codec: int) -> str:

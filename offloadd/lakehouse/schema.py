@@ -25,6 +25,9 @@ num_chunks          int              ``payload_compression``)
 payload_compression string       codec of a payload kept as stored (chunks, encrypted)
 decode_error        string       set when the entry does not decode: payload is then the
                                  whole raw entry, batch_index -1
+txn_id              string       the transaction of a transactional message, ``(most,least)``
+hidden              string       null; with ``keep_hidden``, why a read-committed consumer
+                                 would not see the row (a marker, ``aborted``, ``timed-out``)
 ==================  ===========  ======================================================
 
 Row identity is ``(ledger_id, entry_id, batch_index)``; the log order is its order. Topics with
@@ -84,6 +87,8 @@ _FIELDS: tuple[NestedField, ...] = (
     NestedField(19, "num_chunks", IntegerType(), required=False),
     NestedField(22, "payload_compression", StringType(), required=False),
     NestedField(23, "decode_error", StringType(), required=False),
+    NestedField(24, "txn_id", StringType(), required=False),
+    NestedField(25, "hidden", StringType(), required=False),
 )
 BASE_COLUMNS = tuple(f.name for f in _FIELDS)
 

@@ -182,6 +182,13 @@ def open_table(catalog: Catalog, topic: TopicName, json_fields: dict[str, str] |
         with table.transaction() as tx:
             tx.set_properties(wrong)
         table = catalog.load_table(ident)
+    have = {f.name for f in table.schema().fields}
+    added = [f for f in table_schema().fields if f.name not in have]
+    if added:  # a table created by an older offloadd: columns added since (null in old rows)
+        with table.update_schema() as upd:
+            for f in added:
+                upd.add_column(f.name, f.field_type, f.doc)
+        table = catalog.load_table(ident)
     if layout.evolve(table, partition):
         table = catalog.load_table(ident)
     missing = {k: v for k, v in (json_fields or {}).items()

@@ -131,6 +131,11 @@ def _payload_args(sp: argparse.ArgumentParser, *, default_compression: str) -> N
                     f"snappy), used in turn (default {default_compression})")
     sp.add_argument("--max-batch", type=_positive_int, default=16, metavar="N",
                     help="pulsar entries: at most this many messages per entry (default 16)")
+    sp.add_argument("--transactions", action="store_true",
+                    help="pulsar entries: two in three are messages of transactions (several "
+                    "open at once), one transaction in four is aborted, and commit/abort "
+                    "markers follow as a broker writes them; the JSON adds visible_messages "
+                    "(what a read-committed consumer sees)")
 
 
 def _topic(text: str) -> TopicName:

@@ -37,7 +37,8 @@ def _shape(args: argparse.Namespace) -> Any:
         from offloadd.format.compression import Compression
 
         codecs = tuple(Compression.parse(c) for c in codecs.split(",") if c.strip())
-    return PulsarShape(compression=codecs, max_batch=args.max_batch)
+    return PulsarShape(compression=codecs, max_batch=args.max_batch,
+                       transactions=getattr(args, "transactions", False))
 
 
 def _run(coro: Coroutine[Any, Any, int]) -> int:
@@ -155,6 +156,9 @@ def cmd_produce(args: argparse.Namespace) -> int:
                "seconds": round(stats.seconds, 3), "topics": [str(t) for t in topics]}
         if stats.digests:
             out["sent"] = {str(t): d.to_json() for t, d in stats.digests.items()}
+            if args.transactions:  # what a read-committed consumer sees, over every topic
+                out["visible_messages"] = sum(d.visible_messages or 0
+                                              for d in stats.digests.values())
         if args.json:
             print(json.dumps(out))
         else:

@@ -88,6 +88,9 @@ class PulsarShape:
     compression: tuple[Compression, ...] = (Compression.NONE,)  # one producer per codec
     max_batch: int = 16  # messages per entry: 1..max_batch, varying
     broker_metadata: bool = True  # prepend broker entry metadata (timestamp, index)
+    # two entries in three are transactional (a few transactions open at once, interleaved);
+    # every ABORT_EVERY-th transaction is aborted; commit/abort markers follow as a broker's
+    transactions: bool = False
 
 
 @dataclass
@@ -97,9 +100,20 @@ class TopicDigest:
 
     messages: int = 0
     sha1: hashlib._Hash = field(default_factory=hashlib.sha1)
+    # with transactions: messages a read-committed consumer sees (``sha1`` covers only them),
+    # and what was written besides
+    visible_messages: int | None = None
+    aborted_messages: int = 0
+    transactions: int = 0
+    aborted_transactions: int = 0
 
     def to_json(self) -> dict[str, object]:
-        return {"messages": self.messages, "sha1": self.sha1.hexdigest()}
+        out: dict[str, object] = {"messages": self.messages, "sha1": self.sha1.hexdigest()}
+        if self.visible_messages is not None:
+            out.update(visible_messages=self.visible_messages,
+                       aborted_messages=self.aborted_messages, transactions=self.transactions,
+                       aborted_transactions=self.aborted_transactions)
+        return out
 
 
 _U32 = struct.Struct(">I")
@@ -215,13 +229,16 @@ class PulsarEntries:
         self._producers: dict[TopicName, list[_Producer]] = {}
         self.digests: dict[TopicName, TopicDigest] = {}
         self._index: dict[TopicName, int] = {}
+        self._open: dict[TopicName, list[_Txn]] = {}
+        self._turn: dict[TopicName, int] = {}
 
     def take(self, topic: TopicName, n: int) -> tuple[list[bytes | memoryview], int]:
         producers = self._producers.get(topic)
         if producers is None:
             producers = self._producers[topic] = [
                 _Producer(f"{topic.local}-{c.name.lower()}", c) for c in self.shape.compression]
-            self.digests[topic] = TopicDigest()
+            self.digests[topic] = TopicDigest(
+                visible_messages=0 if self.shape.transactions else None)
             self._index[topic] = -1
         digest = self.digests[topic]
         now_ms = int(self._clock() * 1000)
@@ -231,15 +248,61 @@ class PulsarEntries:
             t = self._templates[self._next % len(self._templates)]
             self._next += 1
             p = producers[self._next % len(producers)]
-            entry, plain_len = self._entry(topic, p, t, now_ms, j)
+            txn = self._txn(topic) if self.shape.transactions and self._next % 3 else None
+            entry, plain_len = self._entry(topic, p, t, now_ms, j,
+                                           txn.id if txn is not None else None)
             out.append(entry)
             accounted += plain_len
             digest.messages += t.n
-            digest.sha1.update(t.digest)
+            if txn is None or not txn.abort:
+                digest.sha1.update(t.digest)
+                if digest.visible_messages is not None:
+                    digest.visible_messages += t.n
+            else:
+                digest.aborted_messages += t.n
+            if txn is not None:
+                txn.left -= 1
+                if txn.left == 0:
+                    out.append(self._marker(topic, txn, now_ms))
         return out, accounted
 
+    def finish(self, topic: TopicName) -> list[bytes]:
+        """The markers of the transactions still open on ``topic`` (written last)."""
+        now_ms = int(self._clock() * 1000)
+        return [self._marker(topic, t, now_ms) for t in list(self._open.get(topic, ()))]
+
+    def _txn(self, topic: TopicName) -> _Txn:
+        """The transaction the next transactional entry joins: up to three are open at once,
+        each 1..4 entries long, so their entries and markers interleave."""
+        open_ = self._open.setdefault(topic, [])
+        if len(open_) < 3:
+            digest = self.digests[topic]
+            digest.transactions += 1
+            k = digest.transactions
+            abort = k % ABORT_EVERY == 0
+            digest.aborted_transactions += abort
+            open_.append(_Txn((7, k), 1 + (k * 5) % 4, abort))
+        # in turn, so that every open transaction progresses and ends within a few entries
+        turn = self._turn[topic] = self._turn.get(topic, -1) + 1
+        return open_[turn % len(open_)]
+
+    def _marker(self, topic: TopicName, txn: _Txn, now_ms: int) -> bytes:
+        """The commit or abort marker a broker appends (``Markers.newTxnMarker``)."""
+        from offloadd._proto import pulsar_api_pb2 as pb
+        from offloadd.format.message import encode_entry
+
+        self._open[topic].remove(txn)
+        md = pb.MessageMetadata(producer_name="pulsar.txn.marker", sequence_id=(1 << 64) - 1,
+                                publish_time=now_ms, marker_type=22 if txn.abort else 21,
+                                txnid_most_bits=txn.id[0], txnid_least_bits=txn.id[1])
+        broker = None
+        if self.shape.broker_metadata:
+            self._index[topic] += 1
+            broker = pb.BrokerEntryMetadata(broker_timestamp=now_ms, index=self._index[topic])
+        return encode_entry(md, b"", broker=broker)
+
     def _entry(self, topic: TopicName, p: _Producer, t: _Template, now_ms: int,
-               j: int) -> tuple[bytes, int]:
+               j: int, txn: tuple[int, int] | None = None) -> tuple[bytes, int]:
         codec = p.codec
         payload = t.packed.get(codec)
         if payload is None:
@@ -250,7 +313,9 @@ class PulsarEntries:
             p.head, varint(seq), b"\x18", varint(now_ms), t.md_after_time, p.codec_field,
             b"\x48", varint(len(t.plain)),
             b"\x58" + varint(t.n) if t.batched else b"",
-            b"\x60", varint(now_ms - (seq * 37 + j) % 1000), t.md_tail))
+            b"\x60", varint(now_ms - (seq * 37 + j) % 1000), t.md_tail,
+            b"" if txn is None else  # fields 22 and 23: txnid_least_bits, txnid_most_bits
+            b"\xb0\x01" + varint(txn[1]) + b"\xb8\x01" + varint(txn[0])))
         body = b"".join((_U32.pack(len(md)), md, payload))
         parts = [_CHECKSUM_HEAD.pack(CHECKSUM_MAGIC, crc32c.crc32c(body)), body]
         if self.shape.broker_metadata:
@@ -263,6 +328,16 @@ class PulsarEntries:
 
 _CHECKSUM_HEAD = struct.Struct(">HI")
 _BROKER_HEAD = struct.Struct(">HI")
+
+
+ABORT_EVERY = 4  # --transactions aborts one transaction in four
+
+
+@dataclass(eq=False)
+class _Txn:
+    id: tuple[int, int]  # (most bits: the coordinator, least bits)
+    left: int  # entries still to write
+    abort: bool
 
 
 class _Producer:
@@ -340,10 +415,16 @@ async def produce(writer: LocalLedgerWriter, topics: Sequence[TopicName], *, ent
         i += 1
         entries, nbytes = source.take(topic, n)
         await writer.append(topic, entries)  # type: ignore[arg-type]
-        stats.entries += n
+        stats.entries += len(entries)
         stats.bytes += nbytes
         await writer.roll_expired()
         if on_batch is not None:
             on_batch(stats)
+    if payload != "raw" and pulsar.shape.transactions:
+        for topic in topics:  # end the transactions still open, as their clients would
+            markers = pulsar.finish(topic)
+            if markers:
+                await writer.append(topic, markers)
+                stats.entries += len(markers)
     stats.seconds = clock() - t0
     return stats

@@ -29,6 +29,41 @@ def _digest(payloads: list[bytes]) -> str:
     return h.hexdigest()
 
 
+def test_transactions_commit_abort_and_end_soon() -> None:
+    """--transactions: markers as a broker writes them, one transaction in four aborted, the
+    digest over what a read-committed consumer sees, and no transaction left open for long (a
+    held transaction holds back the table)."""
+    from offloadd.lakehouse.transactions import ReadCommitted
+    from offloadd.model import Position
+
+    src = PulsarEntries(1024, PulsarShape(compression=(Compression.NONE, Compression.LZ4),
+                                          transactions=True))
+    entries: list[bytes | memoryview] = []
+    for _ in range(20):
+        entries += src.take(TOPIC, 50)[0]
+    rc = ReadCommitted(timeout_ms=10**9)
+    most_held = 0
+    visible: list[bytes] = []
+    for i, raw in enumerate(entries):
+        rc.add(Position(1, i), raw, decode_entry(raw, "t"))
+        most_held = max(most_held, rc.held)
+        visible += [m.payload or b"" for r in rc.take() if r.hidden is None
+                    for m in r.entry.messages]  # type: ignore[union-attr]
+    assert most_held <= 20, most_held
+    for raw in src.finish(TOPIC):
+        rc.add(Position(1, len(entries)), raw, decode_entry(raw, "t"))
+        visible += [m.payload or b"" for r in rc.take() if r.hidden is None
+                    for m in r.entry.messages]  # type: ignore[union-attr]
+    assert rc.held == 0
+    d = src.digests[TOPIC]
+    assert d.transactions > 100 and d.aborted_transactions == d.transactions // 4
+    assert rc.counts.transactions_committed + rc.counts.transactions_aborted == d.transactions
+    assert rc.counts.aborted_messages == d.aborted_messages > 0
+    assert d.visible_messages is not None
+    assert len(visible) == d.visible_messages < d.messages
+    assert _digest(visible) == d.sha1.hexdigest()
+
+
 class TestPulsarEntries:
     """Entries decode as Pulsar's format with the fields a real producer sets."""
 
