@@ -381,6 +381,7 @@ async def produce(writer: LocalLedgerWriter, topics: Sequence[TopicName], *, ent
     ``pulsar`` entries, what each topic was sent. ``source`` (e.g. messages of a schema)
     replaces ``payload``/``shape``; its ``digests``, if it has them, are reported the same."""
     stats = ProduceStats()
+    pulsar: PulsarEntries | None = None  # the generator whose transactions end with the run
     if source is not None:
         stats.digests = getattr(source, "digests", {})
     elif payload == "raw":
@@ -420,7 +421,7 @@ async def produce(writer: LocalLedgerWriter, topics: Sequence[TopicName], *, ent
         await writer.roll_expired()
         if on_batch is not None:
             on_batch(stats)
-    if payload != "raw" and pulsar.shape.transactions:
+    if pulsar is not None and pulsar.shape.transactions:
         for topic in topics:  # end the transactions still open, as their clients would
             markers = pulsar.finish(topic)
             if markers:

@@ -150,7 +150,7 @@ def wait_until(pred: Any, timeout: float, what: str) -> None:
 @pytest.mark.timeout(400)
 def test_produce_transactions_daemon_query_sees_only_committed(tmp_path: Path) -> None:
     cfg = write_config(tmp_path)
-    out = run(["produce", "--config", str(cfg), "--topic", T0, "--bytes", "3000000",
+    out = run(["produce", "--json", "--config", str(cfg), "--topic", T0, "--bytes", "3000000",
                "--transactions", "--max-batch", "4", "--compression", "none,zstd"], tmp_path)
     produced = json.loads(out.stdout.strip().splitlines()[-1])
     sent = produced["sent"][T0]
@@ -191,8 +191,9 @@ def test_produce_transactions_daemon_query_sees_only_committed(tmp_path: Path) -
     # the audit option: the same tier projected again, into a second catalog, hidden rows kept
     env = {**os.environ, "OFFLOADD_LAKEHOUSE__KEEP_HIDDEN": "true",
            "OFFLOADD_LAKEHOUSE__PATH": str(tmp_path / "data" / "audit")}
-    report = subprocess.run([*OFFLOADD, "lakehouse", "sync", "--config", str(cfg)], cwd=tmp_path,
-                            env=env, capture_output=True, text=True, timeout=300, check=True)
+    report = subprocess.run([*OFFLOADD, "lakehouse", "sync", "--json", "--config", str(cfg)],
+                            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+                            check=True)
     assert "read_committed" in report.stdout
     audit = run_query(open_catalog(settings_of(cfg).model_copy(update={
         "lakehouse": settings.lakehouse.model_copy(
