@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping
+from typing import Any
 
 import pytest
 import uvloop
@@ -22,14 +23,26 @@ def pytest_asyncio_loop_factories(
 SPARK_FILES = ("tests/backfill/", "tests/lakehouse/test_e2e.py")
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """scripts/test runs the suite on pytest-xdist workers: each test file stays on one worker
+    (its module fixtures start once), and the Spark files all go to the same one. (xdist's own
+    ``--dist loadgroup`` cannot say so under pytest 9: it renames nodes through an attribute
+    pytest 9 no longer reads, so every test became its own group.)"""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class FileOrSpark(LoadScopeScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return "spark" if path.startswith(SPARK_FILES) else path
+
+    return FileOrSpark(config, log)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    # scripts/test runs files on workers with --dist loadgroup: a file is a group (its module
-    # fixtures start once), and the Spark files are one group
-    for item in items:
-        path = item.nodeid.split("::", 1)[0]
-        item.add_marker(pytest.mark.xdist_group("spark" if path.startswith(SPARK_FILES)
-                                                else path))
+    skip_slow(items)
+
+
+def skip_slow(items: list[pytest.Item]) -> None:
     if os.environ.get("OFFLOADD_SLOW_TESTS") == "1":
         return
     skip = pytest.mark.skip(reason="long mode: set OFFLOADD_SLOW_TESTS=1")

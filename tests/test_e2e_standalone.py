@@ -19,12 +19,15 @@ import pytest
 pytestmark = pytest.mark.integration
 
 OFFLOADD = [sys.executable, "-m", "offloadd"]
+# no daemon here is scraped: a free port each, not the default one another test's daemon
+# (on the other suite worker) may hold
+ENV = {**os.environ, "OFFLOADD_METRICS__BIND": "127.0.0.1:0"}
 
 
 def run(args: list[str], cwd: Path, timeout: float = 120, check: bool = True
         ) -> subprocess.CompletedProcess[str]:
     p = subprocess.run([*OFFLOADD, *args], cwd=cwd, capture_output=True, text=True,
-                       timeout=timeout)
+                       timeout=timeout, env=ENV)
     if check and p.returncode != 0:
         raise AssertionError(f"offloadd {' '.join(args)} exited {p.returncode}:\n{p.stderr}")
     return p
@@ -155,7 +158,7 @@ rollover_bytes = 700000
     proc = subprocess.Popen([*OFFLOADD, "standalone", "--json", "--config", str(cfg), "--rate",
                              "600000",
                              "--topics", "1"], cwd=tmp_path, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+                            stderr=subprocess.DEVNULL, env=ENV)
     try:
         wait_for(lambda: bool(_assigned_segments(tmp_path)), 90, "an assigned segment")
         os.kill(proc.pid, signal.SIGKILL)
@@ -206,7 +209,7 @@ flow_permits_per_second = 1000000
     proc = subprocess.Popen([*OFFLOADD, "standalone", "--json", "--config", str(cfg), "--rate",
                              "20000000",
                              "--topics", "3", "--duration", "25"], cwd=tmp_path,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=ENV)
     peak = 0
     try:
         deadline = time.monotonic() + 25
