@@ -4,12 +4,18 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 import pytest
 import uvloop
 
 pytest_plugins: list[str] = []
+
+# Helper modules assert too (tests/s3e2e/helpers.py, tests/reliability/support.py, ...): with
+# their asserts rewritten, a failure in CI says which values differed, not just AssertionError.
+pytest.register_assert_rewrite(*sorted(
+    f"tests.{d.name}" for d in Path(__file__).parent.iterdir() if (d / "__init__.py").is_file()))
 
 
 def pytest_asyncio_loop_factories(
