@@ -337,9 +337,20 @@ class Daemon:
         self.proc.send_signal(signal.SIGSTOP)
         self.down_since = time.monotonic()
 
-    def resume(self) -> None:
+    async def resume(self, topics: list[TopicName]) -> None:
+        """SIGCONT; the window without a daemon ends only once it has read every topic's list
+        again (on a loaded machine that is seconds after the signal: a ledger created while it
+        was stopped and deleted before that read is one it cannot know)."""
         assert self.proc is not None
+        log = self.logs[-1]
+        start = (await asyncio.to_thread(log.stat)).st_size
         self.proc.send_signal(signal.SIGCONT)
+        wanted = {f"topic {t}: mirrored Pulsar's ledger list" for t in topics}
+        deadline = time.monotonic() + 30
+        while wanted and time.monotonic() < deadline and self.alive():
+            await asyncio.sleep(0.05)
+            text = await asyncio.to_thread(_read_from, log, start)
+            wanted = {w for w in wanted if w not in text}
         if self.down_since is not None:
             self.down.append((self.down_since, time.monotonic()))
             self.down_since = None
@@ -471,7 +482,7 @@ class Soak:
             await self.run_command("daemon stopped", "status", "--json")
             await self.run_command("daemon stopped", "status")
         finally:
-            self.daemon.resume()
+            await self.daemon.resume(self.topics)
 
     async def kill_and_restart(self) -> None:
         """kill -9; down long enough for retention to delete ledgers the daemon knew and some
@@ -721,6 +732,12 @@ class Soak:
         if self.daemon.down_since is not None:
             windows.append((self.daemon.down_since, time.monotonic()))
         return any(lo - 1.0 <= life.created and life.deleted <= hi for lo, hi in windows)
+
+
+def _read_from(path: Path, offset: int) -> str:
+    with path.open("rb") as f:
+        f.seek(offset)
+        return f.read().decode(errors="replace")
 
 
 def _covers(rec: tuple[int, int], absent: set[int]) -> bool:
