@@ -421,7 +421,7 @@ class Soak:
         took = time.monotonic() - t0
         written = None
         if checkable:
-            written = await self._snap() != before
+            written = _written(before, await self._snap())
             if written:
                 self.problems.append(f"offloadd {' '.join(args)} ({mode}) wrote the catalog")
         # status exits 1 while a topic is failing and 3 once data was lost to retention: both
@@ -732,6 +732,26 @@ class Soak:
         if self.daemon.down_since is not None:
             windows.append((self.daemon.down_since, time.monotonic()))
         return any(lo - 1.0 <= life.created and life.deleted <= hi for lo, hi in windows)
+
+
+def _written(before: dict[str, tuple[int, ...]] | None,
+             after: dict[str, tuple[int, ...]]) -> bool:
+    """Whether the catalog changed between two snapshots other than by the stopped or killed
+    daemon's ZooKeeper session expiring (on a loaded machine a command can outlast the
+    session timeout): its ephemeral nodes vanish and their parents' child versions move."""
+    assert before is not None
+    if set(after) - set(before):
+        return True
+    for path, stat in before.items():
+        now = after.get(path)
+        if now is None:
+            if stat[6] == 0:  # a persistent node deleted
+                return True
+            continue
+        version, _cversion, aversion, mzxid, _pzxid, size, owner = stat
+        if (now[0], now[2], now[3], now[5], now[6]) != (version, aversion, mzxid, size, owner):
+            return True
+    return False
 
 
 def _read_from(path: Path, offset: int) -> str:

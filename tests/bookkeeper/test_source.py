@@ -463,7 +463,8 @@ class TestBatchProbe:
 
 
 def snapshot(hosts: str, url: str) -> dict[str, tuple[int, ...]]:
-    """Every node under the URL's chroot with its stat (versions and zxids)."""
+    """Every node under the URL's chroot with its stat (versions and zxids; the last field is
+    the ephemeral owner's session, 0 for a persistent node)."""
     chroot = url.split("/", 3)[3]
     zk = KazooClient(hosts=hosts)
     zk.start(timeout=10)
@@ -471,7 +472,8 @@ def snapshot(hosts: str, url: str) -> dict[str, tuple[int, ...]]:
     try:
         def walk(path: str) -> None:
             data, st = zk.get(path)
-            out[path] = (st.version, st.cversion, st.aversion, st.mzxid, st.pzxid, len(data))
+            out[path] = (st.version, st.cversion, st.aversion, st.mzxid, st.pzxid, len(data),
+                         st.ephemeralOwner)
             for kid in zk.get_children(path):
                 walk(f"{path.rstrip('/')}/{kid}")
 
