@@ -52,6 +52,7 @@ import time
 import uuid
 from collections import Counter
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -76,6 +77,10 @@ pytestmark = [pytest.mark.integration]
 
 CACHE_KEY = "offloadd/sidecar_soak"
 _GAP = re.compile(r"^(?P<ledger>\d+):\d+\.\.before ")
+_MIRROR = re.compile(r"^(?P<when>\S+) INFO\s+\S+: topic (?P<topic>\S+): mirrored Pulsar's "
+                     r"ledger list", re.M)
+# monotonic + _WALL = wall clock: the daemon's log lines carry wall-clock times
+_WALL = time.time() - time.monotonic()
 _COMMIT = re.compile(r"topic (?P<topic>\S+): segment (?P<uid>[0-9a-f-]{36}) offloaded:")
 OFFLOADD = [sys.executable, "-m", "offloadd"]
 
@@ -635,6 +640,7 @@ class Soak:
             for lost in lost_ledgers(info):
                 recorded[lost.ledger_id] = (lost.first, lost.last)
         daemon_log = self.daemon.text()
+        mirrored = _mirror_reads(daemon_log)
         silent = reported_entries = unknowable_ledgers = unknowable_entries = 0
         false_reports = 0
         written = sum(len(x.payloads) for x in lives.values())
@@ -650,7 +656,7 @@ class Soak:
             rec = recorded.get(life.ledger_id)
             if rec is not None and _covers(rec, absent):
                 reported_entries += len(absent)
-            elif life.ledger_id not in self.watcher.seen and self._while_down(life):
+            elif life.ledger_id not in self.watcher.seen and self._while_down(life, mirrored):
                 unknowable_ledgers += 1
                 unknowable_entries += len(absent)
             elif _logged_lost(daemon_log, life):
@@ -724,14 +730,34 @@ class Soak:
             "gc_exit": gc_code,
         }
 
-    def _while_down(self, life: LedgerLife) -> bool:
-        """Created and deleted while no daemon was reading Pulsar's lists (killed until ready
-        again, or stopped; a second's leeway before for its last list read)."""
+    def _while_down(self, life: LedgerLife, mirrored: dict[str, list[float]]) -> bool:
+        """Deleted while no daemon was reading Pulsar's lists (killed until ready again, or
+        stopped until it had read them again), and created after the last list the daemon had
+        read of its topic before that (a second's leeway before the window in any case: a
+        loaded daemon is seconds behind the lists, and what it never read it cannot know)."""
         assert life.deleted is not None
         windows = list(self.daemon.down)
         if self.daemon.down_since is not None:
             windows.append((self.daemon.down_since, time.monotonic()))
-        return any(lo - 1.0 <= life.created and life.deleted <= hi for lo, hi in windows)
+        reads = mirrored.get(str(life.topic), [])
+        for lo, hi in windows:
+            if life.deleted > hi:
+                continue
+            if lo - 1.0 <= life.created:
+                return True
+            last_read = max((t for t in reads if t <= lo + _WALL), default=None)
+            if last_read is not None and life.created + _WALL > last_read + 0.5 \
+                    and life.created >= lo - 10.0:
+                return True
+        return False
+
+
+def _mirror_reads(log: str) -> dict[str, list[float]]:
+    """Wall-clock times at which the daemon logged a topic's ledger list as read, by topic."""
+    out: dict[str, list[float]] = {}
+    for m in _MIRROR.finditer(log):
+        out.setdefault(m["topic"], []).append(datetime.fromisoformat(m["when"]).timestamp())
+    return out
 
 
 def _written(before: dict[str, tuple[int, ...]] | None,
