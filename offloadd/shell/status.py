@@ -201,7 +201,7 @@ async def collect(settings: Settings, topics: Sequence[TopicName] | None = None,
         prices = Prices(c.storage_per_gb_month, c.put_per_1000, c.get_per_1000)
         out_topics = await topics_status(md, src, names, now_ms, prices)
         if topics:  # the detail view: each policy value and where it comes from
-            detail = await policy_detail(settings, src.source, names)
+            detail = await policy_detail(settings, src.source, names, md)
             for t in out_topics:
                 t["policy"] = detail[t["topic"]]
         members = [_liveness(asdict(m)) for m in await cluster.read_members(md)]
