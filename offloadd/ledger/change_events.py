@@ -122,6 +122,7 @@ class NamespaceEvents:
     schemas: RegistrySchemas
     table: TopicPolicyTable = field(default_factory=TopicPolicyTable)
     position: tuple[int, int] | None = None
+    listed: frozenset[int] = frozenset()  # the ledgers the last read found
     exists: bool = False
     error: str | None = None  # the last read's problem, None once a read succeeds
 
@@ -139,6 +140,7 @@ class NamespaceEvents:
             progressed = False
             descs = await self.source.ledgers(topic)
             self.exists = True
+            self.listed = frozenset(d.ledger_id for d in descs)
             for d in descs:
                 at = self.position
                 if at is not None and d.ledger_id < at[0]:
@@ -263,8 +265,9 @@ class ChangeEvents:
                 self._forget(ns)
             first.set()
             ledger_id, last = events.wait_position
-            if ledger_id < 0:
-                await asyncio.sleep(ABSENT_POLL_S)  # an empty topic: no ledger to wait on
+            if ledger_id not in events.listed:
+                # no ledger yet, or Pulsar deleted the one read last: none to wait on
+                await asyncio.sleep(ABSENT_POLL_S)
                 continue
             try:
                 await self.source.wait_for_entries(events.topic, ledger_id, last, WAIT_S)
