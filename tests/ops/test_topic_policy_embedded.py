@@ -98,6 +98,10 @@ enabled = false
             while not await complete_segments(rt, HOT):
                 await asyncio.sleep(0.2)
         assert EVENTS not in rt.daemon.topics  # Pulsar's own: never offloaded
+        listed = await asyncio.to_thread(offloadd, ["status", "--json", "--config", "c.toml"],
+                                         tmp_path, timeout=120, check=False)
+        assert {t["topic"] for t in json.loads(listed.stdout)["topics"]} == {str(HOT),
+                                                                             str(HELD)}
         st = await policies(tmp_path, HOT, HELD)
         assert st[str(HOT)]["threshold_bytes"] == {"value": 0, "source": LOCAL}
         assert st[str(HELD)]["threshold_bytes"] == {"value": GiB,
@@ -119,3 +123,26 @@ enabled = false
         rt.daemon.request_stop()
         await asyncio.gather(running, return_exceptions=True)
         await rt.close()
+
+
+async def test_standalone_drains_beside_a_system_topic(tmp_path: Path) -> None:
+    """``standalone`` waits until every topic is offloaded: not for ``__change_events``, which
+    is never offloaded (it used to wait out its deadline and exit 1)."""
+    (tmp_path / "c.toml").write_text(f"""
+[metadata]
+url = "embedded:{tmp_path}/metadata"
+[source]
+path = "{tmp_path}/ledgers"
+[blobstore]
+driver = "filesystem"
+path = "{tmp_path}/tier"
+[metrics]
+enabled = false
+""")
+    topic = "persistent://public/default/topic-0"
+    await cli(tmp_path, "topic-policy", "--topic", topic, "--threshold-seconds", "-1")
+    p = await asyncio.to_thread(offloadd, ["standalone", "--duration", "1", "--topics", "1",
+                                           "--json", "--config", "c.toml"], tmp_path,
+                                timeout=200, check=False)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert json.loads(p.stdout)["drained"] is True
