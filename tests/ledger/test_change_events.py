@@ -13,15 +13,24 @@ from typing import Any
 
 import pytest
 
+from offloadd._proto import pulsar_api_pb2 as pb
 from offloadd.errors import NotFound
-from offloadd.format.schema_storage import IndexEntry, SchemaEntry, SchemaLocator
+from offloadd.format import avro
+from offloadd.format.message import encode_batch, encode_entry
+from offloadd.format.schema_storage import (
+    IndexEntry,
+    SchemaEntry,
+    SchemaLocator,
+    version_bytes,
+)
 from offloadd.ledger import change_events
 from offloadd.ledger.change_events import ChangeEvents, RegistrySchemas, read_table
 from offloadd.ledger.memory import MemoryLedgerSource
 from offloadd.metadata.base import Versioned
 from offloadd.metadata.pulsar_policies import PulsarOffloadPolicy
+from offloadd.metadata.topic_policies import offload_policies_datum
 from offloadd.model import TopicName
-from tests.fixtures.pulsar_events import event_entry, schema_info
+from tests.fixtures.pulsar_events import BROKER_SCHEMA, event_entry, schema_info
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -132,3 +141,31 @@ async def test_an_unknown_schema_version_is_skipped_naming_the_message(
         table = (await read_table(src, RegistrySchemas(reg.get, reg.read), NS)).table
     assert table.lookup(HOT) is None and table.lookup(OTHER) is not None
     assert "schema version 3" in caplog.text and f"{EVENTS} 0:0" in caplog.text
+
+
+async def test_a_batched_entry_is_read_message_by_message() -> None:
+    """The broker's producer does not batch, but a batch (say, from another writer of the
+    topic) is read message by message, a null value included."""
+    reg = Registry()
+    src = MemoryLedgerSource()
+    src.open_ledger(EVENTS)
+    def datum(topic: TopicName, p: PulsarOffloadPolicy) -> bytes:
+        return avro.encode(BROKER_SCHEMA, {
+            "eventType": "TOPIC_POLICY", "topicPoliciesEvent": {
+                "topic": topic.local, "policies": {"offloadPolicies": offload_policies_datum(p)}}})
+
+    hot, other = datum(HOT, PulsarOffloadPolicy(threshold_bytes=3)), datum(
+        OTHER, PulsarOffloadPolicy(threshold_bytes=4))
+    body = encode_batch([
+        (pb.SingleMessageMetadata(payload_size=len(hot), partition_key=str(HOT)), hot),
+        (pb.SingleMessageMetadata(payload_size=len(other), partition_key=str(OTHER)), other),
+        (pb.SingleMessageMetadata(payload_size=0, partition_key=str(OTHER), null_value=True),
+         b"")])
+    md = pb.MessageMetadata(producer_name="p", sequence_id=0, publish_time=1,
+                            num_messages_in_batch=3, schema_version=version_bytes(0),
+                            uncompressed_size=len(body))
+    src.append(EVENTS, [encode_entry(md, body)])
+    table = (await read_table(src, RegistrySchemas(reg.get, reg.read), NS)).table
+    level = table.lookup(HOT)
+    assert level is not None and level.policy.threshold_bytes == 3
+    assert table.lookup(OTHER) is None  # set, then removed in the same batch
