@@ -10,7 +10,10 @@ otherwise — and keeps the latest event of each key, as compaction does.
 starts) and waits, a bounded while, until it has read the topic to its end, so the topic's first
 roll decision already sees its policy. The follower then waits for new entries
 (:meth:`~offloadd.ledger.base.LedgerSource.wait_for_entries`: a long poll on BookKeeper, the
-change journal on the embedded store) and applies them; ``on_change(ns)`` tells the daemon. A
+change journal on the embedded store) and applies them; ``on_change(ns)`` tells the daemon. On
+BookKeeper it also looks every ``PEEK_S`` for the entry past the last-add-confirmed, which
+readers see only after the broker's next add (``peek``:
+:mod:`offloadd.ledger.bookkeeper.change_tail`). A
 namespace without the topic (no topic policy ever set there) is looked at again every
 ``absent_poll_s``. :meth:`ChangeEvents.get` is what the daemon asks on every roll decision (no
 I/O).
@@ -59,16 +62,19 @@ from offloadd.model import FRAME_OVERHEAD, EntryRun, TopicName
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ChangeEvents", "NamespaceEvents", "RegistrySchemas", "read_table"]
+__all__ = ["ChangeEvents", "NamespaceEvents", "Peek", "RegistrySchemas", "read_table"]
 
 READ_BYTES = 1 << 20  # entries per read of the system topic (its messages are small)
 PREPARE_WAIT_S = 10.0  # how long a topic's start waits for its namespace's first read
 RETRY_S = 5.0  # a failed read of the system topic is tried again this often
 ABSENT_POLL_S = 10.0  # a namespace without __change_events: looked at again this often
 WAIT_S = 30.0  # one wait for new entries (a long poll, woken by news before)
+PEEK_S = 10.0  # with a peek: how often the entry past the LAC is looked for
 
 # (the topic whose schema it is, ledger id, entry id) -> the entry's bytes
 EntryReader = Callable[[TopicName, int, int], Awaitable[bytes]]
+# (topic, ledger id, entry id) -> that entry of the open ledger if durable, not yet readable
+Peek = Callable[[TopicName, int, int], Awaitable[bytes | None]]
 
 
 class RegistrySchemas:
@@ -161,19 +167,42 @@ class NamespaceEvents:
     async def _events(self, run: EntryRun) -> list[TopicPolicyEvent]:
         out: list[TopicPolicyEvent] = []
         for entry_id, payload in entry_payloads(run):
-            where = f"{self.topic} {run.ledger_id}:{entry_id}"
-            try:
-                entry = decode_entry(payload, where)
-                if entry.marker_type is not None or entry.encrypted or entry.chunk is not None:
-                    continue  # no topic policy (the broker writes them plain and whole)
-                schema = await self.schemas.avro(self.topic, entry.schema_version)
-                for m in entry.messages:
-                    ev = decode_event(m.key, m.payload, schema, where)
-                    if ev is not None:
-                        out.append(ev)
-            except (FormatError, NotFound) as exc:
-                log.warning("Pulsar topic policy message %s skipped: %s", where, exc)
+            out += await self.decode(run.ledger_id, entry_id, payload)
         return out
+
+    async def decode(self, ledger_id: int, entry_id: int,
+                     payload: bytes | memoryview) -> list[TopicPolicyEvent]:
+        """The topic policy events of one entry; [] (logged, naming it) if it does not
+        decode."""
+        where = f"{self.topic} {ledger_id}:{entry_id}"
+        out: list[TopicPolicyEvent] = []
+        try:
+            entry = decode_entry(payload, where)
+            if entry.marker_type is not None or entry.encrypted or entry.chunk is not None:
+                return []  # no topic policy (the broker writes them plain and whole)
+            schema = await self.schemas.avro(self.topic, entry.schema_version)
+            for m in entry.messages:
+                ev = decode_event(m.key, m.payload, schema, where)
+                if ev is not None:
+                    out.append(ev)
+        except (FormatError, NotFound) as exc:
+            log.warning("Pulsar topic policy message %s skipped: %s", where, exc)
+            return []
+        return out
+
+    async def peek(self, peek: Peek | None) -> set[str] | None:
+        """Apply the entry just past :attr:`position` if ``peek`` finds it durable though not
+        readable yet (:mod:`offloadd.ledger.bookkeeper.change_tail`); the topics changed, None
+        when there is none."""
+        at = self.position
+        if peek is None or at is None or at[0] not in self.listed:
+            return None
+        payload = await peek(self.topic, at[0], at[1])
+        if payload is None:
+            return None
+        changed = self.table.apply(await self.decode(at[0], at[1], payload))
+        self.position = (at[0], at[1] + 1)
+        return changed
 
     @property
     def wait_position(self) -> tuple[int, int]:
@@ -181,13 +210,15 @@ class NamespaceEvents:
         return (at[0], at[1] - 1) if at is not None else (-1, -1)
 
 
-async def read_table(source: LedgerSource, schemas: RegistrySchemas,
-                     ns: str) -> NamespaceEvents:
+async def read_table(source: LedgerSource, schemas: RegistrySchemas, ns: str,
+                     peek: Peek | None = None) -> NamespaceEvents:
     """One read of ``ns``'s ``__change_events`` to its end (``offloadd status``); a namespace
     without the topic has an empty table."""
     events = NamespaceEvents(ns, source, schemas)
     with contextlib.suppress(NotFound):
         await events.catch_up()
+        while await events.peek(peek) is not None:
+            pass
     return events
 
 
@@ -196,9 +227,10 @@ class ChangeEvents:
 
     def __init__(self, source: LedgerSource, schemas: RegistrySchemas,
                  on_change: Callable[[str], None] | None = None, *,
-                 close_source: bool = False) -> None:
+                 close_source: bool = False, peek: Peek | None = None) -> None:
         self.source = source
         self.schemas = schemas
+        self.peek = peek
         self.on_change = on_change
         self._close_source = close_source
         self._namespaces: dict[str, NamespaceEvents] = {}
@@ -264,13 +296,20 @@ class ChangeEvents:
             elif not first.is_set():
                 self._forget(ns)
             first.set()
+            peeked = await events.peek(self.peek)
+            if peeked is not None:
+                if peeked:
+                    self._changed(ns, peeked, initial=False)
+                continue  # there may be more
             ledger_id, last = events.wait_position
             if ledger_id not in events.listed:
                 # no ledger yet, or Pulsar deleted the one read last: none to wait on
                 await asyncio.sleep(ABSENT_POLL_S)
                 continue
             try:
-                await self.source.wait_for_entries(events.topic, ledger_id, last, WAIT_S)
+                # a new entry past the LAC wakes no long poll: peek again this often
+                await self.source.wait_for_entries(events.topic, ledger_id, last,
+                                                   PEEK_S if self.peek else WAIT_S)
             except OffloaddError:
                 await asyncio.sleep(RETRY_S)
 

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
         NamespacePolicies,
         NamespacePolicy,
     )
-    from offloadd.ledger.change_events import ChangeEvents, RegistrySchemas
+    from offloadd.ledger.change_events import ChangeEvents, Peek, RegistrySchemas
     from offloadd.metadata.base import MetadataStore
     from offloadd.metadata.topic_policies import TopicLevel, TopicPolicyTable
 
@@ -191,12 +191,14 @@ def topic_follower(settings: Settings, source: LedgerSource, metadata: MetadataS
     got = _topic_reader(settings, source, metadata, daemon=daemon)
     if got is None:
         return None
-    reader, schemas = got
-    return ChangeEvents(reader, schemas, close_source=reader is not source)
+    reader, schemas, peek = got
+    return ChangeEvents(reader, schemas, close_source=reader is not source, peek=peek)
 
 
 def _topic_reader(settings: Settings, source: LedgerSource, metadata: MetadataStore | None,
-                  *, daemon: bool) -> tuple[LedgerSource, RegistrySchemas] | None:
+                  *, daemon: bool) -> tuple[LedgerSource, RegistrySchemas, Peek | None] | None:
+    """What reads the topic policies: the source, the schema registry, and (BookKeeper) the
+    peek at the entry past the LAC."""
     from offloadd.ledger.change_events import RegistrySchemas, entry_payloads
 
     if not reads_topic_policies(settings):
@@ -219,7 +221,12 @@ def _topic_reader(settings: Settings, source: LedgerSource, metadata: MetadataSt
             run = await bk.read(topic, ledger_id, entry_id, entry_id)
             return bytes(entry_payloads(run)[0][1])
 
-        return bk, RegistrySchemas(get_bk, read_bk)
+        async def peek(topic: TopicName, ledger_id: int, entry_id: int) -> bytes | None:
+            from offloadd.ledger.bookkeeper.change_tail import durable_entry
+
+            return await durable_entry(bk, topic, ledger_id, entry_id)
+
+        return bk, RegistrySchemas(get_bk, read_bk), peek
     if metadata is None:
         return None
     from offloadd.metadata.schemas import embedded_entry_reader
@@ -229,7 +236,7 @@ def _topic_reader(settings: Settings, source: LedgerSource, metadata: MetadataSt
     async def read_embedded(topic: TopicName, ledger_id: int, entry_id: int) -> bytes:
         return await embedded(ledger_id, entry_id)
 
-    return source, RegistrySchemas(metadata.get, read_embedded)
+    return source, RegistrySchemas(metadata.get, read_embedded), None
 
 
 def configuration_store(settings: Settings, source: Any) -> ConfigurationStore | None:
@@ -293,12 +300,12 @@ async def _topic_tables(settings: Settings, source: LedgerSource,
         return {}
     from offloadd.ledger.change_events import read_table
 
-    reader, schemas = got
+    reader, schemas, peek = got
     out: dict[str, TopicPolicyTable] = {}
     try:
         for ns in sorted({t.ns for t in topics}):
             try:
-                out[ns] = (await read_table(reader, schemas, ns)).table
+                out[ns] = (await read_table(reader, schemas, ns, peek)).table
             except OffloaddError as exc:
                 errors[ns] = f"Pulsar's topic policies not read: {exc}"
     finally:
