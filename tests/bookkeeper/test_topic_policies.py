@@ -175,3 +175,29 @@ async def test_a_topic_policy_applies_to_its_topic_only_and_falls_back_when_remo
         rt.daemon.request_stop()
         await asyncio.gather(daemon, return_exceptions=True)
         await rt.close()
+
+
+async def test_the_entry_past_the_lac_counts_only_with_ack_quorum_copies(
+        cluster: Cluster) -> None:
+    """An entry on fewer than ``ack_quorum`` bookies may be dropped by BookKeeper's recovery
+    (the broker never acknowledged it): it is not applied; one on ``ack_quorum`` bookies is."""
+    from offloadd.ledger.bookkeeper.change_tail import durable_entry
+
+    p = cluster.pulsar
+    first = event_entry(HOT, PulsarOffloadPolicy(threshold_bytes=1))
+    await p.append(EVENTS, [first])
+    ledger_id = p.open[EVENTS].meta.ledger_id
+    src = cluster.source()
+    try:
+        (desc,) = await src.ledgers(EVENTS)
+        assert desc.last_entry_id == -1  # past the LAC: not readable
+        assert await durable_entry(src, EVENTS, ledger_id, 0) == first
+        # entry 1 reached one bookie of its write set only (a broker dying mid-add)
+        torn = event_entry(HOT, PulsarOffloadPolicy(threshold_bytes=2), seq=1)
+        led = p.open[EVENTS]
+        body = encode_entry(p.digest, ledger_id, 1, 0, led.length + len(torn), torn)
+        assert await p._add(led.meta.bookies_for(1)[0], ledger_id, 1, body)
+        assert await durable_entry(src, EVENTS, ledger_id, 1) is None
+        assert await durable_entry(src, EVENTS, ledger_id + 7, 0) is None  # no such ledger
+    finally:
+        await src.close()
