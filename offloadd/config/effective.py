@@ -5,13 +5,15 @@ Per field, the first level that sets it wins, most specific first (docs/sidecar.
 
     offloadd.toml [topics."persistent://t/ns/x"]
     offloadd.toml [namespaces."t/ns"]
+    pulsar topic policy (persistent://t/ns/__change_events: local, else global)
     pulsar namespace policy (/admin/policies/t/ns; sidecar mode)
     offloadd.toml [offload]   (a key written there, or in OFFLOADD_OFFLOAD__...)
     default
 
-As in Pulsar (topic over namespace over broker.conf), a namespace's policy beats the
-broker-wide ``[offload]``; at the same level offloadd's own file beats Pulsar's policy, so an
-operator can always override what a Pulsar admin set. Without a Pulsar policy this is exactly
+As in Pulsar (topic over namespace over broker.conf, merged field by field), a topic's policy
+beats its namespace's and a namespace's beats the broker-wide ``[offload]``; at the same level
+offloadd's own file beats Pulsar's policies, so an operator can always override what a Pulsar
+admin set. Without a Pulsar policy this is exactly
 :meth:`offloadd.config.Settings.policy_for`.
 
 Pulsar's values map onto offloadd's fields so (:func:`pulsar_level`): the thresholds as they are
@@ -89,9 +91,12 @@ def pulsar_level(p: PulsarOffloadPolicy) -> dict[str, Any]:
 
 def effective_policy(settings: Settings, topic: TopicName,
                      pulsar_ns: PulsarOffloadPolicy | None = None,
-                     pulsar_where: str = "") -> EffectivePolicy:
+                     pulsar_where: str = "",
+                     pulsar_topic: tuple[str, PulsarOffloadPolicy] | None = None
+                     ) -> EffectivePolicy:
     """``topic``'s policy over every level, with each value's source; ``pulsar_ns``: the
-    Pulsar policy of its namespace (read from node ``pulsar_where``), if any."""
+    Pulsar policy of its namespace (read from node ``pulsar_where``), if any; ``pulsar_topic``:
+    (its source's name, the policy) of the topic's own Pulsar policy, if any."""
     levels: list[tuple[str, Mapping[str, Any]]] = []
     over = settings.topics.get(str(topic))
     if over is not None:
@@ -102,6 +107,8 @@ def effective_policy(settings: Settings, topic: TopicName,
         levels.append((f"offloadd.toml [namespaces.{key_text(topic.ns)}]",
                        over.model_dump(exclude_none=True)))
     pulsar_name = f"pulsar namespace policy {pulsar_where}".rstrip()
+    if pulsar_topic is not None:
+        levels.append((pulsar_topic[0], pulsar_level(pulsar_topic[1])))
     if pulsar_ns is not None:
         levels.append((pulsar_name, pulsar_level(pulsar_ns)))
     off = settings.offload
@@ -111,7 +118,9 @@ def effective_policy(settings: Settings, topic: TopicName,
     defaults = {k: getattr(off, k) for k in OffloadPolicy.model_fields}
     chosen = resolve(levels, defaults)
     policy = OffloadPolicy.model_validate({k: s.value for k, s in chosen.items()})
-    if pulsar_ns is not None and pulsar_ns.read_priority is not None:
+    if pulsar_topic is not None and pulsar_topic[1].read_priority is not None:
+        priority = Sourced(pulsar_topic[1].read_priority, pulsar_topic[0])
+    elif pulsar_ns is not None and pulsar_ns.read_priority is not None:
         priority = Sourced(pulsar_ns.read_priority, pulsar_name)
     else:
         priority = Sourced(DEFAULT_READ_PRIORITY, DEFAULT)

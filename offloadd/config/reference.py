@@ -61,13 +61,17 @@ def reference_markdown() -> str:
         "Offload policy keys may be overridden per namespace and per topic, like Pulsar's "
         "namespace and topic offload policies. Each key resolves on its own: the topic's "
         "value if set, else the namespace's, else `[offload]`'s.", "",
-        "In sidecar mode (`[source] kind = \"bookkeeper\"`, `pulsar_policies = true`), the "
-        "offload policy Pulsar keeps for the namespace (`pulsar-admin namespaces "
-        "set-offload-policies` / `set-offload-threshold` / `set-offload-deletion-lag`) is a "
-        "level too, for `threshold_bytes`, `threshold_seconds` and `deletion_lag_ms`: "
-        "`[topics.\"...\"]` > `[namespaces.\"t/ns\"]` > Pulsar's namespace policy > "
-        "`[offload]` > default. `offloadd status --topic` names the level each value comes "
-        "from; see docs/sidecar.md, \"Pulsar's offload policies\".", "",
+        "With `[source] pulsar_policies = true` (the default), the offload policies Pulsar "
+        "keeps are levels too, for `threshold_bytes`, `threshold_seconds` and "
+        "`deletion_lag_ms`: the topic's (`pulsar-admin topics set-offload-policies`, kept in "
+        "the namespace's `__change_events` system topic: the local policy, else the global "
+        "one) and, in sidecar mode, the namespace's (`pulsar-admin namespaces "
+        "set-offload-policies` / `set-offload-threshold` / `set-offload-deletion-lag`): "
+        "`[topics.\"...\"]` > `[namespaces.\"t/ns\"]` > Pulsar's topic policy > Pulsar's "
+        "namespace policy > `[offload]` > default, each field on its own. `offloadd status "
+        "--topic` names the level each value comes from; see docs/sidecar.md, \"Pulsar's "
+        "offload policies\". With the embedded store, `offloadd topic-policy` writes a topic "
+        "policy as a broker does.", "",
         "```toml",
         "[offload]", 'mode = "streaming"', "max_size_per_segment_mbytes = 64", "",
         '[namespaces."public/archive"]', 'mode = "ledger"            # whole ledgers here', "",

@@ -112,8 +112,8 @@ class SourceSettings(Section):
                               "bookie supports batched reads (BookKeeper 4.17+)")
     pulsar_policies: bool = Field(
         True, description="apply the offload policies Pulsar keeps per namespace "
-        "(/admin/policies/<tenant>/<ns>: thresholds, deletion lag), watched; "
-        "docs/sidecar.md")
+        "(/admin/policies/<tenant>/<ns>: thresholds, deletion lag) and per topic (each "
+        "namespace's __change_events topic), followed live; docs/sidecar.md")
     pulsar_configuration_zk: str | None = Field(
         None, description="Pulsar's configuration store (its configurationMetadataStoreUrl) "
         "when it is not pulsar_zk: where the namespace policies are read (same credentials)")

@@ -29,7 +29,7 @@ from typing import Any
 from offloadd.errors import FormatError
 
 __all__ = ["POLICIES_ROOT", "READ_PRIORITIES", "PulsarOffloadPolicy", "namespace_policies_path",
-           "parse_namespace_policies"]
+           "parse_namespace_policies", "parse_offload_policies"]
 
 POLICIES_ROOT = "/admin/policies"  # NamespaceResources.BASE_POLICIES_PATH
 READ_PRIORITIES = ("bookkeeper-first", "tiered-storage-first")  # OffloadedReadPriority's values
@@ -94,6 +94,17 @@ def parse_namespace_policies(data: bytes, where: str) -> PulsarOffloadPolicy:
         lag = old_lag
     return PulsarOffloadPolicy(nbytes, seconds, lag,
                                _priority(new.get("managedLedgerOffloadedReadPriority"), where))
+
+
+def parse_offload_policies(obj: dict[str, Any], where: str) -> PulsarOffloadPolicy:
+    """The offload values of one ``OffloadPoliciesImpl`` object (its Java field names as keys:
+    Jackson's JSON, or the Avro record of a topic policy), without the namespace node's old
+    top-level fields."""
+    return PulsarOffloadPolicy(
+        _long(obj, "managedLedgerOffloadThresholdInBytes", where),
+        _long(obj, "managedLedgerOffloadThresholdInSeconds", where),
+        _long(obj, "managedLedgerOffloadDeletionLagInMillis", where),
+        _priority(obj.get("managedLedgerOffloadedReadPriority"), where))
 
 
 def _long(obj: dict[str, Any], key: str, where: str) -> int | None:

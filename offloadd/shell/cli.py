@@ -138,6 +138,14 @@ def _payload_args(sp: argparse.ArgumentParser, *, default_compression: str) -> N
                     "(what a read-committed consumer sees)")
 
 
+def _policy_bytes(text: str) -> int:
+    """A Pulsar offload threshold: -1 (none), 0, or a size ("10MiB")."""
+    t = text.strip()
+    if t in ("-1", "0"):
+        return int(t)
+    return _size(text)
+
+
 def _topic(text: str) -> TopicName:
     try:
         return TopicName.parse(text)
@@ -184,7 +192,7 @@ for _fn, _name in ((_positive_int, "positive integer"), (_positive_float, "posit
                    (_finite, "number"), (_compressions, "compression list"),
                    (_topic, "topic name"), (_position, "position"),
                    (_non_negative_float, "non-negative number"), (_size, "size"),
-                   (_rate, "rate")):
+                   (_rate, "rate"), (_policy_bytes, "size")):
     _fn.__name__ = _name
 
 
@@ -256,6 +264,34 @@ def build_parser() -> argparse.ArgumentParser:
                     "the Order record with a field added: a new version when it differs from "
                     "the latest; messages fill fields the Order record lacks with their "
                     "defaults")
+
+    sp = cmd("topic-policy", "set or remove a topic's offload policy as Pulsar keeps it "
+             "(embedded store)",
+             "  offloadd topic-policy --topic persistent://public/default/orders "
+             "--threshold 0\n"
+             "  offloadd topic-policy --topic persistent://public/default/orders --global "
+             "--threshold-seconds 3600 --json\n"
+             "  offloadd topic-policy --topic persistent://public/default/orders --remove\n",
+             description="Write the topic's offload policies to its namespace's "
+             "__change_events topic of the embedded store, as a Pulsar broker does for "
+             "pulsar-admin topics set-offload-policies / remove-offload-policies: the daemon "
+             "applies them over the namespace's levels (docs/config.md).")
+    sp.add_argument("--json", action="store_true",
+                    help="what was written as one JSON document on stdout (for scripts)")
+    sp.add_argument("--topic", type=_topic, required=True, help=TOPIC_HELP)
+    sp.add_argument("--threshold", type=_policy_bytes, metavar="BYTES",
+                    help="managedLedgerOffloadThresholdInBytes: a size such as 0, 10MiB, or -1 "
+                    "(no size threshold)")
+    sp.add_argument("--threshold-seconds", type=int, metavar="S",
+                    help="managedLedgerOffloadThresholdInSeconds (-1: none)")
+    sp.add_argument("--deletion-lag-ms", type=int, metavar="MS",
+                    help="managedLedgerOffloadDeletionLagInMillis")
+    sp.add_argument("--read-priority", choices=("bookkeeper-first", "tiered-storage-first"),
+                    help="managedLedgerOffloadedReadPriority (reported, not used by offloadd)")
+    sp.add_argument("--global", dest="is_global", action="store_true",
+                    help="a global policy (its key prefixed __G__); a local one overrides it")
+    sp.add_argument("--remove", action="store_true",
+                    help="remove the topic's (local, or with --global global) policy")
 
     sp = cmd("status", "per topic: failing or not, last error, lag, segments by state",
              "  offloadd status --config /etc/offloadd/offloadd.toml\n"
@@ -440,12 +476,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
 
 
+def _topic_policy(args: argparse.Namespace) -> int:
+    from offloadd.shell.topic_policy import cmd_topic_policy
+
+    return cmd_topic_policy(args)
+
+
 def _dispatch(args: argparse.Namespace) -> int:
     handlers: dict[str, Callable[[argparse.Namespace], int]] = {
         "run": commands.cmd_run,
         "standalone": commands.cmd_standalone,
         "produce": commands.cmd_produce,
         "status": commands.cmd_status,
+        "topic-policy": _topic_policy,
         "read": commands.cmd_read,
         "verify": commands.cmd_verify,
         "offload-now": commands.cmd_offload_now,

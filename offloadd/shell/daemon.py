@@ -41,6 +41,7 @@ from offloadd.metrics import Metrics
 from offloadd.model import LedgerDesc, Position, TopicName, catalog
 from offloadd.model.keys import CONDITIONAL_WRITES
 from offloadd.model.lifecycle import Lifecycle
+from offloadd.model.system_topics import is_system_topic
 from offloadd.offload.buffer import OffloadBuffer
 from offloadd.offload.context import OffloadMode
 from offloadd.offload.lag import LagMonitor
@@ -202,6 +203,8 @@ class Daemon:
                  settings.offload.flow_permits_per_second)
 
     def wanted(self, topic: TopicName) -> bool:
+        if is_system_topic(topic):  # Pulsar never offloads them (__change_events, ...)
+            return False
         pats = self.settings.source.topics
         return not pats or any(fnmatch.fnmatchcase(str(topic), p) for p in pats)
 

@@ -97,7 +97,7 @@ class Runtime:
             ownership = ClusterOwnership(metadata, owner_id, sessions=conn.sessions)
         if view.metrics is not None:  # e.g. the BookKeeper client's
             metrics.adopt(view.metrics)
-        pulsar = policies.open_pulsar_policies(settings, view.source)
+        pulsar = policies.open_pulsar_policies(settings, view.source, metadata)
         daemon = Daemon(settings, source=view, metadata=metadata, tier=tier,
                         ownership=ownership,
                         probe_factory=lambda t: metrics.topic(t.ns, str(t)),

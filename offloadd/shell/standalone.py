@@ -20,6 +20,7 @@ from offloadd.config import Settings
 from offloadd.errors import OffloaddError
 from offloadd.ledger.local import StoreLock
 from offloadd.model.lifecycle import Lifecycle
+from offloadd.model.system_topics import is_system_topic
 from offloadd.shell.daemon import Daemon
 from offloadd.shell.pidfile import PidFile
 from offloadd.shell.produce import PayloadKind, ProduceStats, PulsarShape, produce, topic_names
@@ -176,6 +177,8 @@ async def _drain(daemon: Daemon, rt: Runtime, timeout: float) -> bool | None:
         daemon.trigger()
         behind = 0
         for topic in await rt.source.list_topics():
+            if is_system_topic(topic):  # never offloaded (topic policies: __change_events)
+                continue
             ledgers = await rt.source.ledgers(topic)
             last = next((d for d in reversed(ledgers) if d.last_entry_id >= 0), None)
             running = daemon.topics.get(topic)

@@ -63,6 +63,7 @@ from offloadd.model.keys import (
     topic_state_path,
 )
 from offloadd.model.losses import lost_ledgers
+from offloadd.model.system_topics import is_system_topic
 from offloadd.offload.lag import committed_payload_bytes, measure
 from offloadd.shell.policies import policy_detail, policy_lines
 
@@ -179,6 +180,13 @@ def exit_code(st: dict[str, Any]) -> int:
     return EXIT_OK
 
 
+def _listed(managed_ledgers: Sequence[str], *, asked: bool) -> list[TopicName]:
+    """The topics of these managed ledgers; Pulsar's system topics (never offloaded) only when
+    asked for by name."""
+    names = [TopicName.from_managed_ledger(n) for n in managed_ledgers]
+    return names if asked else [n for n in names if not is_system_topic(n)]
+
+
 async def collect(settings: Settings, topics: Sequence[TopicName] | None = None,
                   namespaces: Sequence[str] | None = None) -> dict[str, Any]:
     """What ``offloadd status`` shows: every topic's status (or those of ``topics``, of the
@@ -186,7 +194,7 @@ async def collect(settings: Settings, topics: Sequence[TopicName] | None = None,
     md = await wiring.open_metadata(settings, read_only=True)  # status never writes
     src = wiring.connect_source(settings, md, read_only=True)
     try:
-        names = [TopicName.from_managed_ledger(n) for n in await managed_ledger.list_names(md)]
+        names = _listed(await managed_ledger.list_names(md), asked=bool(topics))
         if topics:
             wanted = set(topics)
             missing = [str(t) for t in topics if t not in set(names)]
@@ -201,7 +209,7 @@ async def collect(settings: Settings, topics: Sequence[TopicName] | None = None,
         prices = Prices(c.storage_per_gb_month, c.put_per_1000, c.get_per_1000)
         out_topics = await topics_status(md, src, names, now_ms, prices)
         if topics:  # the detail view: each policy value and where it comes from
-            detail = await policy_detail(settings, src.source, names)
+            detail = await policy_detail(settings, src.source, names, md)
             for t in out_topics:
                 t["policy"] = detail[t["topic"]]
         members = [_liveness(asdict(m)) for m in await cluster.read_members(md)]

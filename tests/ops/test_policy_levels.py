@@ -1,7 +1,8 @@
-"""Which level sets each offload policy value, with Pulsar's namespace policy among offloadd's
-(pure: :func:`offloadd.config.effective.effective_policy`)::
+"""Which level sets each offload policy value, with Pulsar's topic and namespace policies among
+offloadd's (pure: :func:`offloadd.config.effective.effective_policy`)::
 
-    [topics."..."]  >  [namespaces."t/ns"]  >  Pulsar namespace policy  >  [offload]  >  default
+    [topics."..."]  >  [namespaces."t/ns"]  >  Pulsar topic policy  >  Pulsar namespace policy
+      >  [offload]  >  default
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ TOPIC_LEVEL = 'offloadd.toml [topics."persistent://t/ns/x"]'
 NS_LEVEL = 'offloadd.toml [namespaces."t/ns"]'
 PULSAR_LEVEL = f"pulsar namespace policy {WHERE}"
 OFFLOAD_LEVEL = "offloadd.toml [offload]"
+PULSAR_TOPIC_LEVEL = "pulsar topic policy (local) persistent://t/ns/__change_events"
 
 values = {
     "threshold_bytes": st.none() | st.integers(-1, 2**40),
@@ -46,23 +48,28 @@ def _settings(topic: dict[str, Any], ns: dict[str, Any], off: dict[str, Any]) ->
 
 
 @settings(max_examples=300, deadline=None)
-@given(level, level, level, pulsar)
+@given(level, level, level, pulsar, pulsar)
 def test_each_value_comes_from_the_most_specific_level_that_sets_it(
         topic: dict[str, Any], ns: dict[str, Any], off: dict[str, Any],
-        p: PulsarOffloadPolicy | None) -> None:
+        p: PulsarOffloadPolicy | None, pt: PulsarOffloadPolicy | None) -> None:
     s = _settings(topic, ns, off)
-    eff = effective_policy(s, TOPIC, p, WHERE)
+    on_topic = (PULSAR_TOPIC_LEVEL, pt) if pt is not None else None
+    eff = effective_policy(s, TOPIC, p, WHERE, pulsar_topic=on_topic)
     mapped = pulsar_level(p) if p is not None else {}
+    mapped_topic = pulsar_level(pt) if pt is not None else {}
     defaults = Settings().offload
     for key in PULSAR_FIELDS:
         want = next(((v[key], name) for name, v in (
-            (TOPIC_LEVEL, topic), (NS_LEVEL, ns), (PULSAR_LEVEL, mapped), (OFFLOAD_LEVEL, off))
+            (TOPIC_LEVEL, topic), (NS_LEVEL, ns), (PULSAR_TOPIC_LEVEL, mapped_topic),
+            (PULSAR_LEVEL, mapped), (OFFLOAD_LEVEL, off))
             if v.get(key) is not None), (getattr(defaults, key), "default"))
         assert (getattr(eff.policy, key), eff.sources[key]) == want, key
-    if p is None:  # offloadd's own levels only: exactly what it always resolved
+    if p is None and pt is None:  # offloadd's own levels only: exactly what it always resolved
         assert eff.policy == s.policy_for(TOPIC)
     rp = eff.read_priority
-    if p is not None and p.read_priority is not None:
+    if pt is not None and pt.read_priority is not None:
+        assert (rp.value, rp.source) == (pt.read_priority, PULSAR_TOPIC_LEVEL)
+    elif p is not None and p.read_priority is not None:
         assert (rp.value, rp.source) == (p.read_priority, PULSAR_LEVEL)
     else:
         assert (rp.value, rp.source) == ("tiered-storage-first", "default")
@@ -103,9 +110,13 @@ class _Watched:
         from offloadd.ledger.bookkeeper.policies import NamespacePolicy
 
         self.state = NamespacePolicy(WHERE, PulsarOffloadPolicy(threshold_bytes=100))
+        self.level: Any = None
 
     def get(self, ns: str) -> Any:
         return self.state if ns == "t/ns" else None
+
+    def topic_level(self, topic: TopicName) -> Any:
+        return self.level if topic == TOPIC else None
 
     async def prepare(self, ns: str) -> None:
         return None
@@ -126,4 +137,16 @@ def test_the_daemon_memo_follows_reloads_and_pulsar_changes() -> None:
     assert memo.get(s, TOPIC).policy.threshold_bytes == 200
     assert memo.get(s, TOPIC).sources["threshold_bytes"] == PULSAR_LEVEL
     memo.forget(TOPIC)
+    assert memo.get(s, TOPIC).policy.threshold_bytes == 200
+    # a Pulsar topic policy appears, changes (a new value each time), goes
+    from offloadd.metadata.topic_policies import TopicLevel
+
+    watched.level = TopicLevel(PulsarOffloadPolicy(threshold_bytes=300), "local",
+                               "persistent://t/ns/__change_events")
+    assert memo.get(s, TOPIC).policy.threshold_bytes == 300
+    assert memo.get(s, TOPIC).sources["threshold_bytes"] == PULSAR_TOPIC_LEVEL
+    watched.level = TopicLevel(PulsarOffloadPolicy(threshold_bytes=400), "global",
+                               "persistent://t/ns/__change_events")
+    assert memo.get(s, TOPIC).policy.threshold_bytes == 400
+    watched.level = None
     assert memo.get(s, TOPIC).policy.threshold_bytes == 200

@@ -10,8 +10,9 @@ A node that does not parse (:func:`~offloadd.metadata.pulsar_policies.parse_name
 is logged at WARNING naming the node, and the last good policy of the namespace stays in force
 (none if it never parsed); a node that does not exist sets nothing. Neither stops anything.
 
-Topic-level policies are not read: Pulsar keeps them in each namespace's ``__change_events``
-system topic (Avro records, compacted), not in the metadata store (docs/sidecar.md).
+Topic-level policies are not here: Pulsar keeps them in each namespace's ``__change_events``
+system topic (Avro records, compacted), not in the metadata store; they are followed by
+:mod:`offloadd.ledger.change_events` (docs/sidecar.md, "Topic policies").
 """
 
 from __future__ import annotations

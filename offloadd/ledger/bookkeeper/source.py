@@ -78,6 +78,7 @@ from offloadd.metadata import managed_ledger
 from offloadd.metadata.base import MetadataStore, Versioned
 from offloadd.model import EntryRun, LedgerDesc, LedgerState, TopicName
 from offloadd.model.keys import managed_ledger_path
+from offloadd.model.system_topics import is_system_topic
 
 log = logging.getLogger(__name__)
 
@@ -217,6 +218,8 @@ class BookKeeperLedgerSource:
         return drain
 
     def wanted(self, topic: TopicName) -> bool:
+        if is_system_topic(topic):  # never offloaded, so never mirrored
+            return False
         pats = self.options.topics
         return not pats or any(fnmatch.fnmatchcase(str(topic), p) for p in pats)
 
