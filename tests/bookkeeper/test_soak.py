@@ -342,7 +342,13 @@ class Daemon:
         self.proc.send_signal(signal.SIGSTOP)
         self.down_since = time.monotonic()
 
-    async def resume(self, topics: list[TopicName]) -> None:
+    def resume(self) -> None:
+        """SIGCONT; the window without a daemon ends now."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGCONT)
+        self._window_closes()
+
+    async def resume_and_catch_up(self, topics: list[TopicName]) -> None:
         """SIGCONT; the window without a daemon ends only once it has read every topic's list
         again (on a loaded machine that is seconds after the signal: a ledger created while it
         was stopped and deleted before that read is one it cannot know)."""
@@ -356,6 +362,9 @@ class Daemon:
             await asyncio.sleep(0.05)
             text = await asyncio.to_thread(_read_from, log, start)
             wanted = {w for w in wanted if w not in text}
+        self._window_closes()
+
+    def _window_closes(self) -> None:
         if self.down_since is not None:
             self.down.append((self.down_since, time.monotonic()))
             self.down_since = None
@@ -487,7 +496,7 @@ class Soak:
             await self.run_command("daemon stopped", "status", "--json")
             await self.run_command("daemon stopped", "status")
         finally:
-            await self.daemon.resume(self.topics)
+            await self.daemon.resume_and_catch_up(self.topics)
 
     async def kill_and_restart(self) -> None:
         """kill -9; down long enough for retention to delete ledgers the daemon knew and some
