@@ -33,6 +33,7 @@ from offloadd.model.catalog import LedgerRange, TierUsage
 from offloadd.model.keys import (
     ledger_data_key,
     ledger_index_key,
+    segment_keys,
     streaming_data_key,
     streaming_index_key,
 )
@@ -244,10 +245,7 @@ def attempt_keys(uid: uuid.UUID, ledger_ids: Iterable[int] = ()) -> list[str]:
     """Every object an attempt under ``uid`` may have written (streaming, and ledger-based for
     ``ledger_ids``), each index before its data: a pair half deleted then looks abandoned,
     never committed with its data missing."""
-    keys = [streaming_index_key(uid), streaming_data_key(uid)]
-    for lid in ledger_ids:
-        keys += [ledger_index_key(uid, lid), ledger_data_key(uid, lid)]
-    return keys
+    return segment_keys(uid) + segment_keys(uid, ledger_ids)
 
 
 async def delete_attempt(store: BlobStore, uid: uuid.UUID, ledger_ids: Iterable[int] = (),

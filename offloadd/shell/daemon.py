@@ -41,6 +41,7 @@ from offloadd.metrics import Metrics
 from offloadd.model import LedgerDesc, Position, TopicName, catalog
 from offloadd.model.keys import CONDITIONAL_WRITES
 from offloadd.model.lifecycle import Lifecycle
+from offloadd.model.sizes import MiB
 from offloadd.offload.buffer import OffloadBuffer
 from offloadd.offload.context import OffloadMode
 from offloadd.offload.lag import LagMonitor
@@ -56,7 +57,6 @@ from offloadd.shell.offload_now import OffloadNow, Served, offload_now
 from offloadd.shell.policies import PulsarPolicyView
 
 log = logging.getLogger(__name__)
-MiB = 1024 * 1024
 
 
 ProbeFactory = Callable[[TopicName], TopicProbe]
