@@ -41,15 +41,12 @@ from offloadd.metrics import Metrics
 from offloadd.model import LedgerDesc, Position, TopicName, catalog
 from offloadd.model.keys import CONDITIONAL_WRITES
 from offloadd.model.lifecycle import Lifecycle
-from offloadd.model.sizes import MiB
 from offloadd.offload.buffer import OffloadBuffer
-from offloadd.offload.context import OffloadMode
 from offloadd.offload.lag import LagMonitor
-from offloadd.offload.roller import RollPolicy
-from offloadd.offload.scheduler import Running, Scheduler, SchedulerSettings
-from offloadd.offload.threshold import Thresholds
+from offloadd.offload.policy import PolicySource
+from offloadd.offload.scheduler import Running, Scheduler
 from offloadd.offload.throttle import Throttle
-from offloadd.offload.topic import OffloadEnv, TopicOffloader, TopicPolicy, TopicProbe
+from offloadd.offload.topic import OffloadEnv, TopicOffloader, TopicProbe
 from offloadd.retry import Backoff
 from offloadd.shell import policies
 from offloadd.shell.memtrim import MemoryTrim, malloc_trim
@@ -87,13 +84,18 @@ class Daemon:
         off = settings.offload
         self.buffer = OffloadBuffer(off.buffer_max_bytes, on_change=on_buffer)
         self._trim = MemoryTrim(self.buffer)
-        self.throttle = Throttle(off.flow_permits_per_second, off.burst_bytes)
+        # what the pipeline reads of the configuration, in one object (offload/policy.py)
+        self.policies = PolicySource(
+            Throttle(off.flow_permits_per_second, off.burst_bytes),
+            keys=lambda t: wiring.policy_keys(self.settings, self.effective(t).policy),
+            scheduler=lambda: wiring.scheduler_settings(self.settings),
+            on_wait=metrics.throttle_wait if metrics is not None else None)
         # the pipeline reads through a wrapper that times each read per topic
         piped = self.source if probe_factory is None else MeteredSource(self.source,
                                                                         self._source_probe)
         env = OffloadEnv(
             source=piped, metadata=metadata, blobstore=self.blobstore, buffer=self.buffer,
-            acquire=self._acquire, blocks_in_flight=off.blocks_in_flight,
+            acquire=self.policies.acquire, blocks_in_flight=off.blocks_in_flight,
             part_size=settings.blobstore.part_size_bytes,
             retry=Backoff(off.retry_base_s, off.retry_max_s),
             commits=CommitBatcher(metadata), on_progress=self._lag_woken_add,
@@ -101,9 +103,8 @@ class Daemon:
             idle_poll_s=source.changes.idle_poll_s if source.changes is not None
             else OffloadEnv.idle_poll_s)
         self.scheduler = Scheduler(
-            env, ownership=ownership or Ownership(), wanted=self.wanted, policy=self._policy_fn,
-            probe=probe_factory or (lambda topic: None), settings=self._scheduler_settings,
-            on_gone=self._forget,
+            env, ownership=ownership or Ownership(), wanted=self.wanted, policies=self.policies,
+            probe=probe_factory or (lambda topic: None), on_gone=self._forget,
             prepare=self._effective.prepare if pulsar_policies is not None else None)
         self._stop = asyncio.Event()
         self._discovery_interval = discovery_interval_s
@@ -121,6 +122,10 @@ class Daemon:
         return self.scheduler.topics
 
     @property
+    def throttle(self) -> Throttle:
+        return self.policies.throttle
+
+    @property
     def env(self) -> OffloadEnv:
         return self.scheduler.env
 
@@ -133,22 +138,6 @@ class Daemon:
         if self.metrics is not None:
             self.metrics.forget_topic(topic.ns, str(topic))
 
-    async def _acquire(self, nbytes: int, topic: str) -> float:
-        """Take a block's bytes from the broker-wide budget in one request, reporting the wait
-        per topic.
-
-        One request, not pieces: a part goes to the store whole once its bytes are granted, and
-        a topic has several parts waiting at once. Pieces of those parts would be served
-        interleaved, so all of them would finish their pieces together and go to the store
-        in one burst (4 MiB blocks at 1 MB/s: nothing for 50 s, then 50 MB). Whole requests
-        leave the store one block at a time, evenly spaced; a block larger than the throttle's
-        burst is granted on credit and paid back by the requests after it (throttle.py).
-        """
-        waited = await self.throttle.acquire(nbytes, topic)
-        if self.metrics is not None:
-            self.metrics.throttle_wait(topic, waited)
-        return waited
-
     # ---- configuration -------------------------------------------------------------------
     def effective(self, topic: TopicName) -> EffectivePolicy:
         """``topic``'s offload policy over offloadd's levels and Pulsar's, with sources."""
@@ -158,26 +147,6 @@ class Daemon:
         for t, r in self.topics.items():  # idle topics sleep long: let them see it now
             if t.ns == ns:
                 r.offloader.wake.set()
-
-    def policy(self, topic: TopicName) -> TopicPolicy:
-        s = self.settings
-        p = self.effective(topic).policy
-        return TopicPolicy(RollPolicy(max_bytes=max(int(p.max_size_per_segment_mbytes * MiB), 1),
-                                      max_age_s=p.max_segment_rollover_time_minutes * 60,
-                                      max_block_size=p.max_block_size_bytes,
-                                      min_block_size=min(s.min_block_size(p),
-                                                         p.max_block_size_bytes)),
-                           mode=OffloadMode(p.mode),
-                           thresholds=Thresholds.from_config(p.threshold_bytes,
-                                                             p.threshold_seconds))
-
-    def _policy_fn(self, topic: TopicName) -> Callable[[], TopicPolicy]:
-        return lambda: self.policy(topic)
-
-    def _scheduler_settings(self) -> SchedulerSettings:
-        d = self.settings.daemon
-        return SchedulerSettings(shutdown_deadline_s=d.shutdown_deadline_s,
-                                 status_interval_s=d.status_interval_s)
 
     def reload(self, settings: Settings) -> None:
         """Apply a new configuration to running work (SIGHUP).
@@ -227,7 +196,7 @@ class Daemon:
         names = topics if topics is not None else self.default_trigger_topics()
         if names is None:
             names = list(self.topics)
-        return await offload_now(Served(lambda: self.topics, self.policy, self.source,
+        return await offload_now(Served(lambda: self.topics, self.policies.policy, self.source,
                                         self.env.wall_ms), names, wait=wait,
                                  timeout_s=timeout_s, poll_s=poll_s)
 
@@ -366,7 +335,7 @@ class Daemon:
                 name = str(topic)
 
                 async def acquire(nbytes: int, name: str = name) -> float:
-                    return await self._acquire(nbytes, name)
+                    return await self.policies.acquire(nbytes, name)
 
                 try:
                     rep = await compact_once(
