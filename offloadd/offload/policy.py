@@ -67,6 +67,9 @@ class PolicySource:
         self._keys = keys
         self._scheduler = scheduler
         self._on_wait = on_wait
+        # each topic's last keys and the policy made of them: a topic task asks on every step,
+        # and making the policy costs some 12 µs where comparing the keys costs 1
+        self._last: dict[TopicName, tuple[PolicyKeys, TopicPolicy]] = {}
 
     async def acquire(self, nbytes: int, topic: str) -> float:
         """Take a block's bytes from the broker-wide budget in one request, reporting the wait
@@ -86,7 +89,17 @@ class PolicySource:
 
     def policy(self, topic: TopicName) -> TopicPolicy:
         """``topic``'s policy under the configuration as it is now."""
-        return topic_policy(self._keys(topic))
+        keys = self._keys(topic)
+        last = self._last.get(topic)
+        if last is not None and last[0] == keys:
+            return last[1]
+        policy = topic_policy(keys)
+        self._last[topic] = (keys, policy)
+        return policy
+
+    def forget(self, topic: TopicName) -> None:
+        """``topic`` stopped running here."""
+        self._last.pop(topic, None)
 
     def policy_fn(self, topic: TopicName) -> Callable[[], TopicPolicy]:
         """What one topic task calls on each roll decision."""

@@ -135,6 +135,7 @@ class Daemon:
 
     def _forget(self, topic: TopicName) -> None:
         self._effective.forget(topic)
+        self.policies.forget(topic)
         if self.metrics is not None:
             self.metrics.forget_topic(topic.ns, str(topic))
 

@@ -35,7 +35,10 @@ def test_the_policy_is_read_again_on_every_use() -> None:
     source = PolicySource(Throttle(0), keys=lambda topic: current[0])
     policy = source.policy_fn(TOPIC)
     assert policy().mode is OffloadMode.STREAMING
+    assert policy() is policy()  # the same keys: the policy made of them once
     current[0] = replace(KEYS, mode="ledger")  # a reload
+    assert policy().mode is OffloadMode.LEDGER
+    source.forget(TOPIC)
     assert policy().mode is OffloadMode.LEDGER
     assert source.scheduler_settings() == SchedulerSettings()
 
