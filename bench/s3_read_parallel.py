@@ -135,7 +135,7 @@ def build_object(directory: Path, mib: int, block_mib: float, entry_kib: int
     """Write ``<uuid>`` and ``<uuid>-index``; returns (uid, ledger id, entry count)."""
     from offloadd.format import StreamingObjectBuilder
     from offloadd.format.block import frame_entries
-    from offloadd.format.checksum import stamp_parts
+    from offloadd.format.checksum import stamp_blocks
     from offloadd.model import EntryRun
 
     uid, ledger_id = uuid.uuid4(), 7
@@ -145,9 +145,9 @@ def build_object(directory: Path, mib: int, block_mib: float, entry_kib: int
     data, offsets = frame_entries(0, [payload] * count)
     block = int(block_mib * MiB)
     builder = StreamingObjectBuilder(max_block_size=block, min_block_size=0)
-    parts = stamp_parts(builder.add_run(EntryRun(ledger_id, 0, memoryview(data), offsets)))
+    blocks = stamp_blocks(builder.add_run(EntryRun(ledger_id, 0, memoryview(data), offsets)))
     with open(directory / str(uid), "wb") as fh:
-        for p in parts:
+        for p in blocks:
             for b in p.buffers:
                 fh.write(b)
     (directory / f"{uid}-index").write_bytes(builder.finish({ledger_id: 0}))

@@ -105,7 +105,7 @@ STORES = {"moto": "moto_server (in-memory S3) on loopback, plain HTTP",
 def build_parts(mib: int, block_mib: float) -> list[Any]:
     from offloadd.format import StreamingObjectBuilder
     from offloadd.format.block import frame_entries
-    from offloadd.format.checksum import stamp_parts
+    from offloadd.format.checksum import stamp_blocks
     from offloadd.model import EntryRun
     from offloadd.offload.parts import UploadPart
 
@@ -113,9 +113,9 @@ def build_parts(mib: int, block_mib: float) -> list[Any]:
     payload = os.urandom(entry)
     data, offsets = frame_entries(0, [payload] * (mib * MiB // entry))
     builder = StreamingObjectBuilder(max_block_size=int(block_mib * MiB), min_block_size=0)
-    blocks = stamp_parts(builder.add_run(EntryRun(3, 0, memoryview(data), offsets)))
+    blocks = stamp_blocks(builder.add_run(EntryRun(3, 0, memoryview(data), offsets)))
     # one block per part on both sides (blocks of --block-mib are part-sized already)
-    return [UploadPart(b.part_number, b.offset, b.length, (b,)) for b in blocks]
+    return [UploadPart(b.number, b.offset, b.length, (b,)) for b in blocks]
 
 
 async def run(url: str, parts: list[Any], in_flight: int, repeat: int) -> dict[str, Any]:

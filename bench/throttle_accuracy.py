@@ -11,10 +11,10 @@ block-sized chunks from one shared :class:`~offloadd.offload.throttle.Throttle` 
 Chunks are capped at an eighth of the limit so a single grant cannot by itself make a one-second
 window look hot (a window holds at most ``limit + largest chunk`` under sustained demand).
 
-A second set, ``daemon``, goes through the daemon's own path, :meth:`Daemon._acquire` of a real
+A second set, ``daemon``, goes through the daemon's own path, :meth:`PolicySource.acquire` of a real
 :class:`~offloadd.shell.daemon.Daemon` (in-memory stores, nothing uploaded): three topics with
 ``blocks_in_flight`` (4) block uploads each in flight, for block sizes of 1 MiB and 4 MiB. Its
-samples are the moments ``_acquire`` returns, i.e. when a whole block may go to the store, so its
+samples are the moments ``acquire`` returns, i.e. when a whole block may go to the store, so its
 windows are those of the bytes an upload sends. A block is sent whole, so when it is larger than
 a quarter of the limit a one-second window holding it exceeds 1.25 x the limit by construction.
 
@@ -140,7 +140,7 @@ async def _run_daemon(limit: int, block: int, seconds: float) -> dict[str, Any]:
 
     async def upload_slot(topic: str) -> None:
         while True:
-            await daemon._acquire(block, topic)
+            await daemon.policies.acquire(block, topic)
             issued.append((time.monotonic(), topic, block))
 
     in_flight = daemon.settings.offload.blocks_in_flight

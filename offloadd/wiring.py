@@ -17,11 +17,12 @@ from pydantic import SecretStr
 
 from offloadd.blobstore.base import BlobStore, StoreView
 from offloadd.blobstore.requests import OnRequest, RequestCounts
-from offloadd.config import Settings
+from offloadd.config import OffloadPolicy, Settings
 from offloadd.errors import ConfigError, NotFound
 from offloadd.ledger.base import LedgerSource, SourceView
 from offloadd.ledger.local import LocalLedgerSource, LocalLedgerStore, RolloverPolicy
 from offloadd.metadata.base import MetadataStore, Sessions
+from offloadd.offload.policy import PolicyKeys, SchedulerSettings
 from offloadd.retention.gc import GcSettings
 from offloadd.retention.policy import RetentionLimits
 
@@ -252,3 +253,21 @@ def source_status(settings: Settings, source: LedgerSource) -> dict[str, Any] | 
     from offloadd.ledger.bookkeeper import BookKeeperLedgerSource
 
     return source.status() if isinstance(source, BookKeeperLedgerSource) else None
+
+
+def policy_keys(settings: Settings, policy: OffloadPolicy) -> PolicyKeys:
+    """What the pipeline reads of a topic's resolved offload policy."""
+    return PolicyKeys(mode=policy.mode,
+                      max_size_per_segment_mbytes=policy.max_size_per_segment_mbytes,
+                      max_segment_rollover_time_minutes=policy.max_segment_rollover_time_minutes,
+                      max_block_size_bytes=policy.max_block_size_bytes,
+                      min_block_size_bytes=settings.min_block_size(policy),
+                      threshold_bytes=policy.threshold_bytes,
+                      threshold_seconds=policy.threshold_seconds)
+
+
+def scheduler_settings(settings: Settings) -> SchedulerSettings:
+    """What the scheduler reads of ``[daemon]``."""
+    d = settings.daemon
+    return SchedulerSettings(shutdown_deadline_s=d.shutdown_deadline_s,
+                             status_interval_s=d.status_interval_s)

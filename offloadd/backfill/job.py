@@ -64,10 +64,10 @@ from offloadd.metadata.base import MetadataStore
 from offloadd.model import Position, TopicName, catalog
 from offloadd.model.keys import streaming_index_key
 from offloadd.model.segment_state import SegmentState, move_all
+from offloadd.model.sizes import MiB
 from offloadd.offload.attempt import delete_attempt
 
 log = logging.getLogger(__name__)
-MiB = 1024 * 1024
 
 
 class BackfillFailed(OffloaddError):

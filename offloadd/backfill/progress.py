@@ -28,9 +28,9 @@ from typing import IO, Any, Protocol
 
 from offloadd.model import TopicName
 from offloadd.model.hostport import HostPort
+from offloadd.model.sizes import MiB
 
 log = logging.getLogger(__name__)
-MiB = 1024 * 1024
 
 
 @dataclass(frozen=True)

@@ -266,13 +266,6 @@ class ClusterOwnership(Ownership):
         for topic in single:
             await self.release(topic)
 
-    async def still_owned(self, topic: TopicName) -> bool:
-        """True while this process holds the topic in the current session (a suspended
-        connection still counts: the session may survive)."""
-        self._connected()
-        held = self._held.get(topic)
-        return held is not None and held.generation == self._generation
-
     async def revoked(self, running: Collection[TopicName]) -> dict[TopicName, Revoke]:
         """Refresh membership, then say which running topics to give up and how."""
         connected = self._connected()

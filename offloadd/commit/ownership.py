@@ -58,9 +58,6 @@ class Ownership:
 
         await asyncio.gather(*map(one, topics), return_exceptions=True)
 
-    async def still_owned(self, topic: TopicName) -> bool:
-        return True
-
     async def revoked(self, running: Collection[TopicName]) -> Mapping[TopicName, Revoke]:
         """Before each discovery pass: running topics to give up, and how."""
         return {}

@@ -19,7 +19,6 @@ module        job
 ============  ===============================================================================
 """
 
-from offloadd.config.fields import MiB
 from offloadd.config.keys import secret_values
 from offloadd.config.loading import load
 from offloadd.config.policy import OffloadPolicy, OffloadSettings, PolicyOverride
@@ -37,6 +36,7 @@ from offloadd.config.sections import (
 )
 from offloadd.config.settings import ORPHAN_GRACE_FACTOR, Settings
 from offloadd.errors import ConfigError
+from offloadd.model.sizes import MiB
 
 __all__ = [
     "ORPHAN_GRACE_FACTOR",

@@ -12,10 +12,7 @@ from pydantic import AliasChoices, BaseModel, BeforeValidator, ConfigDict
 
 from offloadd.errors import ConfigError
 from offloadd.model import TopicName
-from offloadd.model.sizes import SIZE_UNITS, parse_size
-
-MiB = 1024 * 1024
-
+from offloadd.model.sizes import SIZE_UNITS, MiB, parse_size
 
 _PLAIN_INT = re.compile(r"-?[0-9]+")
 

@@ -11,7 +11,8 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
-from offloadd.config.fields import BYTES, BYTES_PER_S, MIBS, MiB, Section, alias
+from offloadd.config.fields import BYTES, BYTES_PER_S, MIBS, Section, alias
+from offloadd.model.sizes import MiB
 
 # Pulsar's names for the byte threshold: the offload policy's, broker.conf's older one, and
 # the one issue reports used (accepted so such a file loads)

@@ -14,13 +14,13 @@ from offloadd.config.fields import (
     BYTES,
     BYTES_PER_S,
     MIBS,
-    MiB,
     Section,
     alias,
     http_url,
     topic_keys,
 )
 from offloadd.model.hostport import HostPort
+from offloadd.model.sizes import MiB
 
 S3_MIN_PART_SIZE = 5 * MiB  # S3 refuses a smaller part but the last: EntityTooSmall
 DEFAULT_PART_SIZE = 8 * MiB  # a multipart part, and a reader's ranged GET

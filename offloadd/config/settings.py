@@ -12,7 +12,7 @@ from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from offloadd.config.cost import CostSettings
-from offloadd.config.fields import MiB, key_text, topic_keys
+from offloadd.config.fields import key_text, topic_keys
 from offloadd.config.policy import OffloadPolicy, OffloadSettings, PolicyOverride
 from offloadd.config.sections import (
     BlobstoreSettings,
@@ -25,6 +25,7 @@ from offloadd.config.sections import (
     SourceSettings,
 )
 from offloadd.model import TopicName
+from offloadd.model.sizes import MiB
 
 # gc must not take a live upload for an abandoned one: orphan_grace_s must be at least this many
 # times the longest an upload can legitimately stay open (see Settings._orphan_grace_problems)

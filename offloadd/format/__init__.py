@@ -35,7 +35,7 @@ from offloadd.format.block import (
     padding,
     parse_block_header,
 )
-from offloadd.format.layout import BlockPlan, Part, plan_blocks
+from offloadd.format.layout import Block, BlockPlan, plan_blocks
 from offloadd.format.ledger import (
     LEDGER_INDEX_MAGIC,
     LedgerIndex,
@@ -68,6 +68,7 @@ __all__ = [
     "PADDING_PATTERN",
     "STREAMING_BLOCK_MAGIC",
     "STREAMING_INDEX_MAGIC",
+    "Block",
     "BlockHeader",
     "BlockPlan",
     "IndexEntry",
@@ -75,7 +76,6 @@ __all__ = [
     "LedgerObject",
     "LedgerObjectBuilder",
     "LedgerSection",
-    "Part",
     "SectionInput",
     "StreamingIndex",
     "StreamingObject",

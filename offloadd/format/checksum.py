@@ -49,7 +49,7 @@ import crc32c
 
 from offloadd.errors import FormatError
 from offloadd.format.block import HEADER_LEN
-from offloadd.format.layout import Part
+from offloadd.format.layout import Block
 from offloadd.model.frames import PieceSums
 
 CHECKSUM_MARK = 0x4F464443
@@ -160,28 +160,28 @@ def crc32c_of(view: Buffer, at: int, sums: PieceSums | None) -> int:
     return crc32c.crc32c(mv[starts[k1] - at:], crc)
 
 
-def stamp_part(part: Part, sums: PieceSums | None = None) -> Part:
-    """The same part with the checksum written into its header (the payload is not copied).
+def stamp_block(block: Block, sums: PieceSums | None = None) -> Block:
+    """The same block with the checksum written into its header (the payload is not copied).
 
-    ``sums``: CRC32Cs of pieces of the run the part's payload is a view of (``EntryRun.sums``):
+    ``sums``: CRC32Cs of pieces of the run the block's payload is a view of (``EntryRun.sums``):
     the payload's CRC is combined from them (:func:`crc32c_of`) instead of read again.
     """
-    header = bytearray(part.buffers[0])
+    header = bytearray(block.buffers[0])
     if len(header) != HEADER_LEN:
-        raise ValueError("a part's first buffer must be its 128-byte block header")
-    rest = part.buffers[1:]
+        raise ValueError("a block's first buffer must be its 128-byte header")
+    rest = block.buffers[1:]
     crc = 0
-    if sums is not None and rest and part.block.payload_len:
-        crc = crc32c_of(rest[0], part.block.start, sums)
+    if sums is not None and rest and block.plan.payload_len:
+        crc = crc32c_of(rest[0], block.plan.start, sums)
         rest = rest[1:]
     for b in rest:
         crc = crc32c.crc32c(b, crc)
     _FIELD.pack_into(header, CHECKSUM_OFFSET, CHECKSUM_MARK, crc)
-    return replace(part, buffers=(bytes(header), *part.buffers[1:]))
+    return replace(block, buffers=(bytes(header), *block.buffers[1:]))
 
 
-def stamp_parts(parts: Sequence[Part], sums: PieceSums | None = None) -> list[Part]:
-    return [stamp_part(p, sums) for p in parts]
+def stamp_blocks(blocks: Sequence[Block], sums: PieceSums | None = None) -> list[Block]:
+    return [stamp_block(b, sums) for b in blocks]
 
 
 def verify_block_checksum(buf: Buffer, block_offset: int, block_len: int, obj: str, *,

@@ -61,43 +61,43 @@ class BlockPlan:
 
 
 @dataclass(frozen=True)
-class Part:
-    """One block ready to upload as one multipart part.
+class Block:
+    """One block ready to upload (in a multipart part of whole blocks, ``offload/parts.py``).
 
     ``buffers`` are written back to back: the header, the payload (a view of the run's data,
     never a copy) and the padding (omitted when empty); ``length`` is their total, equal to
-    ``block.block_len``. ``part_number`` counts blocks from 1; ``offset`` is where the block
-    starts in the data object.
+    ``plan.block_len``. ``number`` counts blocks from 1 (the index's part id); ``offset`` is
+    where the block starts in the data object.
     """
 
-    part_number: int
+    number: int
     offset: int
     buffers: tuple[bytes | memoryview, ...]
     length: int
-    block: BlockPlan
+    plan: BlockPlan
 
 
 @dataclass(frozen=True)
 class ObjectPair:
-    """A whole object pair, either format: the data object's parts, its length and the index."""
+    """A whole object pair, either format: the data object's blocks, its length and the index."""
 
-    parts: list[Part]
+    blocks: list[Block]
     index: bytes
     length: int
 
     def data_bytes(self) -> bytes:
         """The data object as one bytes value (copies; for tests and small objects)."""
-        return b"".join([b for p in self.parts for b in p.buffers])
+        return b"".join([b for blk in self.blocks for b in blk.buffers])
 
 
-def make_part(
-    plan: BlockPlan, part_number: int, offset: int, header: bytes, data: memoryview
-) -> Part:
+def make_block(
+    plan: BlockPlan, number: int, offset: int, header: bytes, data: memoryview
+) -> Block:
     """Assemble the buffers of a planned block whose payload lies in ``data``."""
     pad = plan.padding_len
     payload = data[plan.start : plan.end]
     buffers = (header, payload, padding(pad)) if pad else (header, payload)
-    return Part(part_number, offset, buffers, plan.block_len, plan)
+    return Block(number, offset, buffers, plan.block_len, plan)
 
 
 def plan_blocks(

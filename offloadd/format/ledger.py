@@ -38,7 +38,7 @@ from offloadd.format import _index
 from offloadd.format._index import IndexEntry
 from offloadd.format.block import HEADER_LEN, MIN_PADDING, pack_ledger_header
 from offloadd.format.checksum import RECORD_KEY, RECORD_VALUE
-from offloadd.format.layout import ObjectPair, Part, make_part, plan_blocks
+from offloadd.format.layout import Block, ObjectPair, make_block, plan_blocks
 from offloadd.model.frames import EntryRun
 
 Buffer = bytes | bytearray | memoryview
@@ -239,21 +239,21 @@ def build_ledger_object(
         pad_to="max",
         max_entries=max_entries,
     )
-    parts: list[Part] = []
+    blocks: list[Block] = []
     rows: list[IndexEntry] = []
     offset = 0
     for number, plan in enumerate(plans, start=1):
         header = pack_ledger_header(plan.block_len, plan.first_entry_id)
-        parts.append(make_part(plan, number, offset, header, run.data))
+        blocks.append(make_block(plan, number, offset, header, run.data))
         rows.append(IndexEntry(plan.first_entry_id, number, offset))
         offset += plan.block_len
-    return LedgerObject(parts, encode_ledger_index(offset, ledger_metadata, rows), offset)
+    return LedgerObject(blocks, encode_ledger_index(offset, ledger_metadata, rows), offset)
 
 
 class LedgerObjectBuilder:
     """Builds one ledger-based data object run by run (bounded memory for big ledgers).
 
-    Runs must cover the ledger from entry 0 in order; :meth:`add_run` returns the run's parts
+    Runs must cover the ledger from entry 0 in order; :meth:`add_run` returns the run's blocks
     (payloads are views of ``run.data``). Every block is padded to ``max_block_size`` except the
     very last one of the object, which is sized exactly (Pulsar's rule): pass ``last=True`` with
     the final run. :meth:`finish` returns the index.
@@ -267,7 +267,7 @@ class LedgerObjectBuilder:
         self._done = False
         self.length = 0
 
-    def add_run(self, run: EntryRun, *, last: bool) -> list[Part]:
+    def add_run(self, run: EntryRun, *, last: bool) -> list[Block]:
         if self._done:
             raise ValueError(f"ledger {self.ledger_id}: object already has its last run")
         if run.ledger_id != self.ledger_id or run.first_entry_id != self._next_entry:
@@ -279,16 +279,16 @@ class LedgerObjectBuilder:
             tail = plans[-1]
             plans[-1] = replace(tail, block_len=max(tail.block_len, self._max,
                                                     HEADER_LEN + tail.payload_len + MIN_PADDING))
-        parts: list[Part] = []
+        blocks: list[Block] = []
         for plan in plans:
             number = len(self._rows) + 1
             header = pack_ledger_header(plan.block_len, plan.first_entry_id)
-            parts.append(make_part(plan, number, self.length, header, run.data))
+            blocks.append(make_block(plan, number, self.length, header, run.data))
             self._rows.append(IndexEntry(plan.first_entry_id, number, self.length))
             self.length += plan.block_len
         self._next_entry = run.last_entry_id + 1
         self._done = last
-        return parts
+        return blocks
 
     def finish(self, ledger_metadata: bytes) -> bytes:
         if not self._done or not self._rows:

@@ -41,7 +41,7 @@ from offloadd.format import _index
 from offloadd.format._index import IndexEntry
 from offloadd.format.block import HEADER_LEN, pack_streaming_header
 from offloadd.format.checksum import RECORD_DRIVER, RECORD_KEY, RECORD_VALUE
-from offloadd.format.layout import ObjectPair, Part, make_part, plan_blocks
+from offloadd.format.layout import Block, ObjectPair, make_block, plan_blocks
 from offloadd.model.frames import FRAME_OVERHEAD, EntryRun
 
 Buffer = bytes | bytearray | memoryview
@@ -241,7 +241,7 @@ class _Section:
 class StreamingObjectBuilder:
     """Builds one streaming data object run by run, then its index.
 
-    :meth:`add_run` plans the run's blocks and returns them as :class:`Part` s ready to upload
+    :meth:`add_run` plans the run's blocks and returns them as :class:`Block` s ready to upload
     (payloads are views of ``run.data``, nothing is copied); runs must come in log order:
     a later ledger, or the same ledger continuing at the next entry. Every run starts a new block.
     :meth:`finish` returns the index bytes for everything added.
@@ -260,7 +260,7 @@ class StreamingObjectBuilder:
         self._max_entries = max_entries
         self._sections: list[_Section] = []
         self._length = 0
-        self._parts = 0
+        self._blocks = 0
         self._finished = False
 
     @property
@@ -269,10 +269,10 @@ class StreamingObjectBuilder:
         return self._length
 
     @property
-    def part_count(self) -> int:
-        return self._parts
+    def block_count(self) -> int:
+        return self._blocks
 
-    def add_run(self, run: EntryRun) -> list[Part]:
+    def add_run(self, run: EntryRun) -> list[Block]:
         if self._finished:
             raise ValueError("add_run after finish")
         if run.count <= 0:
@@ -290,18 +290,18 @@ class StreamingObjectBuilder:
             max_entries=self._max_entries,
         )
         section = self._section_for(run)
-        parts: list[Part] = []
-        part_number, offset = self._parts, self._length
+        blocks: list[Block] = []
+        number, offset = self._blocks, self._length
         for plan in plans:
-            part_number += 1
+            number += 1
             header = pack_streaming_header(plan.block_len, plan.first_entry_id, run.ledger_id)
-            parts.append(make_part(plan, part_number, offset, header, run.data))
-            section.blocks.append(IndexEntry(plan.first_entry_id, part_number, offset))
+            blocks.append(make_block(plan, number, offset, header, run.data))
+            section.blocks.append(IndexEntry(plan.first_entry_id, number, offset))
             offset += plan.block_len
-        self._parts, self._length = part_number, offset
+        self._blocks, self._length = number, offset
         section.last_entry_id = run.last_entry_id
         section.size += offsets[-1] - offsets[0] - FRAME_OVERHEAD * run.count
-        return parts
+        return blocks
 
     def _section_for(self, run: EntryRun) -> _Section:
         last = self._sections[-1] if self._sections else None
@@ -351,6 +351,6 @@ def build_streaming_object(
     builder = StreamingObjectBuilder(
         max_block_size=max_block_size, min_block_size=min_block_size, max_entries=max_entries
     )
-    parts = [p for run in runs for p in builder.add_run(run)]
+    blocks = [b for run in runs for b in builder.add_run(run)]
     index = builder.finish(timestamps)
-    return StreamingObject(parts, index, builder.length)
+    return StreamingObject(blocks, index, builder.length)

@@ -5,7 +5,7 @@ with the same ``uuid`` (``"<producer>-<sequence id>"``), ``chunk_id`` 0..n-1 and
 n. The table keeps every entry as a row (once per log entry), so a chunk the producer resent
 after a lost receipt is in it twice, and a message the producer republished under the same uuid
 starts again at chunk 0. :func:`reassemble` follows ``ConsumerImpl.processMessageChunk``
-(PULSAR-METADATA §5), per uuid in log order:
+(Pulsar's client), per uuid in log order:
 
 - chunk 0 starts the message (a partial one under the same uuid is discarded);
 - the next chunk id is appended; a chunk id already seen is a duplicate and ignored (the first

@@ -34,7 +34,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import pyarrow as pa
 from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.expressions import LessThan
@@ -408,8 +407,3 @@ def _always_true() -> Any:
 
     return AlwaysTrue()
 
-
-def arrow_rows(table: Table) -> pa.Table:
-    """Every row of ``table`` in log order (tests and tools)."""
-    return table.scan().to_arrow().sort_by(
-        [("ledger_id", "ascending"), ("entry_id", "ascending"), ("batch_index", "ascending")])

@@ -1,7 +1,7 @@
 """Read-committed: what a Pulsar consumer is delivered, decided from the log alone (pure, no I/O).
 
 A broker writes entries no consumer ever receives, and the projection must not make rows of them
-(PULSAR-METADATA §4; ``TopicTransactionBuffer``, ``AbstractBaseDispatcher``):
+(Pulsar's ``TopicTransactionBuffer`` and ``AbstractBaseDispatcher`` filter them):
 
 - **markers** (``MessageMetadata.marker_type`` set): replicated-subscription snapshots and updates
   (10..13) and a transaction's commit (21) or abort (22) marker, appended after its messages;

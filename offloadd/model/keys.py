@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import re
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 MANAGED_LEDGERS = "/managed-ledgers"
@@ -86,6 +87,22 @@ def ledger_data_key(uid: uuid.UUID, ledger_id: int) -> str:
 
 def ledger_index_key(uid: uuid.UUID, ledger_id: int) -> str:
     return f"{uid}-ledger-{ledger_id}-index"
+
+
+def segment_key_pairs(uid: uuid.UUID,
+                      ledger_ids: Iterable[int] | None = None) -> list[tuple[str, str]]:
+    """The (index, data) key pairs of the objects under ``uid``: the streaming pair when
+    ``ledger_ids`` is None, else one ledger-based pair per ledger."""
+    if ledger_ids is None:
+        return [(streaming_index_key(uid), streaming_data_key(uid))]
+    return [(ledger_index_key(uid, lid), ledger_data_key(uid, lid)) for lid in ledger_ids]
+
+
+def segment_keys(uid: uuid.UUID, ledger_ids: Iterable[int] | None = None) -> list[str]:
+    """:func:`segment_key_pairs` flattened, each index before its data: the index is written
+    last and is the commit marker, so deleting in this order leaves a half-deleted pair looking
+    abandoned, never committed with its data missing."""
+    return [key for pair in segment_key_pairs(uid, ledger_ids) for key in pair]
 
 
 _KEY_RE = re.compile(

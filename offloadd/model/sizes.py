@@ -12,7 +12,9 @@ from __future__ import annotations
 import re
 from fractions import Fraction
 
-__all__ = ["SIZE_FORMS", "SIZE_UNITS", "UNITS", "parse_size", "size_text"]
+__all__ = ["SIZE_FORMS", "SIZE_UNITS", "UNITS", "MiB", "parse_size", "size_text"]
+
+MiB = 2**20  # the one mebibyte constant of the package
 
 UNITS: dict[str, int] = {
     "b": 1,

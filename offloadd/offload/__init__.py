@@ -12,6 +12,7 @@
 ``upload.py``       ``SegmentUpload``: one data object as a multipart upload, parts in flight
 ``buffer.py``       ``OffloadBuffer``: the byte budget every topic reads into
 ``throttle.py``     ``Throttle``: the broker-wide byte rate (PIP-211)
+``policy.py``       ``PolicySource``: topic policies and throttle requests, one object
 ``recorder.py``     ``StatusRecorder``: a topic's persisted offload status
 ``lag.py``          how far the tier trails each topic
 ==================  ==============================================================================

@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 
 from offloadd.blobstore.base import BlobStore
 from offloadd.errors import Conflict, Fenced, OffloaddError
-from offloadd.format.checksum import RECORD_KEY, RECORD_VALUE, stamp_parts
-from offloadd.format.layout import Part
+from offloadd.format.checksum import RECORD_KEY, RECORD_VALUE, stamp_blocks
+from offloadd.format.layout import Block
 from offloadd.format.ledger import LedgerObjectBuilder, build_ledger_metadata
 from offloadd.format.streaming import StreamingObjectBuilder
 from offloadd.model import EntryRun, LedgerDesc, Position
@@ -33,6 +33,7 @@ from offloadd.model.catalog import LedgerRange, TierUsage
 from offloadd.model.keys import (
     ledger_data_key,
     ledger_index_key,
+    segment_keys,
     streaming_data_key,
     streaming_index_key,
 )
@@ -80,7 +81,7 @@ class SegmentAttempt:
     upload: SegmentUpload
     uploads: Uploads
     index_key: str
-    add: Callable[[EntryRun], Sequence[Part]]  # the format's builder: a run -> its parts
+    add: Callable[[EntryRun], Sequence[Block]]  # the format's builder: a run -> its blocks
     finish: Callable[[SegmentAttempt], bytes]  # the index bytes, once every part landed
     opened_at: float
     redo_of: uuid.UUID | None = None  # the ASSIGNED record this attempt replaces
@@ -123,7 +124,7 @@ class SegmentAttempt:
         others unparked. How many parts were submitted."""
         assert self.parts is not None
         try:
-            blocks = stamp_parts(self.add(run.entries), run.entries.sums)
+            blocks = stamp_blocks(self.add(run.entries), run.entries.sums)
             parts = self.parts.add(blocks)
         except BaseException:
             run.release()
@@ -131,10 +132,10 @@ class SegmentAttempt:
         if blocks:
             hold = _Hold(run, len(blocks))
             for b in blocks:
-                self._holds[b.part_number] = hold
+                self._holds[b.number] = hold
         else:
             run.release()
-        waiting = {id(self._holds[b.part_number]) for b in self.parts.pending}
+        waiting = {id(self._holds[b.number]) for b in self.parts.pending}
         for h in {id(h): h for h in self._holds.values()}.values():
             if id(h) in waiting:
                 h.run.park()
@@ -156,9 +157,9 @@ class SegmentAttempt:
         """``part`` is done (landed, failed or cancelled): its blocks hold their runs no more."""
         self._let_go(part.blocks)
 
-    def _let_go(self, blocks: Iterable[Part]) -> None:
+    def _let_go(self, blocks: Iterable[Block]) -> None:
         for b in blocks:
-            hold = self._holds.pop(b.part_number, None)
+            hold = self._holds.pop(b.number, None)
             if hold is None:
                 continue
             hold.blocks -= 1
@@ -225,7 +226,7 @@ async def open_ledger(uploads: Uploads, desc: LedgerDesc, uid: uuid.UUID, *,
     upload = await uploads.start(ledger_data_key(uid, desc.ledger_id))
     builder = LedgerObjectBuilder(ledger_id=desc.ledger_id, max_block_size=max_block_size)
 
-    def add(run: EntryRun) -> Sequence[Part]:
+    def add(run: EntryRun) -> Sequence[Block]:
         return builder.add_run(run, last=run.last_entry_id == desc.last_entry_id)
 
     def finish(att: SegmentAttempt) -> bytes:
@@ -244,10 +245,7 @@ def attempt_keys(uid: uuid.UUID, ledger_ids: Iterable[int] = ()) -> list[str]:
     """Every object an attempt under ``uid`` may have written (streaming, and ledger-based for
     ``ledger_ids``), each index before its data: a pair half deleted then looks abandoned,
     never committed with its data missing."""
-    keys = [streaming_index_key(uid), streaming_data_key(uid)]
-    for lid in ledger_ids:
-        keys += [ledger_index_key(uid, lid), ledger_data_key(uid, lid)]
-    return keys
+    return segment_keys(uid) + segment_keys(uid, ledger_ids)
 
 
 async def delete_attempt(store: BlobStore, uid: uuid.UUID, ledger_ids: Iterable[int] = (),

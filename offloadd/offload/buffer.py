@@ -70,12 +70,6 @@ class OffloadBuffer:
                 self._wake()
             raise
 
-    def try_reserve(self, n: int) -> bool:
-        if not self._waiters and self._fits(n):
-            self._take(n)
-            return True
-        return False
-
     def lease(self, size: int) -> bytearray:
         """A byte array of at least ``size`` bytes: the smallest free one up to
         :data:`LEASE_SLACK` times ``size``, else a new one."""

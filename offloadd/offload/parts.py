@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from offloadd.format.layout import Part as Block
+from offloadd.format.layout import Block
 
 __all__ = ["DEFAULT_PART_SIZE", "PartAssembler", "UploadPart"]
 
@@ -76,7 +76,7 @@ class PartAssembler:
         for block in blocks:
             expected = self._offset + self._pending_bytes
             if block.offset != expected:
-                raise ValueError(f"block {block.part_number} starts at byte {block.offset}, "
+                raise ValueError(f"block {block.number} starts at byte {block.offset}, "
                                  f"expected {expected} (blocks must come in object order)")
             self._pending.append(block)
             self._pending_bytes += block.length

@@ -9,7 +9,8 @@ One discovery pass (:meth:`Scheduler.step`), run by the daemon every discovery i
     reap ─▶ tasks that ended: forget their metrics, write "stopped", release the topic
 
 The scheduler owns the tasks and nothing else: the stores, the buffer and the throttle come in
-:class:`~offloadd.offload.topic.OffloadEnv`; policies, the topic filter and the probes are
+:class:`~offloadd.offload.topic.OffloadEnv`; the policies and its own settings in one
+:class:`~offloadd.offload.policy.PolicySource`; the topic filter and the probes are
 callables of the daemon (which reads the configuration).
 """
 
@@ -26,8 +27,9 @@ from offloadd.commit.ownership import Ownership, Revoke, process_owner_id
 from offloadd.errors import OffloaddError
 from offloadd.metadata import offload_status
 from offloadd.model import TopicName
+from offloadd.offload.policy import PolicySource, SchedulerSettings
 from offloadd.offload.recorder import StatusRecorder
-from offloadd.offload.topic import OffloadEnv, TopicOffloader, TopicPolicy, TopicProbe
+from offloadd.offload.topic import OffloadEnv, TopicOffloader, TopicProbe
 
 __all__ = ["Running", "Scheduler", "SchedulerSettings"]
 
@@ -36,14 +38,6 @@ log = logging.getLogger(__name__)
 ABANDON_GRACE_S = 10.0
 # more segments than this still open at a stop's closing time are left, not abandoned
 LEAVE_OVER = 64
-
-
-@dataclass(frozen=True)
-class SchedulerSettings:
-    """``[daemon]`` keys the scheduler reads when it needs them (a reload applies)."""
-
-    shutdown_deadline_s: float = 30.0
-    status_interval_s: float = 30.0
 
 
 @dataclass
@@ -60,9 +54,8 @@ STARTS_AT_ONCE = 64  # topics acquired and started concurrently by a discovery p
 class Scheduler:
     def __init__(self, env: OffloadEnv, *, ownership: Ownership,
                  wanted: Callable[[TopicName], bool],
-                 policy: Callable[[TopicName], Callable[[], TopicPolicy]],
+                 policies: PolicySource,
                  probe: Callable[[TopicName], TopicProbe | None],
-                 settings: Callable[[], SchedulerSettings],
                  on_gone: Callable[[TopicName], None] = lambda topic: None,
                  prepare: Callable[[TopicName], Awaitable[None]] | None = None) -> None:
         self.env = env
@@ -70,9 +63,8 @@ class Scheduler:
         self._prepare = prepare
         self.ownership = ownership
         self._wanted = wanted
-        self._policy = policy
+        self._policies = policies
         self._probe = probe
-        self._settings = settings
         self._on_gone = on_gone
         self.topics: dict[TopicName, Running] = {}
         self.wake = asyncio.Event()  # set when a revocation between passes wants a pass soon
@@ -165,8 +157,8 @@ class Scheduler:
         recorder = await self._recorder(topic, fence)
         if self._prepare is not None:
             await self._prepare(topic)
-        off = TopicOffloader(topic, self.env, self._policy(topic), fence, self._probe(topic),
-                             status=recorder)
+        off = TopicOffloader(topic, self.env, self._policies.policy_fn(topic), fence,
+                             self._probe(topic), status=recorder)
         # every line the task logs carries its topic as a field (offloadd.logs)
         task = asyncio.create_task(off.run(), name=f"offload {topic}",
                                    context=logs.context_with(topic=str(topic)))
@@ -186,7 +178,7 @@ class Scheduler:
         owner = self.ownership.owner_id or process_owner_id()
         commits = self.env.commits
         recorder = StatusRecorder(self.env.metadata, ml, fence, owner,
-                                  interval_s=self._settings().status_interval_s,
+                                  interval_s=self._policies.scheduler_settings().status_interval_s,
                                   initial=previous,
                                   multi=commits.multi if commits is not None else None)
         recorder.start()
@@ -226,7 +218,7 @@ class Scheduler:
         status records are written and ownership given back too (``reserve`` = a third of the
         deadline, at most ``ABANDON_GRACE_S``). 10,000 open segments cannot all close within
         30 s; they must not make the stop outlast the supervisor's patience."""
-        deadline = self._settings().shutdown_deadline_s
+        deadline = self._policies.scheduler_settings().shutdown_deadline_s
         loop = asyncio.get_running_loop()
         end = loop.time() + deadline
         reserve = min(ABANDON_GRACE_S, deadline / 3)

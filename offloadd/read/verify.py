@@ -37,11 +37,8 @@ from offloadd.metadata.base import MetadataStore
 from offloadd.model import Position, TopicName, catalog
 from offloadd.model.catalog import Segment, SegmentKind
 from offloadd.model.keys import (
-    ledger_data_key,
-    ledger_index_key,
     parse_key,
-    streaming_data_key,
-    streaming_index_key,
+    segment_key_pairs,
 )
 from offloadd.model.objects import BLOCK_CHECKSUM_KEY, FORMAT_VERSION_KEY
 from offloadd.read.reader import TierReader
@@ -280,11 +277,8 @@ async def _verify_objects(seg: Segment, rep: TopicReport, blobstore: BlobStore,
     """Each object of ``seg`` carries its user metadata, and a streaming data object has the
     length its index's metadata records (every byte of it is checked block by block, CRC32C
     included, by the read)."""
-    if seg.kind is SegmentKind.STREAMING:
-        pairs = [(streaming_index_key(seg.uid), streaming_data_key(seg.uid))]
-    else:
-        pairs = [(ledger_index_key(seg.uid, r.ledger_id), ledger_data_key(seg.uid, r.ledger_id))
-                 for r in seg.ranges]
+    pairs = segment_key_pairs(seg.uid, None if seg.kind is SegmentKind.STREAMING
+                              else [r.ledger_id for r in seg.ranges])
     for idx_key, data_key in pairs:
         try:
             ours = (await reader.index(idx_key)).records_checksums

@@ -70,12 +70,10 @@ from offloadd.errors import FormatError
 from offloadd.model import catalog
 from offloadd.model.catalog import Segment, SegmentKind
 from offloadd.model.keys import (
-    ledger_data_key,
-    ledger_index_key,
     parse_key,
-    streaming_data_key,
-    streaming_index_key,
+    segment_keys,
 )
+from offloadd.model.sizes import MiB
 
 __all__ = [
     "DeletionRecord",
@@ -90,7 +88,6 @@ __all__ = [
 ]
 
 RECORD_VERSION = 1
-MiB = 1024 * 1024
 
 
 # -- ledgers ------------------------------------------------------------------------------------
@@ -220,12 +217,7 @@ def object_keys(uid: uuid.UUID, kind: SegmentKind, ledgers: Iterable[int]) -> li
     The index is written last and is the commit marker; removing it first makes a half-deleted
     segment look like an abandoned attempt rather than a committed one with data missing.
     """
-    if kind is SegmentKind.STREAMING:
-        return [streaming_index_key(uid), streaming_data_key(uid)]
-    keys: list[str] = []
-    for lid in ledgers:
-        keys += [ledger_index_key(uid, lid), ledger_data_key(uid, lid)]
-    return keys
+    return segment_keys(uid, None if kind is SegmentKind.STREAMING else ledgers)
 
 
 def _decode_json(data: bytes, where: str) -> dict[str, Any]:

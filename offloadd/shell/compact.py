@@ -23,11 +23,11 @@ from offloadd.commit import epochs
 from offloadd.commit.fence import Fence, give_back_quietly, take
 from offloadd.commit.ownership import process_owner_id
 from offloadd.config import Settings
-from offloadd.config.fields import MiB
 from offloadd.errors import ConfigError, OffloaddError
 from offloadd.metadata import managed_ledger
 from offloadd.metadata.base import MetadataStore
 from offloadd.model import TopicName
+from offloadd.model.sizes import MiB
 from offloadd.offload.attempt import Uploads
 from offloadd.offload.merge import MergeReport, MergeSettings, compact_topic
 from offloadd.offload.throttle import Throttle

@@ -1,5 +1,6 @@
 """The daemon: the process around the scheduler — signals, reload, discovery passes, and the
-background duties (retention and gc, the read-back check, lag).
+background duties (retention and gc, the read-back check, lag). The duties' loops are in
+:mod:`offloadd.shell.duties`, the signal handlers in :mod:`offloadd.shell.signals`.
 
 Lifecycle ``NEW → RUNNING → STOPPING → STOPPED`` (:class:`~offloadd.model.lifecycle.Lifecycle`).
 Signals (installed by :meth:`Daemon.run`): ``SIGUSR1`` closes every open segment now, ``SIGHUP``
@@ -14,56 +15,46 @@ from __future__ import annotations
 
 import asyncio
 import fnmatch
-import json
 import logging
 import os
-import signal
-import time
-import uuid
 from collections.abc import Awaitable, Callable
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from offloadd import wiring
-from offloadd.aio import first_of
-from offloadd.blobstore.base import ConditionalWrites, StoreView, WriteFence
+from offloadd.blobstore.base import StoreView
 from offloadd.commit.batch import CommitBatcher
 from offloadd.commit.ownership import Ownership
 from offloadd.config import Settings
 from offloadd.config.effective import EffectivePolicy
-from offloadd.errors import OffloaddError
 from offloadd.ledger.base import SourceView
 from offloadd.ledger.metered import MeteredSource, SourceReadProbe
-from offloadd.metadata import cas, managed_ledger
 from offloadd.metadata.base import MetadataStore
 from offloadd.metrics import Metrics
-from offloadd.model import LedgerDesc, Position, TopicName, catalog
-from offloadd.model.keys import CONDITIONAL_WRITES
+from offloadd.model import LedgerDesc, TopicName
 from offloadd.model.lifecycle import Lifecycle
 from offloadd.model.system_topics import is_system_topic
 from offloadd.offload.buffer import OffloadBuffer
-from offloadd.offload.context import OffloadMode
 from offloadd.offload.lag import LagMonitor
-from offloadd.offload.roller import RollPolicy
-from offloadd.offload.scheduler import Running, Scheduler, SchedulerSettings
-from offloadd.offload.threshold import Thresholds
+from offloadd.offload.policy import PolicySource
+from offloadd.offload.scheduler import Running, Scheduler
 from offloadd.offload.throttle import Throttle
-from offloadd.offload.topic import OffloadEnv, TopicOffloader, TopicPolicy, TopicProbe
+from offloadd.offload.topic import OffloadEnv, TopicProbe
 from offloadd.retry import Backoff
 from offloadd.shell import policies
+from offloadd.shell.duties import Duties
 from offloadd.shell.memtrim import MemoryTrim, malloc_trim
 from offloadd.shell.offload_now import OffloadNow, Served, offload_now
 from offloadd.shell.policies import PulsarPolicyView
+from offloadd.shell.signals import Signals
 
 log = logging.getLogger(__name__)
-MiB = 1024 * 1024
 
 
 ProbeFactory = Callable[[TopicName], TopicProbe]
 
 
-class Daemon:
+class Daemon(Duties, Signals):
     def __init__(self, settings: Settings, *, source: SourceView, metadata: MetadataStore,
                  tier: StoreView, ownership: Ownership | None = None,
                  probe_factory: ProbeFactory | None = None,
@@ -88,13 +79,18 @@ class Daemon:
         off = settings.offload
         self.buffer = OffloadBuffer(off.buffer_max_bytes, on_change=on_buffer)
         self._trim = MemoryTrim(self.buffer)
-        self.throttle = Throttle(off.flow_permits_per_second, off.burst_bytes)
+        # what the pipeline reads of the configuration, in one object (offload/policy.py)
+        self.policies = PolicySource(
+            Throttle(off.flow_permits_per_second, off.burst_bytes),
+            keys=lambda t: wiring.policy_keys(self.settings, self.effective(t).policy),
+            scheduler=lambda: wiring.scheduler_settings(self.settings),
+            on_wait=metrics.throttle_wait if metrics is not None else None)
         # the pipeline reads through a wrapper that times each read per topic
         piped = self.source if probe_factory is None else MeteredSource(self.source,
                                                                         self._source_probe)
         env = OffloadEnv(
             source=piped, metadata=metadata, blobstore=self.blobstore, buffer=self.buffer,
-            acquire=self._acquire, blocks_in_flight=off.blocks_in_flight,
+            acquire=self.policies.acquire, blocks_in_flight=off.blocks_in_flight,
             part_size=settings.blobstore.part_size_bytes,
             retry=Backoff(off.retry_base_s, off.retry_max_s),
             commits=CommitBatcher(metadata), on_progress=self._lag_woken_add,
@@ -102,9 +98,8 @@ class Daemon:
             idle_poll_s=source.changes.idle_poll_s if source.changes is not None
             else OffloadEnv.idle_poll_s)
         self.scheduler = Scheduler(
-            env, ownership=ownership or Ownership(), wanted=self.wanted, policy=self._policy_fn,
-            probe=probe_factory or (lambda topic: None), settings=self._scheduler_settings,
-            on_gone=self._forget,
+            env, ownership=ownership or Ownership(), wanted=self.wanted, policies=self.policies,
+            probe=probe_factory or (lambda topic: None), on_gone=self._forget,
             prepare=self._effective.prepare if pulsar_policies is not None else None)
         self._stop = asyncio.Event()
         self._discovery_interval = discovery_interval_s
@@ -122,6 +117,10 @@ class Daemon:
         return self.scheduler.topics
 
     @property
+    def throttle(self) -> Throttle:
+        return self.policies.throttle
+
+    @property
     def env(self) -> OffloadEnv:
         return self.scheduler.env
 
@@ -131,24 +130,9 @@ class Daemon:
 
     def _forget(self, topic: TopicName) -> None:
         self._effective.forget(topic)
+        self.policies.forget(topic)
         if self.metrics is not None:
             self.metrics.forget_topic(topic.ns, str(topic))
-
-    async def _acquire(self, nbytes: int, topic: str) -> float:
-        """Take a block's bytes from the broker-wide budget in one request, reporting the wait
-        per topic.
-
-        One request, not pieces: a part goes to the store whole once its bytes are granted, and
-        a topic has several parts waiting at once. Pieces of those parts would be served
-        interleaved, so all of them would finish their pieces together and go to the store
-        in one burst (4 MiB blocks at 1 MB/s: nothing for 50 s, then 50 MB). Whole requests
-        leave the store one block at a time, evenly spaced; a block larger than the throttle's
-        burst is granted on credit and paid back by the requests after it (throttle.py).
-        """
-        waited = await self.throttle.acquire(nbytes, topic)
-        if self.metrics is not None:
-            self.metrics.throttle_wait(topic, waited)
-        return waited
 
     # ---- configuration -------------------------------------------------------------------
     def effective(self, topic: TopicName) -> EffectivePolicy:
@@ -159,26 +143,6 @@ class Daemon:
         for t, r in self.topics.items():  # idle topics sleep long: let them see it now
             if t.ns == ns:
                 r.offloader.wake.set()
-
-    def policy(self, topic: TopicName) -> TopicPolicy:
-        s = self.settings
-        p = self.effective(topic).policy
-        return TopicPolicy(RollPolicy(max_bytes=max(int(p.max_size_per_segment_mbytes * MiB), 1),
-                                      max_age_s=p.max_segment_rollover_time_minutes * 60,
-                                      max_block_size=p.max_block_size_bytes,
-                                      min_block_size=min(s.min_block_size(p),
-                                                         p.max_block_size_bytes)),
-                           mode=OffloadMode(p.mode),
-                           thresholds=Thresholds.from_config(p.threshold_bytes,
-                                                             p.threshold_seconds))
-
-    def _policy_fn(self, topic: TopicName) -> Callable[[], TopicPolicy]:
-        return lambda: self.policy(topic)
-
-    def _scheduler_settings(self) -> SchedulerSettings:
-        d = self.settings.daemon
-        return SchedulerSettings(shutdown_deadline_s=d.shutdown_deadline_s,
-                                 status_interval_s=d.status_interval_s)
 
     def reload(self, settings: Settings) -> None:
         """Apply a new configuration to running work (SIGHUP).
@@ -230,7 +194,7 @@ class Daemon:
         names = topics if topics is not None else self.default_trigger_topics()
         if names is None:
             names = list(self.topics)
-        return await offload_now(Served(lambda: self.topics, self.policy, self.source,
+        return await offload_now(Served(lambda: self.topics, self.policies.policy, self.source,
                                         self.env.wall_ms), names, wait=wait,
                                  timeout_s=timeout_s, poll_s=poll_s)
 
@@ -287,266 +251,6 @@ class Daemon:
             self.state = self.state.to(Lifecycle.STOPPED)
             self.ready = False
 
-    def _install_signals(self, trigger_file: Path | None,
-                         reload: Callable[[], Settings] | None) -> list[int]:
-        """SIGUSR1 closes segments now, SIGTERM/SIGINT stop, SIGHUP reloads (with ``reload``);
-        the signals installed, to remove at the end."""
-        handlers: dict[int, Callable[[], None]] = {
-            signal.SIGUSR1: lambda: self._signal_trigger(trigger_file),
-            signal.SIGTERM: self.request_stop,
-            signal.SIGINT: self.request_stop,
-        }
-        if reload is not None:
-            handlers[signal.SIGHUP] = lambda: self._signal_reload(reload)
-        loop = asyncio.get_running_loop()
-        for sig, fn in handlers.items():
-            loop.add_signal_handler(sig, fn)
-        return list(handlers)
-
-    def _start_duties(self) -> list[asyncio.Task[None]]:
-        """The background loops beside the topic tasks (the lag loop apart: it runs until the
-        very end, to keep the figures moving while the topics close)."""
-        duties = [asyncio.create_task(self._gc_loop(), name="gc"),
-                  asyncio.create_task(self._read_check_loop(), name="read check")]
-        if self.settings.compact.enabled:
-            duties.append(asyncio.create_task(self._compact_loop(), name="compact"))
-        fence = self.tier.fence
-        if fence is not None and not fence.conditional.answered and \
-                self.settings.blobstore.conditional_writes != "off":
-            duties.append(asyncio.create_task(self._fence_probe_loop(fence), name="fence probe"))
-        return duties
-
-    async def _gc_loop(self) -> None:
-        """Retention and garbage collection every ``[retention] interval_s`` (docs/retention.md):
-        deletions of fully deleted segments, their retries, the orphan sweep."""
-        from offloadd.retention.gc import gc_pass
-
-        while True:
-            await asyncio.sleep(self.settings.retention.interval_s)
-            log.debug("gc pass starting")
-            try:
-                gcs = replace(wiring.gc_settings(self.settings), deletion_lag_ms=lambda t: (
-                    self.effective(t).policy.deletion_lag_ms))
-                report = await gc_pass(self.metadata, self.tier, self.source_view,
-                                       gcs, now=time.time(),
-                                       probe=self.metrics)
-                log.debug("gc pass done")
-                if not report.ok:
-                    log.warning("gc pass left work pending: %s", report.to_json())
-            except OffloaddError as exc:
-                log.error("gc pass failed (retried next interval): %s", exc)
-
-    async def _fence_probe_loop(self, fence: WriteFence) -> None:
-        """The store did not answer the start-up probe of its create-only writes (an outage,
-        a bucket not created yet, credentials not granted yet): ask again every
-        ``fence_probe_interval_s`` until it does (docs/s3.md, "Conditional writes")."""
-        while not fence.conditional.answered:
-            await asyncio.sleep(self.fence_probe_interval_s)
-            try:
-                async with asyncio.timeout(2 * self.settings.blobstore.request_timeout_s):
-                    found = await fence.probe_conditional_writes()
-            except TimeoutError:
-                continue
-            if found.answered:
-                log.info("blob store: conditional writes %s", found.how)
-                await record_conditional_writes(self.metadata, found, "daemon")
-                if self.metrics is not None:
-                    self.metrics.conditional_writes(found.on)
-
-    async def _compact_loop(self) -> None:
-        """Merge small segments of the topics this daemon runs, every ``[compact] interval_s``
-        (docs/retention.md, "Merging small segments"): under each topic task's own fence and
-        the broker-wide throttle, a few merges per topic per pass."""
-        from offloadd.shell.compact import compact_once
-
-        # each segment's index is read once, not every pass (8,640 segments a day per topic)
-        sizes: dict[TopicName, dict[uuid.UUID, int]] = {}
-        while True:
-            await asyncio.sleep(self.settings.compact.interval_s)
-            for gone in set(sizes) - set(self.topics):
-                del sizes[gone]
-            for topic, running in list(self.topics.items()):
-                name = str(topic)
-
-                async def acquire(nbytes: int, name: str = name) -> float:
-                    return await self._acquire(nbytes, name)
-
-                try:
-                    rep = await compact_once(
-                        self.settings, topic, self.metadata, self.tier, running.offloader.fence,
-                        acquire=acquire, max_groups=self.settings.compact.max_merges_per_pass,
-                        sizes=sizes.setdefault(topic, {}),
-                        deletion_lag_ms=self.effective(topic).policy.deletion_lag_ms)
-                except OffloaddError as exc:  # Fenced included: the topic moved on
-                    log.warning("topic %s: merge pass failed (tried again next interval): %s",
-                                topic, exc)
-                    continue
-                if rep.merged:
-                    log.info("topic %s: merged %d group(s) of small segments (%d -> %d)", topic,
-                             len(rep.merged), rep.segments_before, rep.segments_after)
-
-    async def _read_check_loop(self) -> None:
-        """Read back what each topic committed since the last look (offloadd/read/check.py)."""
-        from offloadd.read.check import read_back
-
-        checked: dict[TopicName, Position] = {}
-        while True:
-            interval = self.settings.offload.read_check_interval_s
-            await asyncio.sleep(interval if interval > 0 else 60.0)
-            if interval <= 0:
-                continue  # off; a reload may turn it on
-            for topic, r in list(self.topics.items()):
-                done = r.offloader.last_committed
-                if done is None or checked.get(topic) == done:
-                    continue
-                try:
-                    sink = r.offloader.status_sink
-                    seg = await read_back(self.metadata, self.blobstore, topic,
-                                          r.offloader.probe, on_requests=(
-                                              sink.read_requests if sink is not None else None))
-                except Exception as exc:  # the check must outlive any failure; retried
-                    log.warning("topic %s: reading the newest committed segment back from the "
-                                "tier failed (readers will fail the same way): %s", topic, exc)
-                    continue
-                checked[topic] = done
-                if seg is not None:
-                    log.debug("topic %s: segment %s reads back", topic, seg.uid)
-            for gone in set(checked) - set(self.topics):
-                del checked[gone]
-
-    def _lag_woken_add(self, topic: TopicName) -> None:
-        self._lag_woken.add(topic)
-
-    async def _lag_loop(self) -> None:
-        """Every ``[daemon] lag_interval_s``: the lag of each running topic something happened
-        to, from its last committed position to the source's LAC (offload/lag.py).
-        Independent of the topic tasks, so the figures keep moving while uploads fail or the
-        store hangs.
-
-        A topic is measured again only when something may have moved it: with a source that
-        says which topics changed (the embedded store's journal: ``follow``), a measured,
-        recovered topic is *quiet* until its source records a change or it commits; its lag
-        stays what it was, seconds aged by the readers (``Lag.aged``). An idle daemon then
-        does nothing per topic here, open segments or not. Without such a source (or when it
-        lost track) every running topic is measured every interval."""
-        limit = asyncio.Semaphore(16)  # source calls in flight at once
-        changes = self.source_view.changes
-        follow = changes.follow() if changes is not None else None
-        quiet: set[TopicName] = set()  # measured; nothing happened to them since
-        restless: set[TopicName] = set()  # running and not quiet: measured every pass
-        version = -1  # the scheduler's topic set the two sets were derived from
-        last_pass_ms: int | None = None  # when the previous pass took the changes
-
-        while True:
-            await asyncio.sleep(self.settings.daemon.lag_interval_s)
-            topics = self.topics
-            if version != self.scheduler.version:
-                version = self.scheduler.version
-                for gone in set(self._ledgers_seen) - set(topics):
-                    del self._ledgers_seen[gone]
-                    self.lag_monitor.forget(gone)
-                quiet &= topics.keys()
-                restless = topics.keys() - quiet
-            now_ms = int(time.time() * 1000)
-            changed = follow() if follow is not None else None
-            woken, self._lag_woken = self._lag_woken, set()
-            if changed is None:  # anything may have moved: measure every topic
-                restless |= quiet
-                quiet = set()
-            else:
-                for topic in (changed | woken) & quiet:
-                    quiet.discard(topic)
-                    restless.add(topic)
-                    # nothing was recorded for it by the previous pass: its tail was the one
-                    # last seen until then (a bound for the new entries' age)
-                    if last_pass_ms is not None:
-                        self.lag_monitor.still(topic, until_ms=last_pass_ms)
-            last_pass_ms = now_ms
-            running = [(t, r.offloader) for t in restless
-                       if (r := topics.get(t)) is not None and not r.task.done()]
-            if not running:
-                continue
-            if changes is not None:
-                for t, _ in running:  # (so the journal names the topic from now on)
-                    changes.generation(t)
-            results = await asyncio.gather(*(self._measure_lag(t, off, limit)
-                                             for t, off in running),
-                                           return_exceptions=True)
-            for (topic, _), res in zip(running, results, strict=True):
-                if isinstance(res, Exception):  # a bug must not stop the figures for good
-                    log.error("lag of %s not measured: %r", topic, res)
-                elif res is True and changed is not None and topic in restless:
-                    restless.discard(topic)
-                    quiet.add(topic)
-
-    async def _measure_lag(self, topic: TopicName, off: TopicOffloader,
-                           limit: asyncio.Semaphore) -> bool:
-        """Measure; True when the topic may be left quiet until something happens."""
-        async with limit:
-            interval = self.settings.daemon.lag_interval_s
-            measured = True
-            try:
-                async with asyncio.timeout(max(interval * 5, 10.0)):
-                    ledgers = await self.source.ledgers(topic)
-                self._ledgers_seen[topic] = ledgers
-            except (OffloaddError, TimeoutError) as exc:
-                # the last list we had still gives growing seconds: better than a freeze
-                log.debug("lag of %s: source unavailable (%s)", topic, exc)
-                ledgers = self._ledgers_seen.get(topic, [])
-                measured = False
-                if not ledgers:
-                    return False
-            committed = off.last_committed
-            if not off.recovered:  # recovery may be stuck on the store: ask the catalog
-                try:
-                    info, _ = await managed_ledger.load(self.metadata, topic.managed_ledger)
-                except OffloaddError as exc:
-                    log.debug("lag of %s: catalog unreadable (%s)", topic, exc)
-                    return False
-                done = [seg for seg in catalog.segments(info) if seg.complete]
-                committed = done[-1].end if done else None
-            lag = await self.lag_monitor.sample(topic, ledgers, committed)
-            off.lag = lag
-            off.probe.lag(lag.entries, lag.bytes, lag.seconds)
-            return measured and off.recovered
-
-    def _signal_trigger(self, trigger_file: Path | None) -> None:
-        """SIGUSR1: all topics, or those ``offloadd offload-now --topic`` wrote down."""
-        names: list[TopicName] | None = None
-        if trigger_file is not None:
-            try:
-                text = trigger_file.read_text()
-                trigger_file.unlink()
-                names = [TopicName.parse(line.strip()) for line in text.splitlines()
-                         if line.strip()] or None
-            except FileNotFoundError:
-                pass
-            except (OSError, OffloaddError) as exc:
-                log.warning("SIGUSR1: ignoring trigger file %s: %s", trigger_file, exc)
-        if names is None:
-            names = self.default_trigger_topics()
-        log.info("SIGUSR1: closing open segments now (%s)",
-                 "all topics" if names is None else ", ".join(map(str, names)) or "no topic")
-        self.trigger(names)
-
-    def _signal_reload(self, reload: Callable[[], Settings]) -> None:
-        if self._reloading is not None and not self._reloading.done():
-            log.warning("SIGHUP: a reload is already under way; ignoring this one")
-            return
-        self._reloading = asyncio.ensure_future(self._reload(reload))
-
-    async def _reload(self, reload: Callable[[], Settings]) -> None:
-        try:
-            # reading and validating the file is blocking I/O: keep it off the event loop
-            self.reload(await asyncio.to_thread(reload))
-        except OffloaddError as exc:
-            log.error("SIGHUP: configuration not reloaded, keeping the old one: %s", exc)
-
-    async def _pause(self) -> None:
-        """Until the next pass is due, a stop is requested or the ownership hook wakes us."""
-        await first_of(self._stop.wait(), self.scheduler.wake.wait(),
-                       timeout=self._discovery_interval)
-
     def status(self) -> dict[str, Any]:
         health = self.tier.health
         ready, reason = health.readiness() if health is not None else (True, "")
@@ -580,13 +284,3 @@ def _restart_keys(settings: Settings) -> list[str]:
 def _dig(settings: Settings, key: str) -> object:
     section, _, name = key.partition(".")
     return getattr(getattr(settings, section), name)
-
-async def record_conditional_writes(metadata: MetadataStore, found: ConditionalWrites,
-                                    owner: str) -> None:
-    """Keep the start-up probe's answer where ``offloadd status`` reads it (best effort)."""
-    doc = {**found.to_json(), "owner": owner, "probed_ms": int(time.time() * 1000)}
-    try:
-        await cas.update(metadata, CONDITIONAL_WRITES,
-                         lambda node: json.dumps(doc, sort_keys=True).encode(), create=True)
-    except OffloaddError as exc:
-        log.warning("could not record the conditional-write probe: %s", exc)

@@ -21,7 +21,8 @@ from offloadd.metadata.base import MetadataStore, Sessions
 from offloadd.metrics import Metrics
 from offloadd.model import TopicName
 from offloadd.shell import policies
-from offloadd.shell.daemon import Daemon, record_conditional_writes
+from offloadd.shell.daemon import Daemon
+from offloadd.shell.duties import record_conditional_writes
 from offloadd.shell.httpserver import MetricsServer
 
 log = logging.getLogger(__name__)

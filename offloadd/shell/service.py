@@ -19,11 +19,11 @@ from collections.abc import Callable
 from offloadd import config as config_mod
 from offloadd.config import Settings
 from offloadd.ledger.local import StoreLock
+from offloadd.model.sizes import MiB
 from offloadd.shell.pidfile import PidFile
 from offloadd.shell.runtime import Runtime
 
 log = logging.getLogger(__name__)
-MiB = 1024 * 1024
 
 
 class Notifier:

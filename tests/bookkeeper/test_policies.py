@@ -130,7 +130,7 @@ async def test_daemon_applies_the_namespace_threshold_live_and_status_names_sour
     daemon = asyncio.ensure_future(rt.daemon.run(install_signals=False))
     try:
         await until(lambda: TOPIC in rt.daemon.topics, "the topic to start", 30)
-        assert rt.daemon.policy(TOPIC).thresholds.bytes == GiB
+        assert rt.daemon.policies.policy(TOPIC).thresholds.bytes == GiB
         await asyncio.sleep(3.0)  # rollover is 1.2 s: without the threshold it would be done
         info, _ = await managed_ledger.load(cluster.ours, TOPIC.managed_ledger)
         assert not [s for s in catalog.segments(info) if s.complete]
@@ -150,7 +150,7 @@ async def test_daemon_applies_the_namespace_threshold_live_and_status_names_sour
         async with asyncio.timeout(60):
             while not await offloaded_to_the_end(cluster, TOPIC):
                 await asyncio.sleep(0.2)
-        assert rt.daemon.policy(TOPIC).thresholds.bytes == 0
+        assert rt.daemon.policies.policy(TOPIC).thresholds.bytes == 0
 
         with caplog.at_level(logging.WARNING):
             await p.zk.set(NS_NODE, b"not json")
@@ -181,7 +181,7 @@ async def test_pulsar_policies_off(cluster: Cluster, tmp_path: Path,
     rt = await Runtime.open(settings, ownership=Ownership())
     try:
         assert rt.daemon.pulsar_policies is None
-        assert rt.daemon.policy(TOPIC).thresholds.bytes is None
+        assert rt.daemon.policies.policy(TOPIC).thresholds.bytes is None
         on = settings.model_copy(update={"source": settings.source.model_copy(
             update={"pulsar_policies": True})})
         with caplog.at_level(logging.WARNING):
@@ -212,7 +212,7 @@ async def test_a_separate_configuration_store(cluster: Cluster, tmp_path: Path) 
     daemon = asyncio.ensure_future(rt.daemon.run(install_signals=False))
     try:
         await until(lambda: TOPIC in rt.daemon.topics, "the topic to start", 30)
-        assert rt.daemon.policy(TOPIC).thresholds.seconds == 3600
+        assert rt.daemon.policies.policy(TOPIC).thresholds.seconds == 3600
         text = render_text(await collect(settings, [TOPIC]))
         assert f"age threshold 1 h (pulsar namespace policy {NS_NODE})" in text, text
     finally:

@@ -10,7 +10,7 @@ import pytest
 from offloadd.errors import FormatError
 from offloadd.format import StreamingObjectBuilder
 from offloadd.format.block import HEADER_LEN
-from offloadd.format.checksum import CHECKSUM_OFFSET, stamp_part, verify_block_checksum
+from offloadd.format.checksum import CHECKSUM_OFFSET, stamp_block, verify_block_checksum
 from offloadd.model import EntryRun
 from offloadd.model.objects import blocks_checksummed, object_metadata
 
@@ -19,8 +19,8 @@ def block() -> bytearray:
     """One stamped streaming block holding entries 0 and 1 of ledger 7."""
     frames = b"".join(struct.pack(">iq", len(p), i) + p for i, p in enumerate([b"abc", b"de"]))
     run = EntryRun(7, 0, memoryview(frames), [0, 15, 29])
-    (part,) = StreamingObjectBuilder(max_block_size=4096, min_block_size=0).add_run(run)
-    return bytearray(b"".join(bytes(b) for b in stamp_part(part).buffers))
+    (block,) = StreamingObjectBuilder(max_block_size=4096, min_block_size=0).add_run(run)
+    return bytearray(b"".join(bytes(b) for b in stamp_block(block).buffers))
 
 
 class TestRequiredChecksums:

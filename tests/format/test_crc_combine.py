@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from offloadd.format import StreamingObjectBuilder
-from offloadd.format.checksum import crc32c_combine, crc32c_of, stamp_part, stamp_parts
+from offloadd.format.checksum import crc32c_combine, crc32c_of, stamp_block, stamp_blocks
 from offloadd.format.ledger import LedgerObjectBuilder
 from offloadd.model import EntryRun, PieceSums
 
@@ -107,9 +107,9 @@ class TestStampFromPieces:
         sums = chunk_sums_of(data, chunk, min(at, len(data)))
         builder = StreamingObjectBuilder(max_block_size=max_block,
                                          min_block_size=min(min_block, max_block))
-        parts = builder.add_run(run)
-        read = [b"".join(bytes(b) for b in p.buffers) for p in stamp_parts(parts)]
-        combined = [b"".join(bytes(b) for b in p.buffers) for p in stamp_parts(parts, sums)]
+        blocks = builder.add_run(run)
+        read = [b"".join(bytes(b) for b in p.buffers) for p in stamp_blocks(blocks)]
+        combined = [b"".join(bytes(b) for b in p.buffers) for p in stamp_blocks(blocks, sums)]
         assert combined == read
 
     @settings(max_examples=40, deadline=None)
@@ -119,11 +119,11 @@ class TestStampFromPieces:
                            last: bool) -> None:
         data, offsets = framed(sizes)
         run = EntryRun(9, 0, memoryview(data), offsets)
-        parts = LedgerObjectBuilder(ledger_id=9, max_block_size=max_block).add_run(run,
+        blocks = LedgerObjectBuilder(ledger_id=9, max_block_size=max_block).add_run(run,
                                                                                  last=last)
         sums = chunk_sums_of(data, chunk, 0)
-        assert ([stamp_part(p, sums).buffers[0] for p in parts]
-                == [stamp_part(p).buffers[0] for p in parts])
+        assert ([stamp_block(p, sums).buffers[0] for p in blocks]
+                == [stamp_block(p).buffers[0] for p in blocks])
 
 
 class TestLongLengths:

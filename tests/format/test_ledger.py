@@ -111,9 +111,9 @@ class TestRoundTrip:
         assert read_ledger(data, index, ledger_id) == [
             (ledger_id, i, p) for i, p in enumerate(payloads)
         ]
-        for part in obj.parts[:-1]:
-            assert part.length == max_block or (
-                part.block.entry_count == 1 and part.length > max_block
+        for blk in obj.blocks[:-1]:
+            assert blk.length == max_block or (
+                blk.plan.entry_count == 1 and blk.length > max_block
             )
         for i in range(len(payloads)):
             block = index.locate(i)
@@ -128,10 +128,10 @@ class TestRoundTrip:
         obj = build_ledger_object(
             make_run(3, 0, [bytes(100)] * 5), max_block_size=400, ledger_metadata=_meta(4, 500)
         )
-        assert [(p.part_number, p.offset, p.length) for p in obj.parts] == [
+        assert [(b.number, b.offset, b.length) for b in obj.blocks] == [
             (1, 0, 400), (2, 400, 400), (3, 800, 240),
         ]
-        assert len(obj.parts[-1].buffers) == 2, "the exact last block has no padding buffer"
+        assert len(obj.blocks[-1].buffers) == 2, "the exact last block has no padding buffer"
         index = decode_ledger_index(obj.index, "o")
         assert index.blocks == (IndexEntry(0, 1, 0), IndexEntry(2, 2, 400), IndexEntry(4, 3, 800))
         assert index.block_end(index.blocks[1]) == 800
@@ -142,7 +142,7 @@ class TestRoundTrip:
         obj = build_ledger_object(
             make_run(3, 0, [b"a", big]), max_block_size=300, ledger_metadata=_meta(1)
         )
-        assert [p.length for p in obj.parts] == [300, HEADER_LEN + 12 + 1000]
+        assert [b.length for b in obj.blocks] == [300, HEADER_LEN + 12 + 1000]
         index = decode_ledger_index(obj.index, "o")
         assert read_ledger(obj.data_bytes(), index, 3) == [(3, 0, b"a"), (3, 1, big)]
 

@@ -76,10 +76,10 @@ class TestRoundTrip:
         index = decode_index(obj.index, "o-index")
         assert isinstance(index, StreamingIndex)
         assert read_streaming(data, index) == expected
-        for part in obj.parts:
-            assert part.length == sum(len(b) for b in part.buffers)
-            assert part.length >= min_block
-            assert part.length <= max_block or part.block.entry_count == 1
+        for block in obj.blocks:
+            assert block.length == sum(len(b) for b in block.buffers)
+            assert block.length >= min_block
+            assert block.length <= max_block or block.plan.entry_count == 1
 
     @RELAXED
     @given(objects())
@@ -89,7 +89,7 @@ class TestRoundTrip:
         runs, expected, max_block, min_block = case
         obj = build_streaming_object(runs, max_block_size=max_block, min_block_size=min_block)
         index = decode_streaming_index(obj.index, "o-index")
-        by_offset = {p.offset: p.block for p in obj.parts}
+        by_offset = {b.offset: b.plan for b in obj.blocks}
         for lid, eid, _ in expected:
             block = by_offset[index.locate(lid, eid).offset]
             assert (block.ledger_id, block.first_entry_id <= eid <= block.last_entry_id) == (
@@ -122,21 +122,21 @@ class TestRoundTrip:
 
 
 class TestBuilder:
-    """The incremental builder plans per run, numbers parts across runs and never copies."""
+    """The incremental builder plans per run, numbers blocks across runs and never copies."""
 
     def _three_blocks(self) -> tuple[StreamingObjectBuilder, list[list[int]]]:
         b = StreamingObjectBuilder(max_block_size=300, min_block_size=300)
         shape = [
-            [p.part_number for p in b.add_run(make_run(5, 0, [b"a", b"b"]))],
-            [p.part_number for p in b.add_run(make_run(5, 2, [b"c"]))],
-            [p.part_number for p in b.add_run(make_run(8, 0, [b"d", b"e"]))],
+            [p.number for p in b.add_run(make_run(5, 0, [b"a", b"b"]))],
+            [p.number for p in b.add_run(make_run(5, 2, [b"c"]))],
+            [p.number for p in b.add_run(make_run(8, 0, [b"d", b"e"]))],
         ]
         return b, shape
 
-    def test_parts_are_numbered_across_runs_and_a_continuation_starts_a_block(self) -> None:
+    def test_blocks_are_numbered_across_runs_and_a_continuation_starts_a_block(self) -> None:
         b, shape = self._three_blocks()
         assert shape == [[1], [2], [3]]
-        assert (b.length, b.part_count) == (900, 3)
+        assert (b.length, b.block_count) == (900, 3)
         index = decode_streaming_index(b.finish(), "o-index")
         assert [(s.ledger_id, s.entries, s.size, s.blocks) for s in index.sections] == [
             (5, 3, 3, (IndexEntry(0, 1, 0), IndexEntry(2, 2, 300))),
@@ -149,8 +149,8 @@ class TestBuilder:
     def test_payload_buffers_are_views_of_the_run(self) -> None:
         data = b"".join(struct.pack(">iq", 3, i) + b"xyz" for i in range(4))
         run = EntryRun(1, 0, memoryview(data), [0, 15, 30, 45, 60])
-        (part,) = StreamingObjectBuilder(max_block_size=300, min_block_size=0).add_run(run)
-        header, payload, pad = part.buffers
+        (block,) = StreamingObjectBuilder(max_block_size=300, min_block_size=0).add_run(run)
+        header, payload, pad = block.buffers
         assert isinstance(payload, memoryview)
         assert payload.obj is data
         assert (len(header), len(payload), len(pad)) == (HEADER_LEN, 60, 4)
@@ -187,7 +187,7 @@ class TestBuilder:
         obj = build_streaming_object(
             [make_run(2, 0, [b"s", big, b"t"])], max_block_size=300, min_block_size=300
         )
-        assert [p.length for p in obj.parts] == [300, HEADER_LEN + 12 + len(big) + 4, 300]
+        assert [b.length for b in obj.blocks] == [300, HEADER_LEN + 12 + len(big) + 4, 300]
         index = decode_streaming_index(obj.index, "o-index")
         assert read_streaming(obj.data_bytes(), index) == [(2, 0, b"s"), (2, 1, big), (2, 2, b"t")]
 

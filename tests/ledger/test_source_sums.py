@@ -16,7 +16,7 @@ from offloadd.blobstore.memory import MemoryBlobStore
 from offloadd.errors import FormatError
 from offloadd.format import StreamingObjectBuilder
 from offloadd.format.block import parse_block_header
-from offloadd.format.checksum import stamp_parts, verify_block_checksum
+from offloadd.format.checksum import stamp_blocks, verify_block_checksum
 from offloadd.ledger.base import LedgerSource
 from offloadd.ledger.local import (
     CHUNK,
@@ -64,8 +64,8 @@ async def runs(source: LocalLedgerSource, ledger_id: int, max_bytes: int) -> lis
 
 def blocks(run: EntryRun, *, with_sums: bool) -> list[bytes]:
     builder = StreamingObjectBuilder(max_block_size=150_000, min_block_size=0)
-    parts = stamp_parts(builder.add_run(run), run.sums if with_sums else None)
-    return [b"".join(bytes(b) for b in p.buffers) for p in parts]
+    blocks = stamp_blocks(builder.add_run(run), run.sums if with_sums else None)
+    return [b"".join(bytes(b) for b in p.buffers) for p in blocks]
 
 
 @pytest.mark.parametrize("max_bytes", [300_000, 1_000_000, 10**7])

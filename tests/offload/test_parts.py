@@ -20,7 +20,7 @@ from offloadd.blobstore.base import Buffers, MultipartUpload, ObjectInfo
 from offloadd.blobstore.memory import MemoryBlobStore
 from offloadd.format import StreamingIndex, decode_index, parse_block_header
 from offloadd.format.block import HEADER_LEN, MIN_PADDING
-from offloadd.format.layout import BlockPlan, Part
+from offloadd.format.layout import Block, BlockPlan
 from offloadd.ledger.memory import MemoryLedgerSource
 from offloadd.metadata.memory import MemoryMetadataStore
 from offloadd.model import TopicName
@@ -38,11 +38,11 @@ TOPIC = TopicName.parse("persistent://public/default/parts")
 KiB = 1024
 
 
-def blocks_of(lengths: list[int]) -> list[Part]:
+def blocks_of(lengths: list[int]) -> list[Block]:
     out, offset = [], 0
     for i, n in enumerate(lengths):
         plan = BlockPlan(0, i, i, 0, 0, n)
-        out.append(Part(i + 1, offset, (b"\0" * n,), n, plan))
+        out.append(Block(i + 1, offset, (b"\0" * n,), n, plan))
         offset += n
     return out
 

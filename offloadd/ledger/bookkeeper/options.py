@@ -9,10 +9,9 @@ from offloadd.errors import ConfigError
 from offloadd.ledger.bookkeeper.client import ClientOptions
 from offloadd.ledger.bookkeeper.layout import DEFAULT_LEDGERS_ROOT
 from offloadd.ledger.bookkeeper.replicas import ReplicaPolicy
+from offloadd.model.sizes import MiB
 
 __all__ = ["BookKeeperOptions", "options_from_settings"]
-
-MiB = 1024 * 1024
 
 
 @dataclass(frozen=True)

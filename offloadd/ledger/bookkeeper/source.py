@@ -84,7 +84,6 @@ log = logging.getLogger(__name__)
 
 __all__ = ["BookKeeperLedgerSource", "BookKeeperOptions"]
 
-MiB = 1024 * 1024
 _CRC_BATCH = 1024
 _MIRROR_ATTEMPTS = 5  # fresh reads of Pulsar's list per mirror update while it keeps moving
 _METADATA_READS = 32  # ledger metadata reads in flight when a topic is first seen
