@@ -125,8 +125,8 @@ async def test_a_topic_policy_applies_to_its_topic_only_and_falls_back_when_remo
     try:
         await until(lambda: HOT in rt.daemon.topics and HELD in rt.daemon.topics,
                     "the topics to start")
-        assert rt.daemon.policy(HOT).thresholds.bytes == 0
-        assert rt.daemon.policy(HELD).thresholds.bytes == GiB
+        assert rt.daemon.policies.policy(HOT).thresholds.bytes == 0
+        assert rt.daemon.policies.policy(HELD).thresholds.bytes == GiB
         async with asyncio.timeout(60):
             while not await offloaded_to_the_end(cluster, HOT):
                 await asyncio.sleep(0.2)
@@ -158,18 +158,18 @@ async def test_a_topic_policy_applies_to_its_topic_only_and_falls_back_when_remo
         # remove-offload-policies hot (local): the global one applies; removed too: the
         # namespace's
         await p.append(EVENTS, [event_entry(HOT, None, removed=True, seq=3)])
-        await until(lambda: rt.daemon.policy(HOT).thresholds.bytes == 12345, "the global one",
+        await until(lambda: rt.daemon.policies.policy(HOT).thresholds.bytes == 12345, "the global one",
                     60)
         assert rt.daemon.effective(HOT).read_priority.value == "bookkeeper-first"
         assert rt.daemon.effective(HOT).sources["threshold_bytes"] == GLOBAL
         await p.append(EVENTS, [event_entry(HOT, None, removed=True, is_global=True, seq=4)])
-        await until(lambda: rt.daemon.policy(HOT).thresholds.bytes == GiB, "the namespace's", 60)
+        await until(lambda: rt.daemon.policies.policy(HOT).thresholds.bytes == GiB, "the namespace's", 60)
         st = await asyncio.to_thread(status_json, cfg, HOT)
         assert st[str(HOT)]["threshold_bytes"] == {"value": GiB, "source": NAMESPACE}
         # the ledger's close (the broker's rollover) changes nothing
         await p.close_ledger(EVENTS)
         await asyncio.sleep(0.5)
-        assert rt.daemon.policy(HOT).thresholds.bytes == GiB
+        assert rt.daemon.policies.policy(HOT).thresholds.bytes == GiB
         assert not daemon.done()
     finally:
         rt.daemon.request_stop()

@@ -92,8 +92,8 @@ enabled = false
     try:
         await until(lambda: HOT in rt.daemon.topics and HELD in rt.daemon.topics,
                     "the topics to start")
-        assert rt.daemon.policy(HOT).thresholds.bytes == 0
-        assert rt.daemon.policy(HELD).thresholds.bytes == GiB
+        assert rt.daemon.policies.policy(HOT).thresholds.bytes == 0
+        assert rt.daemon.policies.policy(HELD).thresholds.bytes == GiB
         async with asyncio.timeout(120):
             while not await complete_segments(rt, HOT):
                 await asyncio.sleep(0.2)
@@ -109,12 +109,12 @@ enabled = false
 
         # removed while the daemon runs: the global one applies, then (removed) [offload]
         await cli(tmp_path, "topic-policy", "--topic", str(HOT), "--remove")
-        await until(lambda: rt.daemon.policy(HOT).thresholds.bytes == 10 << 20,
+        await until(lambda: rt.daemon.policies.policy(HOT).thresholds.bytes == 10 << 20,
                     "the global policy")
         assert rt.daemon.effective(HOT).sources["threshold_bytes"] == GLOBAL
         assert rt.daemon.effective(HOT).read_priority.value == "bookkeeper-first"
         await cli(tmp_path, "topic-policy", "--topic", str(HOT), "--global", "--remove")
-        await until(lambda: rt.daemon.policy(HOT).thresholds.bytes == GiB, "[offload]")
+        await until(lambda: rt.daemon.policies.policy(HOT).thresholds.bytes == GiB, "[offload]")
         st = await policies(tmp_path, HOT)
         assert st[str(HOT)]["threshold_bytes"]["source"] == "offloadd.toml [offload]"
         assert await complete_segments(rt, HELD) == 0
