@@ -1,7 +1,8 @@
-"""Typed columns from a topic's Pulsar schema (AVRO or JSON; pure: no I/O).
+"""Typed columns from a topic's Pulsar schema (AVRO, JSON or PROTOBUF_NATIVE, the last through
+its Avro rendering in :mod:`offloadd.lakehouse.protobuf`; pure: no I/O).
 
 A topic with a schema gets one more column, ``value``: a struct of the schema's record fields,
-typed. A KEY_VALUE schema whose sides are AVRO or JSON gives ``value`` from its value side and
+typed. A KEY_VALUE schema whose sides are of those types gives ``value`` from its value side and
 ``kv_key`` (``key`` is the message key's column already) from its key side; the key is read
 from the payload (INLINE) or from the message's base64 partition key (SEPARATED). The table
 follows the schema's versions in order:
@@ -42,6 +43,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from google.protobuf.message import DecodeError
 from pyiceberg.schema import Schema
 from pyiceberg.types import (
     BinaryType,
@@ -65,6 +67,7 @@ from offloadd.errors import FormatError
 from offloadd.format.avro import AvroError, named_types
 from offloadd.format.avro import decode as avro_decode
 from offloadd.format.schema_storage import SchemaType, split_key_value, version_from_bytes
+from offloadd.lakehouse.protobuf import NativeSchema
 
 __all__ = ["KEY_COLUMN", "VALUE_COLUMN", "SchemaVersionInfo", "Side", "TypedDecoder",
            "value_schema"]
@@ -178,9 +181,10 @@ def _record(avro: Any) -> dict[str, Any]:
 class Side:
     """What one typed column is decoded with: an AVRO or JSON record schema."""
 
-    type: int  # SchemaType.AVRO or SchemaType.JSON
-    avro: Any
+    type: int  # SchemaType.AVRO, JSON or PROTOBUFNATIVE
+    avro: Any  # the record schema (PROTOBUF_NATIVE: its Avro rendering)
     names: dict[str, Any] = field(default_factory=dict)
+    native: NativeSchema | None = None  # PROTOBUF_NATIVE: the message class
 
 
 @dataclass
@@ -252,9 +256,13 @@ class TypedDecoder:
             if side.type == SchemaType.AVRO:
                 return _convert(side.avro, avro_decode(side.avro, raw, side.names), side.names,
                                 strict=False), None
+            if side.native is not None:
+                return _convert(side.avro, side.native.datum(raw), side.names,
+                                strict=False), None
             doc = json.loads(raw)
             return _convert(side.avro, doc, side.names, strict=True), None
-        except (AvroError, ValueError, TypeError, KeyError, decimal.InvalidOperation) as exc:
+        except (AvroError, ValueError, TypeError, KeyError, decimal.InvalidOperation,
+                DecodeError) as exc:
             kind = SchemaType.name(side.type)
             return None, (f"{self.topic}: {what} does not decode as {kind} schema version "
                           f"{n}: {exc}")

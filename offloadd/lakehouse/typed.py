@@ -15,6 +15,7 @@ from pyiceberg.types import IcebergType, ListType, MapType, StructType
 from offloadd.errors import FormatError
 from offloadd.format.avro import named_types
 from offloadd.format.schema_storage import KeyValueSchema, SchemaType
+from offloadd.lakehouse.protobuf import NativeSchema, ProtobufSchemaError
 from offloadd.lakehouse.schemas import (
     KEY_COLUMN,
     VALUE_COLUMN,
@@ -29,28 +30,36 @@ from offloadd.metadata.schemas import SchemaVersion
 __all__ = ["evolve", "version_info"]
 
 log = logging.getLogger(__name__)
-_TYPED = (SchemaType.AVRO, SchemaType.JSON)
+_TYPED = (SchemaType.AVRO, SchemaType.JSON, SchemaType.PROTOBUFNATIVE)
 
 
 def version_info(sv: SchemaVersion) -> SchemaVersionInfo:
-    """What of a version can be typed: an AVRO or JSON record, or the AVRO/JSON sides of a
-    KEY_VALUE pair (PROTOBUF, PROTOBUF_NATIVE, primitives: nothing, the payload stays raw)."""
+    """What of a version can be typed: an AVRO, JSON or PROTOBUF_NATIVE record, or such sides
+    of a KEY_VALUE pair (PROTOBUF, primitives: nothing, the payload stays raw)."""
     info = SchemaVersionInfo(sv.version, sv.info.type)
     if sv.info.deleted:
         return info
     if sv.info.type in _TYPED:
-        info.value = _side(sv.info.type, sv.avro())
+        info.value = _side(sv.info.type, sv.info.schema, sv, "")
     elif sv.info.type == SchemaType.KEYVALUE:
         kv = KeyValueSchema.of(sv.info)
         info.kv_encoding = kv.encoding
         if kv.value_type in _TYPED:
-            info.value = _side(kv.value_type, _json(kv.value_schema, sv, "value"))
+            info.value = _side(kv.value_type, kv.value_schema, sv, "value ")
         if kv.key_type in _TYPED:
-            info.key = _side(kv.key_type, _json(kv.key_schema, sv, "key"))
+            info.key = _side(kv.key_type, kv.key_schema, sv, "key ")
     return info
 
 
-def _side(kind: int, avro: Any) -> Side:
+def _side(kind: int, definition: bytes, sv: SchemaVersion, what: str) -> Side:
+    if kind == SchemaType.PROTOBUFNATIVE:
+        try:
+            native = NativeSchema.load(definition)
+        except ProtobufSchemaError as exc:
+            raise FormatError(f"schema {sv.info.schema_id}", 0,
+                              f"version {sv.version}: the {what}schema: {exc}") from None
+        return Side(kind, native.avro, named_types(native.avro), native)
+    avro = _json(definition, sv, what)
     return Side(kind, avro, named_types(avro))
 
 
@@ -59,7 +68,7 @@ def _json(raw: bytes, sv: SchemaVersion, what: str) -> Any:
         return json.loads(raw)
     except ValueError as exc:
         raise FormatError(f"schema {sv.info.schema_id}", 0, f"version {sv.version}: the "
-                          f"{what} schema is not JSON: {exc}") from None
+                          f"{what}schema is not JSON: {exc}") from None
 
 
 def evolve(table: Table, topic: str, versions: Sequence[SchemaVersion]) -> TypedDecoder | None:

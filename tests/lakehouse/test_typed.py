@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pyiceberg.types import DecimalType, StringType, StructType
+from google.protobuf import descriptor_pb2, descriptor_pool, message_factory, timestamp_pb2
+from pyiceberg.types import DecimalType, StringType, StructType, TimestamptzType
 
 from offloadd._proto import pulsar_api_pb2 as pb
 from offloadd.format.avro import encode as avro_encode
@@ -194,26 +195,93 @@ def test_key_value_inline_and_separated_become_key_and_value_structs(tmp_path: P
 
 
 @pytest.mark.timeout(60)
-def test_protobuf_native_stays_raw_and_a_key_value_key_change_is_refused(
-        tmp_path: Path) -> None:
-    native = SchemaInfo("public/default/orders", SchemaType.PROTOBUFNATIVE, json.dumps({
-        "fileDescriptorSet": "", "rootMessageTypeName": "x.Order",
-        "rootFileDescriptorName": "order.proto"}).encode(), NOW)
+def test_protobuf_stays_raw_and_a_key_value_key_change_is_refused(tmp_path: Path) -> None:
+    protobuf = SchemaInfo("public/default/orders", SchemaType.PROTOBUF,
+                          json.dumps(ORDER_SCHEMA).encode(), NOW)
     order_def = json.dumps(ORDER_SCHEMA).encode()
     bad_key = {**KEY, "fields": [{"name": "region", "type": "long"}, KEY["fields"][1]]}
     table, decoder = kv_table(tmp_path, [
-        kv_info("AVRO", "PROTOBUF_NATIVE", "INLINE", b"{}"),  # typed key, raw value
+        kv_info("AVRO", "STRING", "INLINE", b""),  # typed key, raw value
         kv_info("AVRO", "AVRO", "INLINE", order_def, bad_key),  # region: string -> long
-        native])
+        protobuf])
     assert "value" not in {f.name for f in table.schema().fields}
     k = {"region": "eu", "n": 1}
     rows = kv_rows(table, decoder, [
-        entry(0, kv_framing(avro_encode(KEY, k), b"\x08\x01"), 0),
+        entry(0, kv_framing(avro_encode(KEY, k), b"text"), 0),
         entry(1, kv_framing(avro_encode(bad_key, {"region": 5, "n": 1}), b""), 1),
         entry(2, b"\x08\x96\x01", 2)])
     assert rows[0]["kv_key"] == k and rows[0]["decode_error"] is None
     assert "kv_key: field 'region' changes type" in rows[1]["decode_error"]
     assert rows[2]["decode_error"] is None and rows[2]["payload"] == b"\x08\x96\x01"
+
+
+def order_file_set() -> descriptor_pb2.FileDescriptorSet:
+    """shop/order.proto (proto3): Order {int64 id; int32 qty; Address address; repeated string
+    tags; google.protobuf.Timestamp at; State state; map<string, int32> counts; Order parent},
+    its imports listed after it."""
+    fd = descriptor_pb2.FieldDescriptorProto
+    f = descriptor_pb2.FileDescriptorProto(name="shop/order.proto", package="shop",
+                                           syntax="proto3",
+                                           dependency=["google/protobuf/timestamp.proto"])
+    addr = f.message_type.add(name="Address")
+    addr.field.add(name="city", number=1, type=fd.TYPE_STRING, label=fd.LABEL_OPTIONAL)
+    state = f.enum_type.add(name="State")
+    state.value.add(name="NEW", number=0)
+    state.value.add(name="PAID", number=1)
+    m = f.message_type.add(name="Order")
+    counts = m.nested_type.add(name="CountsEntry")
+    counts.options.map_entry = True
+    counts.field.add(name="key", number=1, type=fd.TYPE_STRING, label=fd.LABEL_OPTIONAL)
+    counts.field.add(name="value", number=2, type=fd.TYPE_INT32, label=fd.LABEL_OPTIONAL)
+    for no, name, typ, label, type_name in (
+            (1, "id", fd.TYPE_INT64, fd.LABEL_OPTIONAL, ""),
+            (2, "qty", fd.TYPE_INT32, fd.LABEL_OPTIONAL, ""),
+            (3, "address", fd.TYPE_MESSAGE, fd.LABEL_OPTIONAL, ".shop.Address"),
+            (4, "tags", fd.TYPE_STRING, fd.LABEL_REPEATED, ""),
+            (5, "at", fd.TYPE_MESSAGE, fd.LABEL_OPTIONAL, ".google.protobuf.Timestamp"),
+            (6, "state", fd.TYPE_ENUM, fd.LABEL_OPTIONAL, ".shop.State"),
+            (7, "counts", fd.TYPE_MESSAGE, fd.LABEL_REPEATED, ".shop.Order.CountsEntry"),
+            (8, "parent", fd.TYPE_MESSAGE, fd.LABEL_OPTIONAL, ".shop.Order")):
+        field = m.field.add(name=name, number=no, type=typ, label=label)
+        if type_name:
+            field.type_name = type_name
+    ts = descriptor_pb2.FileDescriptorProto()
+    timestamp_pb2.DESCRIPTOR.CopyToProto(ts)
+    return descriptor_pb2.FileDescriptorSet(file=[f, ts])
+
+
+@pytest.mark.timeout(60)
+def test_protobuf_native_messages_become_typed_structs(tmp_path: Path) -> None:
+    fds = order_file_set()
+    definition = json.dumps({
+        "fileDescriptorSet": base64.b64encode(fds.SerializeToString()).decode(),
+        "rootMessageTypeName": "shop.Order", "rootFileDescriptorName": "shop/order.proto"})
+    native = SchemaInfo("public/default/orders", SchemaType.PROTOBUFNATIVE,
+                        definition.encode(), NOW)
+    broken = SchemaInfo("public/default/orders", SchemaType.PROTOBUFNATIVE, b'{"x": 1}', NOW)
+    table, decoder = kv_table(tmp_path, [native, broken])
+    assert table.schema().find_field("value.at").field_type == TimestamptzType()
+    pool = descriptor_pool.DescriptorPool()  # the producer's side
+    pool.Add(fds.file[1])
+    pool.Add(fds.file[0])
+    order_cls = message_factory.GetMessageClass(pool.FindMessageTypeByName("shop.Order"))
+    msg: Any = order_cls(id=7, qty=3, tags=["a", "b"], state=1, counts={"x": 2})
+    msg.address.city = "Lyon"
+    msg.at.seconds, msg.at.nanos = 1_700_000_000, 123_456_000
+    msg.parent.id = 6
+    rows = kv_rows(table, decoder, [entry(0, msg.SerializeToString(), 0),
+                                    entry(0, order_cls(id=8).SerializeToString(), 1),
+                                    entry(0, b"\xff\xff", 2),
+                                    entry(1, b"", 3)])
+    assert rows[0]["decode_error"] is None
+    assert rows[0]["value"] == {
+        "id": 7, "qty": 3, "address": {"city": "Lyon"}, "tags": ["a", "b"],
+        "at": dt.datetime(2023, 11, 14, 22, 13, 20, 123456, tzinfo=dt.UTC), "state": "PAID",
+        "counts": [("x", 2)], "parent": '{"id": "6"}'}
+    assert rows[1]["value"] == {"id": 8, "qty": 0, "address": None, "tags": [], "at": None,
+                                "state": "NEW", "counts": [], "parent": None}
+    assert "does not decode as PROTOBUFNATIVE schema version 0" in rows[2]["decode_error"]
+    assert "schema version 1 is unusable" in rows[3]["decode_error"]
 
 
 @pytest.mark.timeout(60)
