@@ -1,10 +1,11 @@
-"""Typed columns from what the official Python client writes: ``pulsar.schema.AvroSchema`` and
-``JsonSchema`` producers send through :mod:`tests.fixtures.fake_broker` (the client registers its
-schema with the producer, as against a real broker), ``offloadd standalone`` offloads and
-projects, and the table's ``value`` struct holds exactly what was sent: nested records,
-``timestamp-millis``, ``decimal``, ``uuid``, optional fields, a second schema version that adds a
-field. The broker refuses an incompatible schema as Pulsar does, and the client honours the
-``max_message_size`` the broker advertises."""
+"""Typed columns from what the official Python client writes: ``pulsar.schema.AvroSchema``,
+``JsonSchema`` and ``ProtobufNativeSchema`` producers send through
+:mod:`tests.fixtures.fake_broker` (the client registers its schema with the producer, as against
+a real broker), ``offloadd standalone`` offloads and projects, and the table's ``value`` struct
+holds exactly what was sent: nested records, ``timestamp-millis``, ``decimal``, ``uuid``,
+optional fields, a second schema version that adds a field, protobuf enums, maps, repeated
+fields and timestamps. The broker refuses an incompatible schema as Pulsar does, and the client
+honours the ``max_message_size`` the broker advertises."""
 
 from __future__ import annotations
 
@@ -20,7 +21,15 @@ import pytest
 
 try:
     import pulsar
-    from pulsar.schema import AvroSchema, Integer, JsonSchema, Long, Record, String
+    from pulsar.schema import (
+        AvroSchema,
+        Integer,
+        JsonSchema,
+        Long,
+        ProtobufNativeSchema,
+        Record,
+        String,
+    )
 except ImportError as exc:  # pragma: no cover - the dev group installs it
     pytest.skip(f"pulsar-client[avro] does not import here: {exc}", allow_module_level=True)
 
@@ -28,11 +37,14 @@ from offloadd._proto import pulsar_api_pb2 as pb
 from offloadd.format.message import encode_entry
 from tests.fixtures.fake_broker import running_broker
 from tests.fixtures.pulsar_wire import Frame, ServerError, T, command, encode, num, split_frame
+from tests.lakehouse.protos import order_class
 from tests.lakehouse.support import run, settings_of, summary, table_rows, write_config
 
 pytestmark = pytest.mark.integration
 AVRO = "persistent://public/default/client-avro"
 JSON = "persistent://public/default/client-json"
+PROTO = "persistent://public/default/client-proto"
+ORDER_PB = order_class()
 MAX_MESSAGE = 256 * 1024
 T0 = dt.datetime(2026, 11, 28, 1, 2, 3, 456000, tzinfo=dt.UTC)
 
@@ -105,11 +117,22 @@ def json_shipment(i: int) -> Shipment:
                     note=None if i % 4 == 0 else f"n{i}", weight=None if i % 5 == 0 else i * 3)
 
 
+def proto_order(i: int) -> Any:
+    m = ORDER_PB(id=i, qty=i % 4, tags=[f"t{j}" for j in range(i % 3)], state=i % 2,
+                 counts={f"k{j}": j for j in range(i % 3)})
+    if i % 5:
+        m.address.city = f"Lima {i}"
+    m.at.seconds, m.at.nanos = 1_779_000_000 + i, (i % 1000) * 1000
+    if i % 7 == 0:
+        m.parent.id = i - 1
+    return m
+
+
 @pytest.fixture(scope="module")
 def done(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
     cwd = tmp_path_factory.mktemp("official-client")
     cfg = write_config(cwd)
-    sent: dict[str, list[Any]] = {AVRO: [], JSON: []}
+    sent: dict[str, list[Any]] = {AVRO: [], JSON: [], PROTO: []}
     with running_broker(settings_of(cfg), max_message_size=MAX_MESSAGE) as broker:
         client = pulsar.Client(broker.url, operation_timeout_seconds=30,
                                logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Warn))
@@ -136,6 +159,12 @@ def done(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]
             with pytest.raises(pulsar.MessageTooBig):  # the limit CONNECTED advertised
                 p.send(big)
             p.close()
+            p = client.create_producer(PROTO, schema=ProtobufNativeSchema(ORDER_PB))
+            for i in range(25):
+                m = proto_order(i)
+                p.send(m)
+                sent[PROTO].append((0, m))
+            p.close()
         finally:
             client.close()
         assert broker.unexpected == []
@@ -143,7 +172,7 @@ def done(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]
     out = run(["standalone", "--json", "--config", str(cfg), "--duration", "8", "--topics", "1",
                "--rate", "100000"], cwd, timeout=240)
     result = summary(out.stdout)
-    for topic in (AVRO, JSON):
+    for topic in (AVRO, JSON, PROTO):
         assert result["lakehouse"][topic]["error"] is None, result["lakehouse"]
     return cfg, sent
 
@@ -175,6 +204,24 @@ def test_json_rows_hold_what_the_client_sent(done: tuple[Path, dict[str, Any]]) 
             "id": s.id, "address": {"city": s.address.city, "zip": s.address.zip},
             "created": dt.datetime.fromtimestamp(s.created / 1000, dt.UTC),
             "ref": s.ref, "note": s.note, "weight": s.weight}
+
+
+@pytest.mark.timeout(400)
+def test_protobuf_native_rows_hold_what_the_client_sent(
+        done: tuple[Path, dict[str, Any]]) -> None:
+    cfg, sent = done
+    rows = table_rows(settings_of(cfg), PROTO)
+    assert rows.num_rows == len(sent[PROTO])
+    assert rows.column("decode_error").null_count == rows.num_rows
+    for (_, m), r in zip(sent[PROTO], rows.select(["value"]).to_pylist(), strict=True):
+        r["value"]["counts"].sort()  # a protobuf map has no order
+        assert r["value"] == {
+            "id": m.id, "qty": m.qty, "address": {"city": m.address.city}
+            if m.HasField("address") else None, "tags": list(m.tags),
+            "at": dt.datetime.fromtimestamp(m.at.seconds, dt.UTC).replace(
+                microsecond=m.at.nanos // 1000),
+            "state": ("NEW", "PAID")[m.state], "counts": sorted(m.counts.items()),
+            "parent": f'{{"id": "{m.parent.id}"}}' if m.HasField("parent") else None}
 
 
 @pytest.mark.timeout(400)

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from google.protobuf import descriptor_pb2, descriptor_pool, message_factory, timestamp_pb2
+from google.protobuf import descriptor_pool, message_factory
 from pyiceberg.types import DecimalType, StringType, StructType, TimestamptzType
 
 from offloadd._proto import pulsar_api_pb2 as pb
@@ -25,6 +25,7 @@ from offloadd.lakehouse.typed import evolve
 from offloadd.metadata.schemas import SchemaVersion
 from offloadd.model import Position, TopicName
 from offloadd.shell.produce_schema import ORDER_SCHEMA, order, schema_info
+from tests.lakehouse.protos import order_file_set
 from tests.lakehouse.support import settings_of, write_config
 
 TOPIC = TopicName.parse("persistent://public/default/orders")
@@ -213,41 +214,6 @@ def test_protobuf_stays_raw_and_a_key_value_key_change_is_refused(tmp_path: Path
     assert rows[0]["kv_key"] == k and rows[0]["decode_error"] is None
     assert "kv_key: field 'region' changes type" in rows[1]["decode_error"]
     assert rows[2]["decode_error"] is None and rows[2]["payload"] == b"\x08\x96\x01"
-
-
-def order_file_set() -> descriptor_pb2.FileDescriptorSet:
-    """shop/order.proto (proto3): Order {int64 id; int32 qty; Address address; repeated string
-    tags; google.protobuf.Timestamp at; State state; map<string, int32> counts; Order parent},
-    its imports listed after it."""
-    fd = descriptor_pb2.FieldDescriptorProto
-    f = descriptor_pb2.FileDescriptorProto(name="shop/order.proto", package="shop",
-                                           syntax="proto3",
-                                           dependency=["google/protobuf/timestamp.proto"])
-    addr = f.message_type.add(name="Address")
-    addr.field.add(name="city", number=1, type=fd.TYPE_STRING, label=fd.LABEL_OPTIONAL)
-    state = f.enum_type.add(name="State")
-    state.value.add(name="NEW", number=0)
-    state.value.add(name="PAID", number=1)
-    m = f.message_type.add(name="Order")
-    counts = m.nested_type.add(name="CountsEntry")
-    counts.options.map_entry = True
-    counts.field.add(name="key", number=1, type=fd.TYPE_STRING, label=fd.LABEL_OPTIONAL)
-    counts.field.add(name="value", number=2, type=fd.TYPE_INT32, label=fd.LABEL_OPTIONAL)
-    for no, name, typ, label, type_name in (
-            (1, "id", fd.TYPE_INT64, fd.LABEL_OPTIONAL, ""),
-            (2, "qty", fd.TYPE_INT32, fd.LABEL_OPTIONAL, ""),
-            (3, "address", fd.TYPE_MESSAGE, fd.LABEL_OPTIONAL, ".shop.Address"),
-            (4, "tags", fd.TYPE_STRING, fd.LABEL_REPEATED, ""),
-            (5, "at", fd.TYPE_MESSAGE, fd.LABEL_OPTIONAL, ".google.protobuf.Timestamp"),
-            (6, "state", fd.TYPE_ENUM, fd.LABEL_OPTIONAL, ".shop.State"),
-            (7, "counts", fd.TYPE_MESSAGE, fd.LABEL_REPEATED, ".shop.Order.CountsEntry"),
-            (8, "parent", fd.TYPE_MESSAGE, fd.LABEL_OPTIONAL, ".shop.Order")):
-        field = m.field.add(name=name, number=no, type=typ, label=label)
-        if type_name:
-            field.type_name = type_name
-    ts = descriptor_pb2.FileDescriptorProto()
-    timestamp_pb2.DESCRIPTOR.CopyToProto(ts)
-    return descriptor_pb2.FileDescriptorSet(file=[f, ts])
 
 
 @pytest.mark.timeout(60)
