@@ -36,7 +36,16 @@ except ImportError as exc:  # pragma: no cover - the dev group installs it
 from offloadd._proto import pulsar_api_pb2 as pb
 from offloadd.format.message import encode_entry
 from tests.fixtures.fake_broker import running_broker
-from tests.fixtures.pulsar_wire import Frame, ServerError, T, command, encode, num, split_frame
+from tests.fixtures.pulsar_wire import (
+    Frame,
+    ServerError,
+    T,
+    command,
+    encode,
+    num,
+    raw,
+    split_frame,
+)
 from tests.lakehouse.protos import order_class
 from tests.lakehouse.support import run, settings_of, summary, table_rows, write_config
 
@@ -237,20 +246,30 @@ def test_query_sees_the_logical_types(done: tuple[Path, dict[str, Any]]) -> None
         "amount_type": "DECIMAL(10,2)"}]
 
 
+def _read(sock: socket.socket, n: int) -> bytes:
+    out = b""
+    while len(out) < n:  # a socket with a timeout returns what it has, MSG_WAITALL or not
+        more = sock.recv(n - len(out))
+        if not more:
+            break
+        out += more
+    return out
+
+
 def _roundtrip(sock: socket.socket, frame: bytes) -> Frame | None:
     """Send a frame, read the answer (None: the broker closed the connection)."""
     sock.sendall(frame)
-    head = sock.recv(4, socket.MSG_WAITALL)
+    head = _read(sock, 4)
     if len(head) < 4:
         return None
-    size = int.from_bytes(head, "big")
-    return split_frame(head + sock.recv(size, socket.MSG_WAITALL))
+    return split_frame(_read(sock, int.from_bytes(head, "big")))  # after totalSize
 
 
 @pytest.mark.timeout(120)
 def test_the_broker_refuses_what_pulsar_refuses(tmp_path: Path) -> None:
-    """Raw frames: a message over the topic's limit and a bad checksum are send errors; a frame
-    past the advertised limit plus the framing padding closes the connection."""
+    """Raw frames: a message over the topic's limit and a bad checksum are send errors;
+    GET_OR_CREATE_SCHEMA registers once and refuses an incompatible schema; a frame past the
+    advertised limit plus the framing padding closes the connection."""
     cfg = write_config(tmp_path)
     with running_broker(settings_of(cfg), max_message_size=4096,
                         topic_max_message_size=1024) as broker, \
@@ -275,5 +294,15 @@ def test_the_broker_refuses_what_pulsar_refuses(tmp_path: Path) -> None:
         bad = send(2, b"flipped", corrupt=True)
         assert bad is not None and bad.kind == T.SEND_ERROR
         assert num(bad.body, 3) == ServerError.ChecksumError
+        # GET_OR_CREATE_SCHEMA (a client registering a schema without a producer)
+        schema = encode((1, "Order"), (3, json.dumps(ORDER)), (4, 4))  # type Avro
+        refused = encode((1, "Order"), (3, json.dumps(ORDER_BAD)), (4, 4))
+        for body, err in ((schema, None), (schema, None),
+                          (refused, ServerError.IncompatibleSchema)):
+            got = _roundtrip(sock, command(T.GET_OR_CREATE_SCHEMA,
+                                           encode((1, 7), (2, AVRO), (3, body))))
+            assert got is not None and got.kind == T.GET_OR_CREATE_SCHEMA_RESPONSE
+            assert (num(got.body, 2, -1) if err else raw(got.body, 4)) == \
+                (err if err else (0).to_bytes(8, "big"))  # the same version twice
         assert send(3, b"y" * (4096 + 11 * 1024)) is None  # past max_message_size + padding
         assert broker.oversize_frames == 1
