@@ -29,6 +29,7 @@ from offloadd.retention.policy import RetentionLimits
 if TYPE_CHECKING:
     from offloadd.blobstore.filesystem import FilesystemBlobStore
     from offloadd.blobstore.s3 import S3BlobStore
+    from offloadd.metadata.schemas import SchemaReader
 
 log = logging.getLogger(__name__)
 
@@ -235,6 +236,22 @@ def connect_source(settings: Settings, metadata: MetadataStore, *,
         return SourceView(bk, checksums=bk, metrics=bk.metrics, changes=bk)
     raise ConfigError(f'[source] kind = "{src.kind}" is not supported (use "local" or '
                       '"bookkeeper")')
+
+
+def schema_reader(settings: Settings, metadata: MetadataStore,
+                  source: LedgerSource | None = None) -> SchemaReader:
+    """Where the lakehouse reads topics' Pulsar schemas: Pulsar's own registry (the locators in
+    its ZooKeeper, the versions in BookKeeper ledgers) through the BookKeeper ``source``, the
+    embedded store's registry (``offloadd produce --schema``) otherwise."""
+    from offloadd.metadata.schemas import SchemaReader
+
+    if settings.source.kind == "bookkeeper" and source is not None:
+        from offloadd.ledger.bookkeeper import BookKeeperLedgerSource
+        from offloadd.ledger.bookkeeper.schemas import bookkeeper_schema_reader
+
+        if isinstance(source, BookKeeperLedgerSource):
+            return bookkeeper_schema_reader(source)
+    return SchemaReader(metadata)
 
 
 def gc_settings(settings: Settings) -> GcSettings:

@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 from offloadd.errors import FormatError
 from offloadd.format.varint import decode_varint, encode_varint
 
-__all__ = ["IndexEntry", "SchemaEntry", "SchemaInfo", "SchemaLocator", "SchemaType",
-           "schema_id", "version_bytes", "version_from_bytes"]
+__all__ = ["IndexEntry", "KeyValueSchema", "SchemaEntry", "SchemaInfo", "SchemaLocator",
+           "SchemaType", "schema_id", "split_key_value", "version_bytes", "version_from_bytes"]
 
 _I64 = struct.Struct(">q")
 
@@ -246,3 +246,63 @@ class SchemaEntry:
         if data is None:
             raise _err("SchemaEntry: no schema_data")
         return cls(data, tuple(index))
+
+
+# ---- KEY_VALUE -----------------------------------------------------------------------------
+
+_I32 = struct.Struct(">i")
+# the client's SchemaType names a KEY_VALUE schema's properties use, as registry types
+_CLIENT_TYPES = {"AVRO": SchemaType.AVRO, "JSON": SchemaType.JSON, "STRING": SchemaType.STRING,
+                 "PROTOBUF": SchemaType.PROTOBUF, "PROTOBUF_NATIVE": SchemaType.PROTOBUFNATIVE}
+
+
+def _split_lengths(buf: bytes, what: str) -> tuple[bytes | None, bytes | None]:
+    """``[int32 len][bytes][int32 len][bytes]`` (big-endian; -1 is null), Pulsar's
+    ``KeyValue`` framing of both a KEY_VALUE definition and an INLINE payload."""
+    out: list[bytes | None] = []
+    pos = 0
+    for _ in range(2):
+        if pos + 4 > len(buf):
+            raise _err(f"{what}: truncated at byte {pos}")
+        (n,) = _I32.unpack_from(buf, pos)
+        pos += 4
+        if n < 0:
+            out.append(None)
+            continue
+        if pos + n > len(buf):
+            raise _err(f"{what}: a part of {n} bytes runs past the end ({len(buf)} bytes)")
+        out.append(bytes(buf[pos:pos + n]))
+        pos += n
+    if pos != len(buf):
+        raise _err(f"{what}: {len(buf) - pos} bytes after the value")
+    return out[0], out[1]
+
+
+def split_key_value(payload: bytes) -> tuple[bytes | None, bytes | None]:
+    """An INLINE KEY_VALUE message's (key bytes, value bytes)."""
+    return _split_lengths(payload, "KEY_VALUE payload")
+
+
+@dataclass(frozen=True)
+class KeyValueSchema:
+    """A KEY_VALUE version's two sides (``KeyValueSchemaInfo``): registry type and definition
+    of each, and where the key travels: ``INLINE`` in the payload, ``SEPARATED`` in the
+    message's partition key (base64)."""
+
+    key_type: int
+    key_schema: bytes
+    value_type: int
+    value_schema: bytes
+    encoding: str
+
+    @classmethod
+    def of(cls, info: SchemaInfo) -> KeyValueSchema:
+        key, value = _split_lengths(info.schema, "KEY_VALUE schema definition")
+        props = dict(info.props)
+
+        def side(name: str) -> int:
+            t = props.get(f"{name}.schema.type", "")
+            return _CLIENT_TYPES.get(t.upper(), SchemaType.NONE) if t else SchemaType.NONE
+
+        encoding = props.get("kv.encoding.type", "INLINE").upper()
+        return cls(side("key"), key or b"", side("value"), value or b"", encoding)

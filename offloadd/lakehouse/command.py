@@ -167,10 +167,14 @@ def cmd_lakehouse(settings: Settings, args: argparse.Namespace, run: Any) -> int
         from offloadd.lakehouse.projector import Projector
 
         md = await wiring.open_metadata(settings)
+        # a sidecar's schemas are in Pulsar's registry, read through a read-only source
+        src = wiring.open_source(settings, md, read_only=True) \
+            if settings.source.kind == "bookkeeper" else None
         try:
             bs = await wiring.open_blobstore(settings)
             try:
-                proj = Projector(settings, md, bs)
+                proj = Projector(settings, md, bs,
+                                 schemas=wiring.schema_reader(settings, md, src))
                 topics: list[TopicName] | None = args.topic
                 if args.lakehouse_command == "maintain":
                     out: list[dict[str, Any]] = [r.to_json() for r in await _maintain(
@@ -193,6 +197,8 @@ def cmd_lakehouse(settings: Settings, args: argparse.Namespace, run: Any) -> int
             finally:
                 await bs.close()
         finally:
+            if src is not None:
+                await src.close()
             await md.close()
 
     code: int = run(go())

@@ -20,6 +20,7 @@ from offloadd.config import Settings
 from offloadd.lakehouse.projector import Projector, TopicReport
 from offloadd.metadata import managed_ledger
 from offloadd.metadata.base import MetadataStore
+from offloadd.metadata.schemas import SchemaReader
 from offloadd.model import TopicName
 
 __all__ = ["LakehouseFollower", "report_tables"]
@@ -48,11 +49,12 @@ async def report_tables(settings: Settings, metadata: MetadataStore, metrics: An
 
 class LakehouseFollower:
     def __init__(self, settings: Settings, metadata: MetadataStore,
-                 blobstore: BlobStore, metrics: Any = None) -> None:
+                 blobstore: BlobStore, metrics: Any = None,
+                 schemas: SchemaReader | None = None) -> None:
         self.settings = settings
         self.metadata = metadata
         self.metrics = metrics
-        self.projector = Projector(settings, metadata, blobstore)
+        self.projector = Projector(settings, metadata, blobstore, schemas=schemas)
         self._stop = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._reporter: asyncio.Task[None] | None = None

@@ -112,7 +112,8 @@ class _Conflict(Exception):
 class Projector:
     def __init__(self, settings: Settings, metadata: MetadataStore, blobstore: BlobStore, *,
                  catalog: Catalog | None = None,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time,
+                 schemas: SchemaReader | None = None) -> None:
         self.settings = settings
         self.metadata = metadata
         self.reader = TierReader(metadata, blobstore,
@@ -121,7 +122,9 @@ class Projector:
         self._clock = clock
         self._tables: dict[TopicName, Table] = {}
         self._stop: asyncio.Event | None = None  # set by run(): a pass ends after its commit
-        self._schemas = SchemaReader(metadata)
+        # the topics' Pulsar schemas: the embedded store's registry unless told (a sidecar
+        # reads Pulsar's: offloadd.wiring.schema_reader)
+        self._schemas = schemas if schemas is not None else SchemaReader(metadata)
         self._typed: dict[TopicName, TypedDecoder | None] = {}
 
     # ---- catalog and tables ----------------------------------------------------------------

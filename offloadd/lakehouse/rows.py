@@ -20,7 +20,7 @@ from pyiceberg.schema import Schema
 from offloadd.errors import FormatError
 from offloadd.format.compression import Compression
 from offloadd.format.message import DecodedEntry, decode_entry
-from offloadd.lakehouse.schemas import VALUE_COLUMN, TypedDecoder
+from offloadd.lakehouse.schemas import KEY_COLUMN, VALUE_COLUMN, TypedDecoder
 from offloadd.model import Position
 
 __all__ = ["RowBuilder", "decode"]
@@ -53,6 +53,7 @@ class RowBuilder:
             "chunk_id", "num_chunks", "payload_compression", "decode_error")}
         self.typed = typed  # the topic's schema versions: the ``value`` column
         self._values: list[Any] = []
+        self._keys: list[Any] = []  # a KEY_VALUE schema's typed keys (kv_key)
         self.rows = 0
         self.entries = 0
         self.payload_bytes = 0
@@ -76,6 +77,7 @@ class RowBuilder:
         if isinstance(d, FormatError):
             self.undecodable += 1
             self._values.append(None)
+            self._keys.append(None)
             self._row(position, -1, None, None, None, None, (), None, None, bytes(raw), None,
                       None, None, False, None, None, None, None, str(d))
         else:
@@ -94,10 +96,11 @@ class RowBuilder:
         if (d.encrypted or chunk is not None) and d.compression != Compression.NONE:
             raw_codec = _codec_name(d.compression)
         for m in d.messages:
-            value, error = None, None
+            value, typed_key, error = None, None, None
             if self.typed is not None and not d.encrypted and chunk is None:
-                value, error = self.typed.decode(d.schema_version, m.payload)
+                value, typed_key, error = self.typed.decode(d.schema_version, m.payload, m.key)
             self._values.append(value)
+            self._keys.append(typed_key)
             self._row(position, m.batch_index, pt,
                       m.event_time * 1000 if m.event_time else None, m.key, m.ordering_key,
                       m.properties, d.producer_name, _signed(m.sequence_id), m.payload, bts, bidx,
@@ -163,6 +166,8 @@ class RowBuilder:
                 arrays.append(pa.array(self._json_cols[f.name], f.type))
             elif f.name == VALUE_COLUMN and self.typed is not None:
                 arrays.append(pa.array(self._values, f.type))
+            elif f.name == KEY_COLUMN and self.typed is not None:
+                arrays.append(pa.array(self._keys, f.type))
             elif f.name in _MARK_COLUMNS:
                 arrays.append(self._mark_column(_MARK_COLUMNS[f.name], f.type))
             else:  # a column this builder does not fill (e.g. a JSON field no longer configured)
@@ -173,6 +178,7 @@ class RowBuilder:
         for col in self._json_cols.values():
             col.clear()
         self._values.clear()
+        self._keys.clear()
         self._marks.clear()
         self.rows = self.entries = self.payload_bytes = 0
         return out

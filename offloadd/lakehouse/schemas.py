@@ -1,7 +1,11 @@
-"""Typed columns from a topic's Pulsar schema (AVRO or JSON; pure: no I/O).
+"""Typed columns from a topic's Pulsar schema (AVRO, JSON or PROTOBUF_NATIVE, the last through
+its Avro rendering in :mod:`offloadd.lakehouse.protobuf`; pure: no I/O).
 
 A topic with a schema gets one more column, ``value``: a struct of the schema's record fields,
-typed. The table follows the schema's versions in order:
+typed. A KEY_VALUE schema whose sides are of those types gives ``value`` from its value side and
+``kv_key`` (``key`` is the message key's column already) from its key side; the key is read
+from the payload (INLINE) or from the message's base64 partition key (SEPARATED). The table
+follows the schema's versions in order:
 
 =====================================  ===================================================
 Avro                                   Iceberg (every field optional)
@@ -29,6 +33,8 @@ does not decode under its version is flagged the same way.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import datetime as dt
 import decimal
 import json
@@ -37,6 +43,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from google.protobuf.message import DecodeError
 from pyiceberg.schema import Schema
 from pyiceberg.types import (
     BinaryType,
@@ -56,13 +63,17 @@ from pyiceberg.types import (
     TimestamptzType,
 )
 
+from offloadd.errors import FormatError
 from offloadd.format.avro import AvroError, named_types
 from offloadd.format.avro import decode as avro_decode
-from offloadd.format.schema_storage import SchemaType, version_from_bytes
+from offloadd.format.schema_storage import SchemaType, split_key_value, version_from_bytes
+from offloadd.lakehouse.protobuf import NativeSchema
 
-__all__ = ["VALUE_COLUMN", "SchemaVersionInfo", "TypedDecoder", "value_schema"]
+__all__ = ["KEY_COLUMN", "VALUE_COLUMN", "SchemaVersionInfo", "Side", "TypedDecoder",
+           "value_schema"]
 
 VALUE_COLUMN = "value"
+KEY_COLUMN = "kv_key"  # a KEY_VALUE schema's typed key
 _EPOCH_DATE = dt.date(1970, 1, 1)
 
 
@@ -122,12 +133,12 @@ def _iceberg(schema: Any, names: dict[str, Any], ids: _Ids) -> IcebergType:
     raise AvroError(f"unsupported Avro type {t!r}")
 
 
-def value_schema(avro: Any) -> Schema:
-    """A one-column schema (``value``: the record as a struct) to merge into a table."""
+def value_schema(avro: Any, column: str = VALUE_COLUMN) -> Schema:
+    """A one-column schema (``column``: the record as a struct) to merge into a table."""
     names = named_types(avro)
     ids = _Ids()
     t = _iceberg(avro, names, ids)
-    return Schema(NestedField(ids(), VALUE_COLUMN, t, required=False))
+    return Schema(NestedField(ids(), column, t, required=False))
 
 
 def incompatibility(old: IcebergType, new: IcebergType, old_avro: Any, new_avro: Any,
@@ -167,48 +178,93 @@ def _record(avro: Any) -> dict[str, Any]:
 
 
 @dataclass
+class Side:
+    """What one typed column is decoded with: an AVRO or JSON record schema."""
+
+    type: int  # SchemaType.AVRO, JSON or PROTOBUFNATIVE
+    avro: Any  # the record schema (PROTOBUF_NATIVE: its Avro rendering)
+    names: dict[str, Any] = field(default_factory=dict)
+    native: NativeSchema | None = None  # PROTOBUF_NATIVE: the message class
+
+
+@dataclass
 class SchemaVersionInfo:
-    """One version as the projector needs it."""
+    """One version as the projector needs it; ``value`` None: not typed (STRING, PROTOBUF,
+    ...)."""
 
     version: int
-    type: int  # SchemaType
-    avro: Any
-    names: dict[str, Any] = field(default_factory=dict)
+    type: int  # SchemaType of the version (KEYVALUE for a key/value pair)
+    value: Side | None = None
+    key: Side | None = None  # KEY_VALUE: the key side, when it is typed
+    kv_encoding: str | None = None  # KEY_VALUE: INLINE or SEPARATED
     refused: str | None = None  # why this version is incompatible with the table
+
+    @property
+    def typed(self) -> bool:
+        return self.value is not None or self.key is not None
 
 
 class TypedDecoder:
-    """Decodes a message's payload by its ``schema_version`` into the ``value`` column."""
+    """Decodes a message by its ``schema_version`` into the ``value`` (and ``kv_key``)
+    columns."""
 
     def __init__(self, topic: str, versions: Sequence[SchemaVersionInfo]) -> None:
         self.topic = topic
         self.versions = {v.version: v for v in versions}
+        self.has_key = any(v.key is not None for v in versions)
 
-    def decode(self, schema_version: bytes | None,
-               payload: bytes | None) -> tuple[Any, str | None]:
-        """(the struct value or None, the error or None)."""
+    def decode(self, schema_version: bytes | None, payload: bytes | None,
+               key: str | None = None) -> tuple[Any, Any, str | None]:
+        """(the value struct or None, the key struct or None, the error or None); ``key`` is
+        the message's partition key (a SEPARATED KEY_VALUE message's key, base64)."""
         if schema_version is None or payload is None:
-            return None, None
+            return None, None, None
         try:
             n = version_from_bytes(schema_version)
         except Exception as exc:
-            return None, f"{self.topic}: bad schema_version: {exc}"
+            return None, None, f"{self.topic}: bad schema_version: {exc}"
         v = self.versions.get(n)
         if v is None:
-            return None, f"{self.topic}: schema version {n} is not in the registry"
+            return None, None, f"{self.topic}: schema version {n} is not in the registry"
         if v.refused is not None:
-            return None, v.refused
-        if v.avro is None:  # a version of another type (STRING, PROTOBUF, ...): not typed
+            return None, None, v.refused
+        if v.kv_encoding is None:
+            value, error = self._side(v.value, payload, n)
+            return value, None, error
+        try:
+            if v.kv_encoding == "SEPARATED":
+                key_raw = None if key is None else base64.b64decode(key, validate=True)
+                value_raw: bytes | None = payload
+            else:
+                key_raw, value_raw = split_key_value(payload)
+        except (FormatError, binascii.Error) as exc:
+            return None, None, (f"{self.topic}: KEY_VALUE message of schema version {n} has "
+                                f"no {v.kv_encoding} key and value: {exc}")
+        value, error = self._side(v.value, value_raw, n)
+        if error is not None:
+            return None, None, error
+        typed_key, error = self._side(v.key, key_raw, n, "key")
+        if error is not None:
+            return None, None, error
+        return value, typed_key, None
+
+    def _side(self, side: Side | None, raw: bytes | None, n: int,
+              what: str = "payload") -> tuple[Any, str | None]:
+        if side is None or raw is None:  # not typed, or a null side
             return None, None
         try:
-            if v.type == SchemaType.AVRO:
-                return _convert(v.avro, avro_decode(v.avro, payload, v.names), v.names,
+            if side.type == SchemaType.AVRO:
+                return _convert(side.avro, avro_decode(side.avro, raw, side.names), side.names,
                                 strict=False), None
-            doc = json.loads(payload)
-            return _convert(v.avro, doc, v.names, strict=True), None
-        except (AvroError, ValueError, TypeError, KeyError, decimal.InvalidOperation) as exc:
-            kind = SchemaType.name(v.type)
-            return None, (f"{self.topic}: payload does not decode as {kind} schema version "
+            if side.native is not None:
+                return _convert(side.avro, side.native.datum(raw), side.names,
+                                strict=False), None
+            doc = json.loads(raw)
+            return _convert(side.avro, doc, side.names, strict=True), None
+        except (AvroError, ValueError, TypeError, KeyError, decimal.InvalidOperation,
+                DecodeError) as exc:
+            kind = SchemaType.name(side.type)
+            return None, (f"{self.topic}: {what} does not decode as {kind} schema version "
                           f"{n}: {exc}")
 
 
@@ -264,9 +320,15 @@ def _date(s: Any, v: Any, strict: bool) -> Any:
 
 
 def _decimal(s: Any, v: Any, strict: bool) -> Any:
+    scale = int(s.get("scale", 0))
+    if isinstance(v, int | float) and not isinstance(v, bool):
+        # a JSON number (bytes(5) would be five zero bytes: a silent 0)
+        return decimal.Decimal(str(v)).quantize(decimal.Decimal(1).scaleb(-scale))
+    if not isinstance(v, str | bytes | bytearray):
+        raise TypeError(f"decimal expected, got {type(v).__name__}")
     raw = v.encode("latin-1") if isinstance(v, str) else bytes(v)
     unscaled = int.from_bytes(raw, "big", signed=True)
-    return decimal.Decimal(unscaled).scaleb(-int(s.get("scale", 0)))
+    return decimal.Decimal(unscaled).scaleb(-scale)
 
 
 def _uuid(s: Any, v: Any, strict: bool) -> Any:

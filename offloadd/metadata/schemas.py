@@ -5,8 +5,9 @@ The locator is Pulsar's own: ``/schemas/<schema id>`` in the (local) metadata st
 Pulsar puts each version's entry in its own BookKeeper ledger of one entry; the embedded store
 has no BookKeeper, so it keeps that one entry in the node ``/offloadd/schema-ledgers/<ledger id>``
 (the ledger id drawn from the same counter as the topics' ledgers, so the locator's positions
-stay meaningful). A sidecar would read the entry from BookKeeper instead: :class:`SchemaReader`
-takes the entry reader as a function.
+stay meaningful). A sidecar reads Pulsar's own: the locator in Pulsar's ZooKeeper and the entry
+from BookKeeper (:mod:`offloadd.ledger.bookkeeper.schemas`): :class:`SchemaReader` takes where
+the locators are and how an entry is read.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import json
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from offloadd.errors import Conflict, FormatError, NotFound
 from offloadd.format.schema_storage import (
@@ -26,17 +27,23 @@ from offloadd.format.schema_storage import (
     SchemaType,
     schema_id,
 )
-from offloadd.metadata.base import MetadataStore
+from offloadd.metadata.base import MetadataStore, Versioned
 from offloadd.model import TopicName
 from offloadd.model.keys import OFFLOADD_ROOT
 
-__all__ = ["SCHEMAS_ROOT", "SchemaReader", "SchemaVersion", "embedded_entry_reader",
-           "locator_path", "register", "topic_schema_id"]
+__all__ = ["SCHEMAS_ROOT", "EntryReader", "NodeReader", "SchemaReader", "SchemaVersion",
+           "embedded_entry_reader", "locator_path", "register", "topic_schema_id"]
 
 log = logging.getLogger(__name__)
 SCHEMAS_ROOT = "/schemas"
 SCHEMA_LEDGERS = f"{OFFLOADD_ROOT}/schema-ledgers"
 EntryReader = Callable[[int, int], Awaitable[bytes]]  # (ledger id, entry id) -> entry bytes
+
+
+class NodeReader(Protocol):
+    """Where the locators are: a metadata store, or a read-only view of Pulsar's."""
+
+    async def get(self, path: str) -> Versioned: ...
 
 
 def topic_schema_id(topic: TopicName) -> str:
@@ -104,7 +111,7 @@ async def register(md: MetadataStore, topic: TopicName, info: SchemaInfo,
             await md.delete(schema_ledger_path(ledger_id))  # as Pulsar deletes its orphan
 
 
-def embedded_entry_reader(md: MetadataStore) -> EntryReader:
+def embedded_entry_reader(md: NodeReader) -> EntryReader:
     async def read(ledger_id: int, entry_id: int) -> bytes:
         if entry_id != 0:
             raise NotFound(f"schema ledger {ledger_id} has one entry, not {entry_id}")
@@ -116,7 +123,7 @@ def embedded_entry_reader(md: MetadataStore) -> EntryReader:
 class SchemaReader:
     """A topic's versions by number, read once and cached (versions never change)."""
 
-    def __init__(self, md: MetadataStore, read_entry: EntryReader | None = None) -> None:
+    def __init__(self, md: NodeReader, read_entry: EntryReader | None = None) -> None:
         self.md = md
         self.read_entry = read_entry or embedded_entry_reader(md)
         self._cache: dict[tuple[str, int], SchemaVersion] = {}

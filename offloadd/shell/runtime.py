@@ -151,8 +151,9 @@ class Runtime:
             return
         from offloadd.lakehouse.follower import LakehouseFollower
 
-        self.lakehouse = LakehouseFollower(self.settings, self.metadata, self.blobstore,
-                                           self.metrics)
+        self.lakehouse = LakehouseFollower(
+            self.settings, self.metadata, self.blobstore, self.metrics,
+            schemas=wiring.schema_reader(self.settings, self.metadata, self.source))
         self.lakehouse.start()
         self.extras.append(self.lakehouse)
 

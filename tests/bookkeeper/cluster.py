@@ -32,11 +32,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from offloadd.errors import FormatError
+from offloadd.errors import FormatError, NotFound
+from offloadd.format.schema_storage import IndexEntry, SchemaEntry, SchemaInfo, SchemaLocator
 from offloadd.ledger.bookkeeper import codec
 from offloadd.ledger.bookkeeper.codec import DigestType, Status
 from offloadd.ledger.bookkeeper.layout import (
@@ -46,6 +48,7 @@ from offloadd.ledger.bookkeeper.layout import (
     ledger_path,
 )
 from offloadd.metadata import managed_ledger
+from offloadd.metadata.schemas import SCHEMAS_ROOT, topic_schema_id
 from offloadd.metadata.zookeeper import ZooKeeperMetadataStore
 from offloadd.model import Position, TopicName
 from offloadd.model.keys import managed_ledger_path
@@ -59,6 +62,8 @@ from tests.fixtures.bookie_wire import (
     master_key,
 )
 from tests.fixtures.fake_bookie import FakeBookie
+
+SCHEMA_PASSWORD = b""  # BookkeeperSchemaStorage's ledgers have an empty password
 
 
 class BookieWriter:
@@ -415,3 +420,53 @@ class FakePulsar:
 
     def ml_path(self, topic: TopicName) -> str:
         return managed_ledger_path(topic.managed_ledger)
+
+    # ---- the schema registry -------------------------------------------------------------
+    async def put_schema(self, topic: TopicName, info: SchemaInfo) -> int:
+        """Add ``info`` as the topic's next schema version, as Pulsar's
+        ``BookkeeperSchemaStorage`` does: a new ledger (empty password) of one ``SchemaEntry``,
+        closed, then the locator ``/schemas/<schema id>`` created or compare-and-set. Returns
+        the version."""
+        sid = topic_schema_id(topic)
+        path = f"{SCHEMAS_ROOT}/{sid}"
+        try:
+            node = await self.zk.get(path)
+            locator: SchemaLocator | None = SchemaLocator.decode(node.data)
+        except NotFound:
+            node, locator = None, None
+        version = 0 if locator is None else locator.info.version + 1
+        chain = locator.index if locator is not None else (IndexEntry(0, -1, -1, info.hash()),)
+        ledger_id = await self.write_single_entry_ledger(
+            SchemaEntry(info.encode(), chain).encode(),
+            {"application": b"pulsar", "component": b"schema",
+             "pulsar/schemaId": sid.encode()})
+        entry = IndexEntry(version, ledger_id, 0, info.hash())
+        new = SchemaLocator(entry, (locator.index if locator is not None else ()) + (entry,))
+        if node is None:
+            await self.zk.create(path, new.encode())
+        else:
+            await self.zk.set(path, new.encode(), node.version)
+        return version
+
+    async def write_single_entry_ledger(self, payload: bytes, custom: dict[str, bytes]) -> int:
+        """A ledger outside every topic holding ``payload`` as entry 0, closed."""
+        ledger_id = self.next_ledger_id
+        self.next_ledger_id += 1
+        members = tuple(self._choose_ensemble())
+        digest = codec.digest_for(self.digest_type, SCHEMA_PASSWORD)
+        meta = LedgerMetadata(ledger_id, len(members), self.write_quorum, self.ack_quorum,
+                              LedgerStateBK.OPEN, -1, 0, int(self.digest_type), SCHEMA_PASSWORD,
+                              int(time.time() * 1000), ((0, members),))
+        path = ledger_path(ledger_id, self.ledgers_root)
+        await self.zk.create(path, encode_ledger_metadata(meta, custom))
+        body = encode_entry(digest, ledger_id, 0, -1, len(payload), payload)
+        acks = await asyncio.gather(*(self.adder.add(b, ledger_id, 0,  # type: ignore[union-attr]
+                                                     master_key(SCHEMA_PASSWORD), body)
+                                      for b in meta.bookies_for(0)))
+        if sum(acks) < self.ack_quorum:
+            raise AssertionError(f"schema ledger {ledger_id}: the add was not acknowledged")
+        closed = dataclasses.replace(meta, state=LedgerStateBK.CLOSED, last_entry_id=0,
+                                     length=len(payload))
+        node = await self.zk.get(path)
+        await self.zk.set(path, encode_ledger_metadata(closed, custom), node.version)
+        return ledger_id
