@@ -158,12 +158,13 @@ async def test_a_topic_policy_applies_to_its_topic_only_and_falls_back_when_remo
         # remove-offload-policies hot (local): the global one applies; removed too: the
         # namespace's
         await p.append(EVENTS, [event_entry(HOT, None, removed=True, seq=3)])
-        await until(lambda: rt.daemon.policies.policy(HOT).thresholds.bytes == 12345, "the global one",
-                    60)
+        await until(lambda: rt.daemon.policies.policy(HOT).thresholds.bytes == 12345,
+                    "the global one", 60)
         assert rt.daemon.effective(HOT).read_priority.value == "bookkeeper-first"
         assert rt.daemon.effective(HOT).sources["threshold_bytes"] == GLOBAL
         await p.append(EVENTS, [event_entry(HOT, None, removed=True, is_global=True, seq=4)])
-        await until(lambda: rt.daemon.policies.policy(HOT).thresholds.bytes == GiB, "the namespace's", 60)
+        await until(lambda: rt.daemon.policies.policy(HOT).thresholds.bytes == GiB,
+                    "the namespace's", 60)
         st = await asyncio.to_thread(status_json, cfg, HOT)
         assert st[str(HOT)]["threshold_bytes"] == {"value": GiB, "source": NAMESPACE}
         # the ledger's close (the broker's rollover) changes nothing
