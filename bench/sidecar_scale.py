@@ -37,6 +37,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import cProfile
+import dataclasses
 import json
 import os
 import resource
@@ -132,6 +133,9 @@ async def run_daemon(args: argparse.Namespace, zk: str, ends: dict[TopicName, Po
     t0 = time.perf_counter()
     rt = await Runtime.open(config.load(cfg), ownership=Ownership())
     src = await ops.attach_runtime(rt)
+    if args.long_poll_s is not None:  # the former bound, to compare in one session
+        src.options = dataclasses.replace(src.options, long_poll_max_s=args.long_poll_s)
+    out["long_poll_max_s"] = src.options.long_poll_max_s
     daemon = asyncio.ensure_future(rt.daemon.run(install_signals=False))
     try:
         while True:
@@ -192,6 +196,9 @@ def main() -> None:
     ap.add_argument("--open-ledger", action="store_true",
                     help="each topic ends with an empty open ledger, as a broker's topics do: "
                          "idle topics wait on it (long polls)")
+    ap.add_argument("--long-poll-s", type=float,
+                    help="bound each long poll to this many seconds (the source's default "
+                         "otherwise; 10 before issue 22's third pass)")
     ap.add_argument("--tier-dir", type=Path,
                     help="put the filesystem tier under this directory (default: the run's "
                          "temporary directory, on the disk): e.g. /dev/shm to take the disk's "
