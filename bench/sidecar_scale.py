@@ -17,13 +17,19 @@ the same ZooKeeper (its own chroot), the filesystem driver, and one daemon ownin
 - ``connections_per_bookie``: the BookKeeper client's connections to each bookie, and
   ``tcp_per_bookie``: the process's established TCP connections to each bookie's port as the
   kernel lists them (``/proc/self/net/tcp``: whatever opened them);
+- ``long_polls_per_s``: the LAC long polls sent to the bookies meanwhile (``--open-ledger``
+  gives each topic an empty open ledger after its closed ones, as a broker's topic always
+  has: idle topics wait on it);
 - ``stop_s``: from the stop request to the daemon's end, and ``close_s`` for closing the
   runtime (the source's watches and sessions) after it.
+
+``--tier-dir /dev/shm`` puts the filesystem tier on tmpfs (its fsyncs out of the figures).
 
 ``--profile FILE`` writes a cProfile of the daemon's process (start-up and steady state).
 One JSON document on stdout.
 
-    .venv/bin/python bench/sidecar_scale.py [--topics 5000] [--steady-s 60] [--profile FILE]
+    .venv/bin/python bench/sidecar_scale.py [--topics 5000] [--steady-s 60] [--settle-s 5]
+        [--open-ledger] [--tier-dir DIR] [--profile FILE]
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import cProfile
+import dataclasses
 import json
 import os
 import resource
@@ -66,7 +73,7 @@ pid_file = "{tmp}/offloadd.pid"
 """
 
 
-async def serve_cluster(pulsar_url: str, topics: int) -> None:
+async def serve_cluster(pulsar_url: str, topics: int, open_ledger: bool) -> None:
     """The child: bookies and the broker's writes; serves until stdin closes."""
     writer = await ZooKeeperMetadataStore.open(pulsar_url, session_timeout_s=10.0,
                                                connect_timeout_s=20.0)
@@ -74,7 +81,7 @@ async def serve_cluster(pulsar_url: str, topics: int) -> None:
     pulsar = FakePulsar(writer, bookies)
     await pulsar.setup()
     t0 = time.perf_counter()
-    ends = await populate(pulsar, topic_names(topics))
+    ends = await populate(pulsar, topic_names(topics), open_ledger=open_ledger)
     await pulsar.close()  # the writer's connections to the bookies
     print(json.dumps({"bookies": [b.address for b in bookies],
                       "populate_s": round(time.perf_counter() - t0, 1),
@@ -119,12 +126,16 @@ def cpu_s() -> float:
 async def run_daemon(args: argparse.Namespace, zk: str, ends: dict[TopicName, Position],
                      bookies: list[str], tmp: Path, out: dict[str, Any]) -> None:
     cfg = tmp / "offloadd.toml"
-    cfg.write_text(CONFIG.format(offloadd_url=f"zk://{zk}/offloadd", tier=tmp / "tier",
+    tier = args.tier_root / "tier"
+    cfg.write_text(CONFIG.format(offloadd_url=f"zk://{zk}/offloadd", tier=tier,
                                  pulsar_url=f"zk://{zk}/pulsar", tmp=tmp))
     ops = ZkOps()
     t0 = time.perf_counter()
     rt = await Runtime.open(config.load(cfg), ownership=Ownership())
     src = await ops.attach_runtime(rt)
+    if args.long_poll_s is not None:  # the former bound, to compare in one session
+        src.options = dataclasses.replace(src.options, long_poll_max_s=args.long_poll_s)
+    out["long_poll_max_s"] = src.options.long_poll_max_s
     daemon = asyncio.ensure_future(rt.daemon.run(install_signals=False))
     try:
         while True:
@@ -147,10 +158,12 @@ async def run_daemon(args: argparse.Namespace, zk: str, ends: dict[TopicName, Po
         await asyncio.sleep(args.settle_s)  # the last segments' status writes, the lag loop
         asked = count_ledgers_calls(src)
         ops.reset()
+        polls0 = src.metrics.long_polls
         c0, w0 = cpu_s(), time.perf_counter()
         await asyncio.sleep(args.steady_s)
         wall = time.perf_counter() - w0
         out["idle_cpu"] = round((cpu_s() - c0) / wall, 4)
+        out["long_polls_per_s"] = round((src.metrics.long_polls - polls0) / wall, 2)
         out["ledgers_calls_per_topic_per_min"] = round(asked[0] / len(ends) / (wall / 60), 3)
         out["zk_ops"] = ops.snapshot()
         out["zk_ops_by_tree"] = dict(sorted(ops.by_tree.items()))
@@ -180,26 +193,41 @@ def main() -> None:
     ap.add_argument("--settle-s", type=float, default=5.0)
     ap.add_argument("--startup-limit-s", type=float, default=600.0)
     ap.add_argument("--profile", type=Path)
+    ap.add_argument("--open-ledger", action="store_true",
+                    help="each topic ends with an empty open ledger, as a broker's topics do: "
+                         "idle topics wait on it (long polls)")
+    ap.add_argument("--long-poll-s", type=float,
+                    help="bound each long poll to this many seconds (the source's default "
+                         "otherwise; 10 before issue 22's third pass)")
+    ap.add_argument("--tier-dir", type=Path,
+                    help="put the filesystem tier under this directory (default: the run's "
+                         "temporary directory, on the disk): e.g. /dev/shm to take the disk's "
+                         "fsyncs out of the measurement")
     ap.add_argument("--serve-cluster", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.serve_cluster:
         import uvloop
 
-        uvloop.run(serve_cluster(args.serve_cluster, args.topics))
+        uvloop.run(serve_cluster(args.serve_cluster, args.topics, args.open_ledger))
         return
-    with tempfile.TemporaryDirectory(prefix="sidecar-scale-") as d:
+    with tempfile.TemporaryDirectory(prefix="sidecar-scale-") as d, \
+            tempfile.TemporaryDirectory(prefix="sidecar-scale-tier-", dir=args.tier_dir) as t:
         tmp = Path(d)
+        args.tier_root = Path(t) if args.tier_dir else tmp
         server = ZooKeeperServer(tmp / "zk")
         server.start()
         server.wait_serving()
         child = subprocess.Popen([sys.executable, __file__, "--topics", str(args.topics),
-                                  "--serve-cluster", f"zk://{server.address}/pulsar"],
+                                  "--serve-cluster", f"zk://{server.address}/pulsar",
+                                  *(["--open-ledger"] if args.open_ledger else [])],
                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         try:
             assert child.stdout is not None
             ready = json.loads(child.stdout.readline())
             ends = {TopicName.parse(t): Position(*p) for t, p in ready["ends"].items()}
             out: dict[str, Any] = {"topics": args.topics, "populate_s": ready["populate_s"],
+                                   "tier": str(args.tier_dir or "disk (the run's directory)"),
+                                   "open_ledger": args.open_ledger,
                                    "entries": 3 * sum(1 + i % 2 for i in range(args.topics))}
             prof = cProfile.Profile() if args.profile else None
             if prof is not None:

@@ -17,7 +17,7 @@ from offloadd._proto import mldataformats_pb2 as pb
 from offloadd.commit.batch import CommitBatcher
 from offloadd.commit.fence import Fence
 from offloadd.errors import IllegalTransition, NotFound
-from offloadd.metadata import managed_ledger
+from offloadd.metadata import cas, managed_ledger
 from offloadd.metadata.base import MetadataStore, Op
 from offloadd.model.keys import managed_ledger_path
 
@@ -28,7 +28,8 @@ async def apply(store: MetadataStore, ml_name: str,
                 edit: Callable[[pb.ManagedLedgerInfo], bool], fence: Fence, *,
                 on_write: Callable[[], None] | None = None,
                 also: Sequence[Op] = (),
-                batcher: CommitBatcher | None = None) -> pb.ManagedLedgerInfo:
+                batcher: CommitBatcher | None = None,
+                known: cas.Known | None = None) -> pb.ManagedLedgerInfo:
     """Apply ``edit`` to ``ml_name``'s ``ManagedLedgerInfo`` under ``fence``; the stored value.
 
     An edit that no longer applies (``ValueError``/``KeyError``: a ledger deleted, a record
@@ -37,7 +38,9 @@ async def apply(store: MetadataStore, ml_name: str,
     ``on_write`` runs once the write landed (not when the edit changed nothing). ``also``: ops
     made in the same transaction (a merge's pending-deletion records). ``batcher``: the write
     goes in a batch with other topics' (:mod:`offloadd.commit.batch`), still fenced and
-    compare-and-set on its own.
+    compare-and-set on its own. ``known``: the node as the caller last read or wrote it
+    (:class:`offloadd.metadata.cas.Known`; the commit then reads only when that is out of
+    date), kept up to date.
     """
     wrote = False
 
@@ -52,7 +55,8 @@ async def apply(store: MetadataStore, ml_name: str,
     info = await managed_ledger.update(store, ml_name, guarded,
                                        guard=[*fence.guard_ops(), *also],
                                        on_conflict=fence.verify,
-                                       multi=batcher.multi if batcher is not None else None)
+                                       multi=batcher.multi if batcher is not None else None,
+                                       known=known)
     if wrote and on_write is not None:
         on_write()
     return info

@@ -13,6 +13,14 @@ update`, :func:`offloadd.commit.edits.apply`), topic ownership epochs
         └── back off ◀── lost ── one transaction: guard ops, extra ops, set (CAS on the
            (retry.CAS)   race     node's version) or create ── ok: return the new node
 
+``known`` (a :class:`Known`) skips the first read: a writer that is mostly the node's only
+writer (a topic's owner, its catalog and status record) keeps the node as it last read or wrote
+it, and the first attempt edits that. A stale copy loses the compare-and-set like any other
+race, and the loop reads afresh; an edit that finds nothing to change in the copy is not
+trusted either (the node may have moved on): the node is read and the edit asked again. At
+start-up that is two reads fewer per topic and segment for the catalog, and one per status
+write (thousands of topics: round trips, and kazoo's per-request work, are what it costs).
+
 ``multi``, when given, carries every write instead of the store's own calls (always as one
 ``multi``, a single op too): the commit batcher's (:class:`offloadd.commit.batch.CommitBatcher`),
 which sends many topics' writes in one request; a refused write comes back to this loop alone.
@@ -38,7 +46,7 @@ from offloadd.errors import Conflict, NotFound
 from offloadd.metadata.base import CreateOp, MetadataStore, Op, SetOp, Versioned
 from offloadd.retry import CAS, Backoff
 
-__all__ = ["Edit", "Multi", "read", "update"]
+__all__ = ["Edit", "Known", "Multi", "read", "update"]
 
 # node as read (None: absent) -> the bytes to store, or None to leave the node as it is
 Edit = Callable[[Versioned | None], bytes | None]
@@ -48,53 +56,124 @@ Multi = Callable[[Sequence[Op]], Awaitable[list[int | str | None]]]
 ATTEMPTS = 100
 
 
+class Known:
+    """A node as its writer last read or wrote it (``None``: absent), for :func:`update`'s
+    first attempt; :meth:`forget` after anything that may have moved it without this holder
+    being told (``update`` does, on a lost race)."""
+
+    __slots__ = ("node", "valid")
+
+    def __init__(self) -> None:
+        self.node: Versioned | None = None
+        self.valid = False
+
+    def set(self, node: Versioned | None) -> None:
+        self.node, self.valid = node, True
+
+    def forget(self) -> None:
+        self.node, self.valid = None, False
+
+
 async def update(store: MetadataStore, path: str, edit: Edit, *, create: bool = False,
                  guard: Sequence[Op] = (), also: Sequence[Op] = (),
                  on_conflict: Callable[[], Awaitable[None]] | None = None,
                  attempts: int = ATTEMPTS, backoff: Backoff = CAS,
                  sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
-                 multi: Multi | None = None) -> Versioned | None:
+                 multi: Multi | None = None, known: Known | None = None) -> Versioned | None:
     """Apply ``edit`` to ``path`` under compare-and-set; the node as stored afterwards (None if
     it is absent and ``edit`` left it so).
 
     ``create``: an absent node is handed to ``edit`` as None and created (with its parents);
     otherwise an absent node raises ``NotFound``. ``Conflict`` after ``attempts`` lost races.
+    ``known``: the first attempt edits the node it holds, if any, instead of reading; it holds
+    the node as stored afterwards (forgotten on a failure).
     """
-    for attempt in range(1, attempts + 1):
-        try:
-            node: Versioned | None = await store.get(path)
-        except NotFound:
-            if not create:
-                raise
-            node = None
-        data = edit(node)
-        if data is None:
-            return node
-        try:
-            if node is None:
-                await _ensure_parent(store, path)
-                write: Op = CreateOp(path, data)
-            else:
-                write = SetOp(path, data, node.version)
-            ops = [*guard, *also, write]
-            if multi is not None:
-                await multi(ops)
-            elif len(ops) > 1:
-                await store.multi(ops)
-            elif node is None:
-                await store.create(path, data)
-            else:
-                await store.set(path, data, node.version)
-        except (Conflict, NotFound):
+    try:
+        # (a copy saying "absent" is not trusted where absence is an error)
+        if known is not None and known.valid and (create or known.node is not None):
+            stored = await _try_known(store, path, edit, known.node, guard, also, multi)
+            if stored is not None:
+                known.set(stored)
+                return stored
+            if on_conflict is not None:  # (the guard may be what failed)
+                await on_conflict()
+        for attempt in range(1, attempts + 1):
+            node: Versioned | None
+            try:
+                node = await store.get(path)
+            except NotFound:
+                if not create:
+                    raise
+                node = None
+            data = edit(node)
+            if data is None:
+                _remember(known, node)
+                return node
+            stored = await _write(store, path, node, data, guard, also, multi)
+            if stored is not None:
+                _remember(known, stored)
+                return stored
             # the node changed, appeared or vanished since the read; or the guard failed
             if node is None:
                 _forget_parent(store, path)  # if it was the parent that vanished
             if on_conflict is not None:
                 await on_conflict()
             await sleep(backoff.delay(attempt))
-            continue
-        return Versioned(data, 0 if node is None else node.version + 1)
+    except BaseException:
+        if known is not None:
+            known.forget()
+        raise
+    if known is not None:
+        known.forget()
     raise Conflict(f"{path}: gave up after {attempts} lost compare-and-set races")
+
+
+async def _try_known(store: MetadataStore, path: str, edit: Edit, node: Versioned | None,
+                     guard: Sequence[Op], also: Sequence[Op], multi: Multi | None
+                     ) -> Versioned | None:
+    """The edit of a copy, written; None if that did not work out: the copy was out of date
+    (the write lost its race, or the edit refused it or found nothing to change: either may
+    be the copy's age, so a fresh read decides)."""
+    try:
+        data = edit(node)
+    except Exception:
+        return None
+    if data is None:
+        return None
+    stored = await _write(store, path, node, data, guard, also, multi)
+    if stored is None and node is None:
+        _forget_parent(store, path)
+    return stored
+
+
+def _remember(known: Known | None, node: Versioned | None) -> None:
+    if known is not None:
+        known.set(node)
+
+
+async def _write(store: MetadataStore, path: str, node: Versioned | None, data: bytes,
+                 guard: Sequence[Op], also: Sequence[Op], multi: Multi | None
+                 ) -> Versioned | None:
+    """One write of ``data`` over ``node`` as read (None: create it); the node as stored, or
+    None when the race was lost (``Conflict``/``NotFound``)."""
+    try:
+        if node is None:
+            await _ensure_parent(store, path)
+            write: Op = CreateOp(path, data)
+        else:
+            write = SetOp(path, data, node.version)
+        ops = [*guard, *also, write]
+        if multi is not None:
+            await multi(ops)
+        elif len(ops) > 1:
+            await store.multi(ops)
+        elif node is None:
+            await store.create(path, data)
+        else:
+            await store.set(path, data, node.version)
+    except (Conflict, NotFound):
+        return None
+    return Versioned(data, 0 if node is None else node.version + 1)
 
 
 async def read(store: MetadataStore, path: str) -> Versioned | None:

@@ -50,11 +50,12 @@ async def update(
     guard: Sequence[Op] = (),
     on_conflict: Callable[[], Awaitable[None]] | None = None,
     multi: cas.Multi | None = None,
+    known: cas.Known | None = None,
 ) -> pb.ManagedLedgerInfo:
     """Apply ``edit`` (mutates in place; returns False for "no change") under compare-and-set
     (:func:`offloadd.metadata.cas.update`: lost races re-read and re-apply). With ``create`` a
-    missing node starts empty; ``guard``, ``on_conflict`` and ``multi`` as there. Returns the
-    stored value.
+    missing node starts empty; ``guard``, ``on_conflict``, ``multi`` and ``known`` as there.
+    Returns the stored value.
     """
     path = managed_ledger_path(ml_name)
     stored = pb.ManagedLedgerInfo()
@@ -66,7 +67,7 @@ async def update(
         return info.SerializeToString() if edit(info) else None
 
     await cas.update(store, path, apply, create=create, guard=guard, on_conflict=on_conflict,
-                     multi=multi)
+                     multi=multi, known=known)
     return stored
 
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, fields
 from typing import Any
 
 from offloadd.errors import FormatError
@@ -59,7 +59,7 @@ class OffloadStatus:
     get_since_ms: int | None = None
 
     def encode(self) -> bytes:
-        doc: dict[str, Any] = {"v": 1, **asdict(self)}
+        doc: dict[str, Any] = {"v": 1, **self.as_dict()}  # (asdict: deep copies, 3x the time)
         if doc["last_error"] is not None:
             doc["last_error"] = doc["last_error"][:_ERROR_CHARS]
         return json.dumps(doc, sort_keys=True).encode()
@@ -85,20 +85,26 @@ class OffloadStatus:
 _FIELDS = fields(OffloadStatus)
 
 
-async def read(store: MetadataStore, ml_name: str) -> OffloadStatus | None:
-    """The topic's recorded status; None if no owner ever wrote one."""
+async def read(store: MetadataStore, ml_name: str,
+               known: cas.Known | None = None) -> OffloadStatus | None:
+    """The topic's recorded status; None if no owner ever wrote one. ``known`` is given the
+    node as read (for the writer's first :func:`write`)."""
     path = offload_status_path(ml_name)
     node = await cas.read(store, path)
-    return None if node is None else OffloadStatus.decode(node.data, path)
+    status = None if node is None else OffloadStatus.decode(node.data, path)
+    if known is not None:
+        known.set(node)
+    return status
 
 
 async def write(store: MetadataStore, ml_name: str, status: OffloadStatus,
                 guard: Sequence[Op] = (),
                 on_conflict: Callable[[], Awaitable[None]] | None = None,
-                multi: cas.Multi | None = None) -> None:
+                multi: cas.Multi | None = None, known: cas.Known | None = None) -> None:
     """Replace the record (creating it the first time), in one transaction with ``guard``
     (:func:`offloadd.metadata.cas.update`; ``on_conflict`` is the fence's check, which raises
-    ``Fenced`` once another owner holds the topic); ``multi`` as there (a commit batcher)."""
+    ``Fenced`` once another owner holds the topic); ``multi`` and ``known`` as there (a commit
+    batcher; the record as the writer last read or wrote it)."""
     data = status.encode()
     await cas.update(store, offload_status_path(ml_name), lambda node: data, create=True,
-                     guard=guard, on_conflict=on_conflict, multi=multi)
+                     guard=guard, on_conflict=on_conflict, multi=multi, known=known)

@@ -24,9 +24,10 @@ from offloadd.commit import edits
 from offloadd.commit.batch import CommitBatcher
 from offloadd.commit.fence import Fence
 from offloadd.ledger.base import LedgerSource
-from offloadd.metadata import managed_ledger
+from offloadd.metadata import cas, managed_ledger
 from offloadd.metadata.base import MetadataStore
 from offloadd.model import LedgerDesc, Position, TopicName, catalog
+from offloadd.model.keys import managed_ledger_path
 from offloadd.model.segment_state import SegmentState, Tracked
 from offloadd.offload.attempt import SegmentAttempt, Uploads
 from offloadd.offload.buffer import OffloadBuffer
@@ -138,13 +139,23 @@ class TopicContext:
         self.attempt: SegmentAttempt | None = None  # the open streaming attempt
         self.segment: Tracked | None = None  # the state of the segment in progress
         self.wake = Wake()  # a trigger or a stop request cuts a wait short
+        # the catalog node as this task last read or wrote it: a commit edits it instead of
+        # reading first (the owner is mostly its only writer; a stale copy costs a lost race)
+        self.catalog_node = cas.Known()
 
     # ---- reading -------------------------------------------------------------------------
     async def ledgers(self) -> list[LedgerDesc]:
         return await self.env.source.ledgers(self.topic)
 
     async def load(self) -> pb.ManagedLedgerInfo:
-        info, _ = await managed_ledger.load(self.env.metadata, self.topic.managed_ledger)
+        path = managed_ledger_path(self.topic.managed_ledger)
+        try:
+            node = await self.env.metadata.get(path)
+        except BaseException:
+            self.catalog_node.forget()
+            raise
+        info = managed_ledger.decode(node.data, path)
+        self.catalog_node.set(node)
         return info
 
     def idle_poll_s(self, policy: TopicPolicy) -> float:
@@ -194,7 +205,8 @@ class TopicContext:
         """``edit`` committed (fenced compare-and-set, batched with other topics' commits when
         the env has a batcher); the catalog as stored."""
         return await edits.apply(self.env.metadata, self.topic.managed_ledger, edit, self.fence,
-                                 on_write=self.probe.metadata_write, batcher=self.env.commits)
+                                 on_write=self.probe.metadata_write, batcher=self.env.commits,
+                                 known=self.catalog_node)
 
     def driver(self) -> pb.OffloadDriverMetadata:
         """What the catalog records of the blob store a segment is written to."""

@@ -41,7 +41,7 @@ class StatusRecorder:
                  wall_ms: Callable[[], int] = lambda: int(time.time() * 1000),
                  clock: Callable[[], float] = time.monotonic,
                  initial: OffloadStatus | None = None,
-                 multi: cas.Multi | None = None) -> None:
+                 multi: cas.Multi | None = None, known: cas.Known | None = None) -> None:
         self._store = store
         self._ml = ml_name
         self._fence = fence
@@ -50,6 +50,9 @@ class StatusRecorder:
         self._wall_ms = wall_ms
         self._clock = clock
         self._multi = multi  # a commit batcher's: the write goes with other topics'
+        # the record as last read (by whoever read ``initial``) or written: a write reads it
+        # first only when that copy turns out out of date
+        self._known = known if known is not None else cas.Known()
         base = initial or OffloadStatus()
         # A new owner keeps what is known of the past (the last success, a failing streak: as
         # far as anyone knows the topic is still failing until an attempt says otherwise).
@@ -141,7 +144,7 @@ class StatusRecorder:
         try:
             await offload_status.write(self._store, self._ml, snapshot,
                                        list(self._fence.guard_ops()), self._fence.verify,
-                                       multi=self._multi)
+                                       multi=self._multi, known=self._known)
         except Fenced:
             log.info("topic %s: another owner keeps its status now", self._ml)
             self._fenced = True

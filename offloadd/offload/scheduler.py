@@ -25,7 +25,7 @@ from offloadd import logs
 from offloadd.commit.fence import Fence
 from offloadd.commit.ownership import Ownership, Revoke, process_owner_id
 from offloadd.errors import OffloaddError
-from offloadd.metadata import offload_status
+from offloadd.metadata import cas, offload_status
 from offloadd.model import TopicName
 from offloadd.offload.policy import PolicySource, SchedulerSettings
 from offloadd.offload.recorder import StatusRecorder
@@ -170,8 +170,9 @@ class Scheduler:
     async def _recorder(self, topic: TopicName, fence: Fence) -> StatusRecorder:
         """The topic's persisted offload status, continued from what its last owner wrote."""
         ml = topic.managed_ledger
+        known = cas.Known()  # the record as read: the recorder's first write needs no read
         try:
-            previous = await offload_status.read(self.env.metadata, ml)
+            previous = await offload_status.read(self.env.metadata, ml, known)
         except OffloaddError as exc:  # unreadable: start afresh rather than not at all
             log.warning("topic %s: previous offload status unreadable (%s)", topic, exc)
             previous = None
@@ -180,7 +181,8 @@ class Scheduler:
         recorder = StatusRecorder(self.env.metadata, ml, fence, owner,
                                   interval_s=self._policies.scheduler_settings().status_interval_s,
                                   initial=previous,
-                                  multi=commits.multi if commits is not None else None)
+                                  multi=commits.multi if commits is not None else None,
+                                  known=known)
         recorder.start()
         return recorder
 

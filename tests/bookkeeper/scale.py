@@ -67,9 +67,11 @@ def topic_names(n: int, namespaces: int = 10) -> list[TopicName]:
 
 
 async def populate(pulsar: FakePulsar, topics: Iterable[TopicName], *, entries: int = 3,
-                   payload: int = 100, concurrency: int = 64) -> dict[TopicName, Position]:
-    """Topic ``i`` gets ``1 + i % 2`` closed ledgers of ``entries`` entries; returns each
-    topic's last position."""
+                   payload: int = 100, concurrency: int = 64,
+                   open_ledger: bool = False) -> dict[TopicName, Position]:
+    """Topic ``i`` gets ``1 + i % 2`` closed ledgers of ``entries`` entries, and with
+    ``open_ledger`` then an empty open one, as a broker's topic always has (the source
+    long-polls it while idle); returns each topic's last position."""
     limit = asyncio.Semaphore(concurrency)
     ends: dict[TopicName, Position] = {}
 
@@ -80,6 +82,8 @@ async def populate(pulsar: FakePulsar, topics: Iterable[TopicName], *, entries: 
                 body = [bytes([(i + k + e) % 256]) * payload for e in range(entries)]
                 ends[topic] = await pulsar.append(topic, body)
                 await pulsar.close_ledger(topic)
+            if open_ledger:
+                await pulsar.open_ledger(topic)
 
     await asyncio.gather(*(one(i, t) for i, t in enumerate(topics)))
     return ends

@@ -176,6 +176,30 @@ class TestLedgersAndReads:
         finally:
             await src.close()
 
+    async def test_an_idle_ledger_is_long_polled_for_the_whole_wait(self, cluster: Cluster
+                                                                     ) -> None:
+        """A long poll of an idle open ledger asks the bookie to hold it as long as the topic
+        waits, not 10 s: each poll's end woke the topic for nothing (issue 22: 5,000 idle
+        topics with an open ledger each made 500 wake-ups and long polls a second)."""
+        p = cluster.pulsar
+        await p.append(A, payloads(2, "x"))
+        src = cluster.source()
+        try:
+            (d,) = await src.ledgers(A)
+            waiter = asyncio.ensure_future(src.wait_for_entries(A, d.ledger_id,
+                                                                d.last_entry_id, 120.0))
+            async def polled() -> bool:
+                return any(b.long_poll_timeouts_ms for b in cluster.bookies)
+
+            await eventually(polled, "a long poll")
+            (asked,) = [t for b in cluster.bookies for t in b.long_poll_timeouts_ms]
+            assert asked > 100_000  # the wait's 120 s (less the time to send it)
+            assert not waiter.done()
+            await p.append(A, payloads(1, "y"))  # still answered at once
+            await asyncio.wait_for(waiter, 10)
+        finally:
+            await src.close()
+
     async def test_hmac_ledgers_use_the_configured_password(self, cluster: Cluster) -> None:
         p = cluster.pulsar
         p.digest_type, p.password = DigestType.HMAC, b"s3cret"

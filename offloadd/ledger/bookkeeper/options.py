@@ -24,7 +24,13 @@ class BookKeeperOptions:
     # reads: entries in flight per ledger (a window, in chunks), and read ahead of the offloader
     reads_in_flight: int = 1024
     readahead_bytes: int = 8 * MiB
-    long_poll_max_s: float = 10.0
+    # A long poll is answered at once when the ledger moves: its length only matters while the
+    # ledger is idle, and each end wakes the topic for nothing (10 s: 500 wake-ups and long
+    # polls a second for 5,000 idle topics, each with its open ledger). So it lasts as long as
+    # the waiter waits (the topic's idle look, IDLE_LOOK_S, or its roll deadline). A dead
+    # bookie's connection fails its polls at once; an ensemble change or a close wakes the
+    # waiter through the ledger's watch, whatever the poll is doing.
+    long_poll_max_s: float = 300.0
     # Pulsar's ZooKeeper
     session_timeout_s: float = 10.0
     connect_timeout_s: float = 15.0
