@@ -53,20 +53,28 @@ async def update(store: MetadataStore, path: str, edit: Edit, *, create: bool = 
                  on_conflict: Callable[[], Awaitable[None]] | None = None,
                  attempts: int = ATTEMPTS, backoff: Backoff = CAS,
                  sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
-                 multi: Multi | None = None) -> Versioned | None:
+                 multi: Multi | None = None,
+                 known: Versioned | None = None) -> Versioned | None:
     """Apply ``edit`` to ``path`` under compare-and-set; the node as stored afterwards (None if
     it is absent and ``edit`` left it so).
 
     ``create``: an absent node is handed to ``edit`` as None and created (with its parents);
     otherwise an absent node raises ``NotFound``. ``Conflict`` after ``attempts`` lost races.
+    ``known``: the node as the caller last read or wrote it (a node only the caller writes):
+    the first attempt starts from it instead of reading; if it is stale, the write loses its
+    race like any other and the next attempt reads.
     """
     for attempt in range(1, attempts + 1):
-        try:
-            node: Versioned | None = await store.get(path)
-        except NotFound:
-            if not create:
-                raise
-            node = None
+        node: Versioned | None
+        if attempt == 1 and known is not None:
+            node = known
+        else:
+            try:
+                node = await store.get(path)
+            except NotFound:
+                if not create:
+                    raise
+                node = None
         data = edit(node)
         if data is None:
             return node

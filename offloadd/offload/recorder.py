@@ -26,7 +26,7 @@ from collections.abc import Callable
 from offloadd.commit.fence import Fence
 from offloadd.errors import Fenced, OffloaddError
 from offloadd.metadata import cas, offload_status
-from offloadd.metadata.base import MetadataStore
+from offloadd.metadata.base import MetadataStore, Versioned
 from offloadd.metadata.offload_status import OffloadStatus
 from offloadd.model import Position
 
@@ -41,7 +41,8 @@ class StatusRecorder:
                  wall_ms: Callable[[], int] = lambda: int(time.time() * 1000),
                  clock: Callable[[], float] = time.monotonic,
                  initial: OffloadStatus | None = None,
-                 multi: cas.Multi | None = None) -> None:
+                 multi: cas.Multi | None = None,
+                 node: Versioned | None = None) -> None:
         self._store = store
         self._ml = ml_name
         self._fence = fence
@@ -50,6 +51,10 @@ class StatusRecorder:
         self._wall_ms = wall_ms
         self._clock = clock
         self._multi = multi  # a commit batcher's: the write goes with other topics'
+        # the record's node as last read (``node``: ``initial``'s) or written by this owner:
+        # only the owner writes it, so the next write needs no read first (a stale one
+        # loses its compare-and-set, and the write reads and goes again)
+        self._node = node
         base = initial or OffloadStatus()
         # A new owner keeps what is known of the past (the last success, a failing streak: as
         # far as anyone knows the topic is still failing until an attempt says otherwise).
@@ -138,10 +143,12 @@ class StatusRecorder:
             return True
         self._urgent = False
         snapshot = dataclasses.replace(snapshot, updated_ms=self._wall_ms())
+        known, self._node = self._node, None  # (unknown again if this write fails)
         try:
-            await offload_status.write(self._store, self._ml, snapshot,
-                                       list(self._fence.guard_ops()), self._fence.verify,
-                                       multi=self._multi)
+            self._node = await offload_status.write(self._store, self._ml, snapshot,
+                                                    list(self._fence.guard_ops()),
+                                                    self._fence.verify, multi=self._multi,
+                                                    known=known)
         except Fenced:
             log.info("topic %s: another owner keeps its status now", self._ml)
             self._fenced = True

@@ -179,15 +179,15 @@ class Scheduler:
         """The topic's persisted offload status, continued from what its last owner wrote."""
         ml = topic.managed_ledger
         try:
-            previous = await offload_status.read(self.env.metadata, ml)
+            previous, node = await offload_status.read_node(self.env.metadata, ml)
         except OffloaddError as exc:  # unreadable: start afresh rather than not at all
             log.warning("topic %s: previous offload status unreadable (%s)", topic, exc)
-            previous = None
+            previous = node = None
         owner = self.ownership.owner_id or process_owner_id()
         commits = self.env.commits
         recorder = StatusRecorder(self.env.metadata, ml, fence, owner,
                                   interval_s=self._settings().status_interval_s,
-                                  initial=previous,
+                                  initial=previous, node=node,
                                   multi=commits.multi if commits is not None else None)
         recorder.start()
         return recorder

@@ -8,7 +8,7 @@ import asyncio
 import collections
 
 from offloadd.metadata import cas
-from offloadd.metadata.base import CheckOp
+from offloadd.metadata.base import CheckOp, Versioned
 from offloadd.metadata.memory import MemoryMetadataStore
 
 
@@ -23,6 +23,10 @@ class Counting(MemoryMetadataStore):
         self.calls[f"exists {path}"] += 1
         await asyncio.sleep(0)  # a round trip: let the other callers in meanwhile
         return await super().exists(path)
+
+    async def get(self, path: str) -> Versioned:
+        self.calls[f"get {path}"] += 1
+        return await super().get(path)
 
     async def create(self, path: str, data: bytes, *, ephemeral: bool = False,
                      sequential: bool = False, make_parents: bool = True) -> str:
@@ -55,3 +59,26 @@ async def test_a_parent_deleted_since_is_made_again() -> None:
                      sleep=lambda s: asyncio.sleep(0))
     assert (await store.get("/status/ns/b")).data == b"y"
     assert store.calls["create /status/ns"] == 2
+
+
+async def test_a_known_node_is_written_without_a_read_and_a_stale_one_is_read_again() -> None:
+    """``known`` (a node only the caller writes, as it last wrote it): the first attempt goes
+    without a read; if the node moved since, that attempt loses its race and the loop reads."""
+    store = Counting()
+    node = await cas.update(store, "/status/ns/a", lambda node: b"1", create=True)
+    assert node is not None
+    node = await cas.update(store, "/status/ns/a", lambda node: b"2", known=node)
+    assert store.calls["get /status/ns/a"] == 1  # only the first update's
+    assert node == await store.get("/status/ns/a")
+    await store.set("/status/ns/a", b"someone else")
+    seen: list[bytes | None] = []
+
+    def edit(n: Versioned | None) -> bytes:
+        seen.append(n.data if n is not None else None)
+        return b"3"
+
+    node = await cas.update(store, "/status/ns/a", edit, known=node,
+                            sleep=lambda s: asyncio.sleep(0))
+    assert seen == [b"2", b"someone else"]  # the stale node, then what was read
+    assert node == await store.get("/status/ns/a")
+    assert node.data == b"3"
