@@ -76,7 +76,7 @@ class TestLayout:
             calls.append(fn)
             return submit(fn, *args)
 
-        store._workers.submit = counting  # type: ignore[method-assign]
+        store._workers.submit = counting  # type: ignore[method-assign,assignment]
         info = await store.put("obj", [b"abc", b"def"], {"role": "data"})
         assert len(calls) == 1, calls
         assert (info.key, info.size) == ("obj", 6)
