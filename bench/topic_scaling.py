@@ -176,9 +176,10 @@ class Daemon:
         if self.profile_dir is None:
             return
         for i, name in enumerate(self.profile_names):
-            f = self.profile_dir / f"{i}.prof"
-            if f.exists():
-                f.rename(self.profile_dir / f"{name}.prof")
+            for suffix in (".prof", ".samples.txt"):
+                f = self.profile_dir / f"{i}{suffix}"
+                if f.exists():
+                    f.rename(self.profile_dir / f"{name}{suffix}")
 
     def start(self) -> None:
         self.log = self.config.with_suffix(f".{uuid.uuid4().hex[:6]}.log")

@@ -34,6 +34,8 @@ __all__ = ["Running", "Scheduler", "SchedulerSettings"]
 log = logging.getLogger(__name__)
 
 ABANDON_GRACE_S = 10.0
+# open segments closing at once during a stop (a commit batch's worth)
+STOP_CLOSES_AT_ONCE = 256
 # more segments than this still open at a stop's closing time are left, not abandoned
 LEAVE_OVER = 64
 
@@ -234,6 +236,9 @@ class Scheduler:
         def left(floor: float = 0.5) -> float:  # of the reserve, but never nothing at all
             return max(end - loop.time(), floor)
 
+        # a few closes at a time (see OffloadEnv.stop_closes): those finish and commit, and
+        # what has not begun by the closing time is left as it is
+        self.env.stop_closes = asyncio.Semaphore(STOP_CLOSES_AT_ONCE)
         for r in self.topics.values():
             r.offloader.request_stop()
         tasks = [r.task for r in self.topics.values()]
