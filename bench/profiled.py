@@ -12,8 +12,8 @@ stops; a profile still running when the process exits is written then (a stop). 
   (``sys._current_frames``), rewritten every 2 s: inclusive and own sample counts per function.
   Sampling costs the daemon little and survives a SIGKILL (a stop that outlives its bound).
 
-Files are numbered in the order the profiles started (n = 0, 1, ...) under
-``$OFFLOADD_BENCH_PROFILE``.
+``OFFLOADD_BENCH_CPROFILE=0`` leaves cProfile out. Files are numbered in the order the
+profiles started (n = 0, 1, ...) under ``$OFFLOADD_BENCH_PROFILE``.
 
     python bench/profiled.py run --config offloadd.toml     (as ``offloadd run ...``)
 """
@@ -31,6 +31,8 @@ import time
 from types import FrameType
 
 OUT = os.environ["OFFLOADD_BENCH_PROFILE"]
+# OFFLOADD_BENCH_CPROFILE=0: the sampler alone (a stop measured at nearly its own speed)
+CPROFILE = os.environ.get("OFFLOADD_BENCH_CPROFILE", "1") != "0"
 INTERVAL_S = 0.01
 WRITE_EVERY_S = 2.0
 
@@ -108,11 +110,12 @@ def _dump() -> None:
 
 def _toggle(signum: int, frame: FrameType | None) -> None:
     global _prof, _sampler, _started
-    if _prof is None:
+    if _sampler is None:
         _sampler = Sampler(os.path.join(OUT, f"{_started}.samples.txt"))
         _sampler.start()
-        _prof = cProfile.Profile(time.thread_time)
-        _prof.enable()
+        if CPROFILE:
+            _prof = cProfile.Profile(time.thread_time)
+            _prof.enable()
         _started += 1
     else:
         _dump()
