@@ -26,7 +26,7 @@ from offloadd.commit.ownership import Ownership, Revoke, process_owner_id
 from offloadd.errors import OffloaddError
 from offloadd.metadata import offload_status
 from offloadd.model import TopicName
-from offloadd.offload.recorder import StatusRecorder
+from offloadd.offload.recorder import StatusRecorder, close_many
 from offloadd.offload.topic import OffloadEnv, TopicOffloader, TopicPolicy, TopicProbe
 
 __all__ = ["Running", "Scheduler", "SchedulerSettings"]
@@ -264,8 +264,14 @@ class Scheduler:
                 if stuck:
                     log.warning("%d topic task(s) still abandoning; exiting anyway (offloadd "
                                 "gc sweeps what they leave)", len(stuck))
+        # every topic's last record ("stopped") in a few batched requests, not a write each
+        recorders = []
         for r in self.topics.values():
-            self._let_go(r)
+            if r.recorder is not None:
+                if not r.lost:
+                    r.recorder.stopped()
+                recorders.append(r.recorder)
+        self._background(close_many(recorders, self.env.metadata))
         if self._bg:  # status records are written before ownership is given up
             await asyncio.wait(list(self._bg), timeout=left() / 2)
         releasing = asyncio.ensure_future(self.ownership.release_many(list(self.topics)))

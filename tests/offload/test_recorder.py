@@ -8,17 +8,19 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import pytest
 
 from offloadd.errors import Fenced, FormatError, Retriable
 from offloadd.metadata import offload_status
-from offloadd.metadata.base import CheckOp, Op, Versioned
+from offloadd.metadata.base import CheckOp, GroupResult, MetadataStore, Op, Versioned
+from offloadd.metadata.embedded.store import EmbeddedMetadataStore
 from offloadd.metadata.memory import MemoryMetadataStore
 from offloadd.metadata.offload_status import OffloadStatus
 from offloadd.model import Position
 from offloadd.model.keys import offload_status_path
-from offloadd.offload.recorder import StatusRecorder
+from offloadd.offload.recorder import StatusRecorder, close_many
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -29,7 +31,7 @@ EPOCH = "/test/epoch"
 class VersionFence:
     """Holds while ``/test/epoch`` is at the version it had when taken."""
 
-    def __init__(self, store: MemoryMetadataStore, version: int) -> None:
+    def __init__(self, store: MetadataStore, version: int) -> None:
         self.store, self.version = store, version
 
     def guard_ops(self) -> Sequence[Op]:
@@ -266,3 +268,80 @@ class TestKnownNode:
             await nxt.close()
         await rec.close()  # the dead owner's leftovers change nothing
         assert (await recorded(store)).owner == "d2"
+
+
+class CountingEmbedded(EmbeddedMetadataStore):
+    """The embedded store (it takes batches), counting requests and status-node reads."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path)
+        self.batches = 0
+        self.multis = 0
+        self.status_reads = 0
+
+    async def get(self, path: str) -> Versioned:
+        self.status_reads += "/offloadd/status/" in path
+        return await super().get(path)
+
+    async def multi(self, ops: Sequence[Op]) -> list[int | str | None]:
+        self.multis += 1
+        return await super().multi(ops)
+
+    async def multi_batch(self, groups: Sequence[Sequence[Op]]) -> list[GroupResult]:
+        self.batches += 1
+        return await super().multi_batch(groups)
+
+
+class TestCloseMany:
+    """A stop writes thousands of "stopped" records: in a few batched requests, each record
+    still fenced and compare-and-set, with no read (issue 22: a read, a task and a write per
+    topic made most of a 10,000-topic stop)."""
+
+    async def test_every_record_lands_in_a_few_requests(self, tmp_path: Path) -> None:
+        store = CountingEmbedded(tmp_path)
+        await store.create(EPOCH, b"", make_parents=True)
+        await store.create("/test/epoch-b", b"", make_parents=True)
+        try:
+            names = [f"public/default/persistent/t-{i}" for i in range(600)]
+            recs = [StatusRecorder(store, ml, VersionFence(store, 0), "d1", interval_s=60)
+                    for ml in names]
+            fenced = StatusRecorder(store, "public/default/persistent/fenced",
+                                    OtherFence(store, 0), "d1", interval_s=60)
+            for r in [*recs, fenced]:
+                r.start()
+            await eventually(lambda: all(r.writes == 1 for r in [*recs, fenced]), timeout=30)
+            # one node changed behind its recorder's back, one topic taken by a newer owner
+            await store.set(offload_status_path(names[7]), OffloadStatus(owner="x").encode())
+            await store.set("/test/epoch-b", b"d2")
+            await offload_status.write(store, "public/default/persistent/fenced",
+                                       OffloadStatus(owner="d2"))
+            store.batches = store.multis = store.status_reads = 0
+            # (as the scheduler's stop: no await between these and close_many, so the
+            # recorders' own tasks write none of it)
+            for i, r in enumerate(recs):
+                r.succeeded(Position(1, i), f"u{i}", when_ms=i)
+                r.stopped()
+            fenced.stopped()
+            await close_many([*recs, fenced], store)
+            assert store.batches == 3  # 601 records, 256 a request (the old code: 601 writes)
+            assert store.multis <= 2 and store.status_reads <= 2  # the stale one, the fenced
+            for i, ml in enumerate(names):
+                st = await offload_status.read(store, ml)
+                assert st is not None
+                assert (st.state, st.owner, st.last_success_position) == (
+                    "stopped", "d1", f"1:{i}"), ml
+            st = await offload_status.read(store, "public/default/persistent/fenced")
+            assert st is not None and st.owner == "d2"
+        finally:
+            await store.close()
+
+
+class OtherFence(VersionFence):
+    """A fence on a node of its own (``/test/epoch-b``)."""
+
+    def guard_ops(self) -> Sequence[Op]:
+        return (CheckOp("/test/epoch-b", self.version),)
+
+    async def verify(self) -> None:
+        if (await self.store.get("/test/epoch-b")).version != self.version:
+            raise Fenced("a newer owner holds the topic")
