@@ -23,6 +23,7 @@ from __future__ import annotations
 import atexit
 import collections
 import cProfile
+import json
 import os
 import signal
 import sys
@@ -33,6 +34,8 @@ from types import FrameType
 OUT = os.environ["OFFLOADD_BENCH_PROFILE"]
 # OFFLOADD_BENCH_CPROFILE=0: the sampler alone (a stop measured at nearly its own speed)
 CPROFILE = os.environ.get("OFFLOADD_BENCH_CPROFILE", "1") != "0"
+# OFFLOADD_BENCH_HISTORY=1: every write of the samples also kept as <file>.<HHMMSS>.json
+HISTORY = os.environ.get("OFFLOADD_BENCH_HISTORY", "0") == "1"
 INTERVAL_S = 0.01
 WRITE_EVERY_S = 2.0
 
@@ -94,6 +97,10 @@ class Sampler(threading.Thread):
         with open(tmp, "w") as fh:
             fh.write("\n".join(lines) + "\n")
         os.replace(tmp, self.path)
+        if HISTORY:  # the counts so far, kept: a phase's share is the difference of two
+            with open(f"{self.path}.{time.strftime('%H%M%S')}.json", "w") as fh:
+                json.dump({"samples": self.samples, "inclusive": dict(self.inclusive),
+                           "own": dict(self.own)}, fh)
 
 
 def _dump() -> None:

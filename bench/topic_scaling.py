@@ -42,8 +42,16 @@ its peak RSS and ``read_progress`` (topics read up to their end, every ~30 s). A
 127.0.0.1; every process started here is stopped on exit. Prints one JSON document (also written
 to ``--out``).
 
+``--only commits,stop`` runs only those steps (of idle, commits, status, stop, metric-modes):
+the commit rate (with the window after the first commits) and the stop, without the idle
+windows, scrapes and restarts. ``--profile DIR`` runs the daemon under ``bench/profiled.py``
+and profiles its event loop's thread in each commits step, the window after it and the stop
+(``DIR/<run>/<step>.prof`` and ``.samples.txt``); ``commit_*`` give the loop thread's CPU
+(``daemon_loop_cpu_s``) beside the process's: the rest is worker threads (file writes and
+fsyncs, SQLite).
+
     .venv/bin/python bench/topic_scaling.py [--topics 10,100,1000] [--zk-topics 1000] [--quick]
-        [--out bench/results/topic_scaling.json]
+        [--only commits,stop] [--profile DIR] [--out bench/results/topic_scaling.json]
 """
 
 from __future__ import annotations

@@ -195,9 +195,12 @@ class StatusRecorder:
 CLOSE_CHUNK = 256  # records per request in close_many (the commit batcher's batch)
 
 
-async def close_many(recorders: Sequence[StatusRecorder], store: MetadataStore) -> None:
+async def close_many(recorders: Sequence[StatusRecorder], store: MetadataStore, *,
+                     stopped: Sequence[StatusRecorder] = ()) -> None:
     """:meth:`StatusRecorder.close` for many at once (a stop of thousands of topics): their
-    tasks are stopped together, and the pending records whose node the recorder knows go as
+    tasks are stopped together, then ``stopped`` are told :meth:`~StatusRecorder.stopped`
+    (after, so that their own tasks do not each start that urgent write first), and the
+    pending records whose node the recorder knows go as
     ``multi_batch`` requests of ``CLOSE_CHUNK`` records — each still its own fenced
     compare-and-set (guard ops + a set at the known version), but with no task, timeout or
     compare-and-set loop per topic. A record refused there (a stale node, a newer owner) or
@@ -209,6 +212,8 @@ async def close_many(recorders: Sequence[StatusRecorder], store: MetadataStore) 
         if task is not None:
             task.cancel()
             tasks.append(task)
+    for r in stopped:
+        r.stopped()
     await asyncio.gather(*tasks, return_exceptions=True)
     batched = store if isinstance(store, BatchedMulti) else None
     rest: list[StatusRecorder] = []

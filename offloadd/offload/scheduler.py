@@ -265,13 +265,9 @@ class Scheduler:
                     log.warning("%d topic task(s) still abandoning; exiting anyway (offloadd "
                                 "gc sweeps what they leave)", len(stuck))
         # every topic's last record ("stopped") in a few batched requests, not a write each
-        recorders = []
-        for r in self.topics.values():
-            if r.recorder is not None:
-                if not r.lost:
-                    r.recorder.stopped()
-                recorders.append(r.recorder)
-        self._background(close_many(recorders, self.env.metadata))
+        recorders = [r.recorder for r in self.topics.values() if r.recorder is not None]
+        self._background(close_many(recorders, self.env.metadata, stopped=[
+            r.recorder for r in self.topics.values() if r.recorder is not None and not r.lost]))
         if self._bg:  # status records are written before ownership is given up
             await asyncio.wait(list(self._bg), timeout=left() / 2)
         releasing = asyncio.ensure_future(self.ownership.release_many(list(self.topics)))

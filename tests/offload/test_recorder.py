@@ -316,13 +316,13 @@ class TestCloseMany:
             await offload_status.write(store, "public/default/persistent/fenced",
                                        OffloadStatus(owner="d2"))
             store.batches = store.multis = store.status_reads = 0
-            # (as the scheduler's stop: no await between these and close_many, so the
-            # recorders' own tasks write none of it)
             for i, r in enumerate(recs):
-                r.succeeded(Position(1, i), f"u{i}", when_ms=i)
-                r.stopped()
-            fenced.stopped()
-            await close_many([*recs, fenced], store)
+                r.succeeded(Position(1, i), f"u{i}", when_ms=i)  # pending (60 s interval)
+            # as the scheduler's stop: "stopped" is told by close_many once the recorders'
+            # tasks are stopped (told before, each task would start that urgent write first)
+            closing = asyncio.ensure_future(close_many([*recs, fenced], store,
+                                                       stopped=[*recs, fenced]))
+            await closing
             assert store.batches == 3  # 601 records, 256 a request (the old code: 601 writes)
             assert store.multis <= 2 and store.status_reads <= 2  # the stale one, the fenced
             for i, ml in enumerate(names):
