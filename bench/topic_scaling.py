@@ -42,8 +42,16 @@ its peak RSS and ``read_progress`` (topics read up to their end, every ~30 s). A
 127.0.0.1; every process started here is stopped on exit. Prints one JSON document (also written
 to ``--out``).
 
+``--only commits,stop`` runs only those steps (of idle, commits, status, stop, metric-modes):
+the commit rate (with the window after the first commits) and the stop, without the idle
+windows, scrapes and restarts. ``--profile DIR`` runs the daemon under ``bench/profiled.py``
+and profiles its event loop's thread in each commits step, the window after it and the stop
+(``DIR/<run>/<step>.prof`` and ``.samples.txt``); ``commit_*`` give the loop thread's CPU
+(``daemon_loop_cpu_s``) beside the process's: the rest is worker threads (file writes and
+fsyncs, SQLite).
+
     .venv/bin/python bench/topic_scaling.py [--topics 10,100,1000] [--zk-topics 1000] [--quick]
-        [--out bench/results/topic_scaling.json]
+        [--only commits,stop] [--profile DIR] [--out bench/results/topic_scaling.json]
 """
 
 from __future__ import annotations
@@ -72,7 +80,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.procstat import cpu_ticks, rss_bytes  # noqa: E402
+from bench.procstat import cpu_ticks, main_thread_ticks, rss_bytes  # noqa: E402
 
 MiB = 1024 * 1024
 PY = [sys.executable, "-m", "offloadd"]
@@ -80,6 +88,11 @@ TICK = os.sysconf("SC_CLK_TCK")
 TOPIC_PREFIX = "persistent://public/default/topic-"
 # The environment of every offloadd child (see --bytecode-cache): None = this process's
 CHILD_ENV: dict[str, str] | None = None
+# what --only may name: the idle windows and scrapes, the two offload-now rounds (and the
+# window after the first), status, the stop with every segment open, the metric modes
+STEPS = ("idle", "commits", "status", "stop", "metric-modes")
+# --profile: where the daemons' profiles go (None: not profiled)
+PROFILE: Path | None = None
 
 
 # ---- the writer, in a child process --------------------------------------------------------
@@ -162,14 +175,34 @@ class Daemon:
     # goes when it does not finish
     progress: list[tuple[float, int]] = field(default_factory=list)
     started: float = 0.0
+    profiling: str | None = None  # the profile running (--profile)
+    profile_names: list[str] = field(default_factory=list)  # in the order they were started
+    profile_dir: Path | None = None
+
+    def name_profiles(self) -> None:
+        """bench/profiled.py numbers its profiles: give them the names of their steps."""
+        if self.profile_dir is None:
+            return
+        for i, name in enumerate(self.profile_names):
+            for suffix in (".prof", ".samples.txt"):
+                f = self.profile_dir / f"{i}{suffix}"
+                if f.exists():
+                    f.rename(self.profile_dir / f"{name}{suffix}")
 
     def start(self) -> None:
         self.log = self.config.with_suffix(f".{uuid.uuid4().hex[:6]}.log")
         self.started = time.monotonic()
         with self.log.open("wb") as out:
-            self.proc = subprocess.Popen([*PY, "run", "--config", str(self.config)],
+            run, env = PY, CHILD_ENV
+            if PROFILE is not None:
+                run = [sys.executable, str(ROOT / "bench" / "profiled.py")]
+                self.profile_dir = PROFILE / self.config.parent.name
+                self.profile_dir.mkdir(parents=True, exist_ok=True)
+                env = {**(CHILD_ENV or os.environ),
+                       "OFFLOADD_BENCH_PROFILE": str(self.profile_dir)}
+            self.proc = subprocess.Popen([*run, "run", "--config", str(self.config)],
                                          cwd=self.config.parent, stdout=subprocess.DEVNULL,
-                                         stderr=out, stdin=subprocess.DEVNULL, env=CHILD_ENV)
+                                         stderr=out, stdin=subprocess.DEVNULL, env=env)
 
     @property
     def pid(self) -> int:
@@ -246,7 +279,7 @@ class Daemon:
 
     def offload_now(self, timeout: float) -> dict[str, Any]:
         """``offloadd offload-now --wait --json``: wall time, commits, commits/s."""
-        t0, c0 = time.monotonic(), cpu_ticks(self.pid)
+        t0, c0, m0 = time.monotonic(), cpu_ticks(self.pid), main_thread_ticks(self.pid)
         p = subprocess.run([*PY, "offload-now", "--config", str(self.config), "--wait",
                             "--json", "--timeout", str(int(timeout))], cwd=self.config.parent,
                            capture_output=True, text=True, timeout=timeout + 60, env=CHILD_ENV)
@@ -254,6 +287,7 @@ class Daemon:
         # the daemon's CPU time over the command: on a machine shared with other work the
         # rate follows the CPU the daemon was given; CPU per commit does not
         cpu_s = (cpu_ticks(self.pid) - c0) / TICK
+        loop_s = (main_thread_ticks(self.pid) - m0) / TICK  # the event loop's thread alone
         self.check()
         try:
             answer = json.loads(p.stdout)
@@ -270,7 +304,8 @@ class Daemon:
                                if slowest else None,
                                "daemon_cpu_s": round(cpu_s, 2),
                                "daemon_cpu_ms_per_commit": round(1000 * cpu_s / len(done), 2)
-                               if done else None}
+                               if done else None,
+                               "daemon_loop_cpu_s": round(loop_s, 2)}
         others = sorted({str(r.get("result")) for r in results} - {"committed"})
         if others:
             out["other_results"] = others
@@ -287,6 +322,27 @@ class Daemon:
         except subprocess.TimeoutExpired:
             self.kill()
             return {"seconds": round(time.monotonic() - t0, 2), "exit": None, "killed": True}
+
+    def profile_toggle(self, name: str) -> None:
+        """With ``--profile``: start the daemon's profile (``name``), or write the running one
+        (bench/profiled.py)."""
+        if PROFILE is None:
+            return
+        if self.profiling is None:
+            self.profiling = name
+            self.profile_names.append(name)
+        else:
+            self.profiling = None
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGUSR2)
+
+    def profiled(self, name: str, step: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+        """``step()`` with the daemon profiled (``--profile``), written as ``<name>.prof``."""
+        self.profile_toggle(name)
+        try:
+            return step()
+        finally:
+            self.profile_toggle(name)
 
     def kill(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -419,27 +475,40 @@ def one_run(store_factory: Callable[[Path], Store], topics: int, a: argparse.Nam
         out["catch_up_s"] = round(daemon.wait_read(ends, deadline), 1)
         out["catch_up_cpu_s"] = round(cpu_ticks(daemon.pid) / TICK, 1)
         time.sleep(a.settle)
-        out["idle_open"] = daemon.idle(a.idle_seconds)
-        out["idle_open"]["scrape"] = daemon.scrape()
-        out["commit_history"] = daemon.offload_now(a.run_timeout)
-        time.sleep(a.settle)
-        out["idle_committed"] = daemon.idle(a.idle_seconds)
-        out["idle_committed"]["scrape"] = daemon.scrape()
-        out["status_startup"] = startup(work, a.run_timeout)
-        out["status_text"] = timed(["status", "--config", str(cfg)], work, a.run_timeout)
-        out["status_json"] = timed(["status", "--config", str(cfg), "--json"], work,
-                                   a.run_timeout)
+        if "idle" in a.only:
+            out["idle_open"] = daemon.idle(a.idle_seconds)
+            out["idle_open"]["scrape"] = daemon.scrape()
+        if "commits" in a.only:
+            out["commit_history"] = daemon.profiled("commit_history",
+                                                    lambda: daemon.offload_now(a.run_timeout))
+            time.sleep(a.settle)
+            # what follows the commits (status records, read-back checks) while nothing new
+            # arrives, profiled when asked
+            out["idle_committed"] = daemon.profiled("after_commits",
+                                                    lambda: daemon.idle(a.idle_seconds))
+        if "idle" in a.only and "idle_committed" in out:
+            out["idle_committed"]["scrape"] = daemon.scrape()
+        if "status" in a.only:
+            out["status_startup"] = startup(work, a.run_timeout)
+            out["status_text"] = timed(["status", "--config", str(cfg)], work, a.run_timeout)
+            out["status_json"] = timed(["status", "--config", str(cfg), "--json"], work,
+                                       a.run_timeout)
         daemon.check()
-        ends, _ = write(cfg, topics, a.more_entries, a.entry_size, a.run_timeout)
-        daemon.wait_read(ends, deadline)
-        out["commit_open"] = daemon.offload_now(a.run_timeout)
-        ends, _ = write(cfg, topics, a.more_entries, a.entry_size, a.run_timeout)
-        daemon.wait_read(ends, deadline)
-        out["stop_open_segments"] = topics
-        out["stop"] = daemon.stop(a.stop_timeout)
+        if "commits" in a.only:
+            ends, _ = write(cfg, topics, a.more_entries, a.entry_size, a.run_timeout)
+            daemon.wait_read(ends, deadline)
+            out["commit_open"] = daemon.profiled("commit_open",
+                                                 lambda: daemon.offload_now(a.run_timeout))
+        if "stop" in a.only:
+            ends, _ = write(cfg, topics, a.more_entries, a.entry_size, a.run_timeout)
+            daemon.wait_read(ends, deadline)
+            out["stop_open_segments"] = topics
+            daemon.profile_toggle("stop")  # written as the process exits
+            out["stop"] = daemon.stop(a.stop_timeout)
         out["peak_rss_mib"] = round(daemon.peak_rss / MiB, 1)
-        out["metric_modes"] = [metric_mode(work, store, mode, ends, a, deadline)
-                               for mode in a.metric_modes]
+        if "metric-modes" in a.only:
+            out["metric_modes"] = [metric_mode(work, store, mode, ends, a, deadline)
+                                   for mode in a.metric_modes]
     except (Aborted, RuntimeError, subprocess.TimeoutExpired) as exc:
         out["aborted"] = str(exc)[:2000]
         out["read_progress"] = daemon.progress
@@ -450,6 +519,7 @@ def one_run(store_factory: Callable[[Path], Store], topics: int, a: argparse.Nam
         out["read_progress"] = daemon.progress
     finally:
         daemon.kill()
+        daemon.name_profiles()
         if not a.keep:
             shutil.rmtree(work, ignore_errors=True)
     return out
@@ -530,12 +600,24 @@ def main() -> None:
                     "PYTHONPYCACHEPREFIX), as an installed package has it; without, a command "
                     "in an environment with PYTHONDONTWRITEBYTECODE=1 compiles every module it "
                     "imports on each start (~1 s of `status` here)")
+    ap.add_argument("--only", default=",".join(STEPS),
+                    help="the steps to run, comma-separated, of " + ", ".join(STEPS) +
+                    " (default: all); e.g. commits,stop for the commit rate and the stop alone")
+    ap.add_argument("--profile", type=Path,
+                    help="run the daemon under cProfile (bench/profiled.py) and write a profile "
+                    "of each commits step, of the window after it and of the stop under this "
+                    "directory (<run>/<step>.prof)")
     ap.add_argument("--out", type=Path, help="also write the JSON document here")
     ap.add_argument("--keep", action="store_true", help="keep the work directories")
     a = ap.parse_args()
     if a.quick:
         a.topics, a.idle_seconds, a.settle = "10,100", min(a.idle_seconds, 10.0), 1.0
     a.metric_modes = [m for m in a.metric_modes.split(",") if m]
+    a.only = [step for step in a.only.split(",") if step]
+    if unknown := set(a.only) - set(STEPS):
+        ap.error(f"--only: unknown step(s) {', '.join(sorted(unknown))}")
+    global PROFILE
+    PROFILE = a.profile.resolve() if a.profile else None
     counts = [int(n) for n in a.topics.split(",") if n]
     zk_counts = [int(n) for n in a.zk_topics.split(",") if n]
 

@@ -83,6 +83,10 @@ class OffloadEnv:
     # told when a topic's committed position may have moved (a commit, a recovery): the
     # daemon's lag loop measures again only the topics something happened to
     on_progress: Callable[[TopicName], None] | None = None
+    # at a stop, how many open segments close at once (set by the scheduler's shutdown):
+    # thousands closing together share the CPU so evenly that none is done by the deadline;
+    # a few at a time commit what the deadline allows, and the rest are left untouched
+    stop_closes: asyncio.Semaphore | None = None
 
 
 class Wake:

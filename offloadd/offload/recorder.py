@@ -11,7 +11,8 @@ task of its own, so a slow or unreachable metadata store never holds the offload
 * a write that fails is retried at the next interval; ``Fenced`` (another owner holds the
   topic) ends the recorder: the successor writes from then on.
 
-:meth:`close` writes what is pending (bounded by ``close_timeout_s``) and stops the task.
+:meth:`close` writes what is pending (bounded by ``close_timeout_s``) and stops the task;
+:func:`close_many` does it for thousands at a stop, their records in a few batched requests.
 """
 
 from __future__ import annotations
@@ -21,16 +22,17 @@ import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from offloadd.commit.fence import Fence
 from offloadd.errors import Fenced, OffloaddError
 from offloadd.metadata import cas, offload_status
-from offloadd.metadata.base import MetadataStore
+from offloadd.metadata.base import BatchedMulti, MetadataStore, Op, SetOp, Versioned
 from offloadd.metadata.offload_status import OffloadStatus
 from offloadd.model import Position
+from offloadd.model.keys import offload_status_path
 
-__all__ = ["StatusRecorder"]
+__all__ = ["StatusRecorder", "close_many"]
 
 log = logging.getLogger(__name__)
 
@@ -154,11 +156,19 @@ class StatusRecorder:
                         self._ml, exc, self._interval)
             self._retry_later()
             return False
+        self._wrote(snapshot)
+        return True
+
+    def _wrote(self, snapshot: OffloadStatus) -> None:
         self._written = dataclasses.replace(snapshot, updated_ms=0)
         self.status = dataclasses.replace(self.status, updated_ms=0)
         self._written_at = self._clock()
         self.writes += 1
-        return True
+
+    @property
+    def pending(self) -> bool:
+        """Whether something is not written yet (and may still be: not fenced)."""
+        return not self._fenced and self.status != self._written
 
     def _retry_later(self) -> None:
         self._written_at = self._clock()  # the next try one interval from now
@@ -171,8 +181,68 @@ class StatusRecorder:
         if task is not None:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
-        if self._fenced or self.status == self._written:
+        if not self.pending:
             return
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(self._close_timeout):
                 await self._write_once()
+
+
+CLOSE_CHUNK = 256  # records per request in close_many (the commit batcher's batch)
+
+
+async def close_many(recorders: Sequence[StatusRecorder], store: MetadataStore, *,
+                     stopped: Sequence[StatusRecorder] = ()) -> None:
+    """:meth:`StatusRecorder.close` for many at once (a stop of thousands of topics): their
+    tasks are stopped together, then ``stopped`` are told :meth:`~StatusRecorder.stopped`
+    (after, so that their own tasks do not each start that urgent write first), and the
+    pending records whose node the recorder knows go as
+    ``multi_batch`` requests of ``CLOSE_CHUNK`` records — each still its own fenced
+    compare-and-set (guard ops + a set at the known version), but with no task, timeout or
+    compare-and-set loop per topic. A record refused there (a stale node, a newer owner) or
+    not sent (the store takes no batches, the node is unknown, the request failed) goes
+    through :meth:`~StatusRecorder.close` as before."""
+    tasks = []
+    for r in recorders:
+        task, r._task = r._task, None
+        if task is not None:
+            task.cancel()
+            tasks.append(task)
+    for r in stopped:
+        r.stopped()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    batched = store if isinstance(store, BatchedMulti) else None
+    rest: list[StatusRecorder] = []
+    known: list[tuple[StatusRecorder, Versioned]] = []
+    for r in recorders:
+        if not r.pending:
+            continue
+        node = r._known.node if r._known.valid else None
+        r._known.forget()  # (unknown again unless this write lands)
+        if batched is None or node is None:
+            rest.append(r)
+        else:
+            known.append((r, node))
+    assert batched is not None or not known
+    for i in range(0, len(known), CLOSE_CHUNK):
+        chunk = known[i:i + CLOSE_CHUNK]
+        snaps = [dataclasses.replace(r.status, updated_ms=r._wall_ms()) for r, _ in chunk]
+        datas = [snap.encode() for snap in snaps]
+        groups: list[list[Op]] = [
+            [*r._fence.guard_ops(), SetOp(offload_status_path(r._ml), data, node.version)]
+            for (r, node), data in zip(chunk, datas, strict=True)]
+        try:
+            assert batched is not None
+            results = await batched.multi_batch(groups)
+        except OffloaddError as exc:
+            log.debug("status records: a batch of %d not written (%s); one by one", len(chunk),
+                      exc)
+            rest.extend(r for r, _ in chunk)
+            continue
+        for (r, node), snap, data, res in zip(chunk, snaps, datas, results, strict=True):
+            if isinstance(res, BaseException):
+                rest.append(r)
+            else:
+                r._known.set(Versioned(data, node.version + 1))
+                r._wrote(snap)
+    await asyncio.gather(*(r.close() for r in rest))

@@ -28,7 +28,7 @@ from offloadd.errors import OffloaddError
 from offloadd.metadata import cas, offload_status
 from offloadd.model import TopicName
 from offloadd.offload.policy import PolicySource, SchedulerSettings
-from offloadd.offload.recorder import StatusRecorder
+from offloadd.offload.recorder import StatusRecorder, close_many
 from offloadd.offload.topic import OffloadEnv, TopicOffloader, TopicProbe
 
 __all__ = ["Running", "Scheduler", "SchedulerSettings"]
@@ -36,6 +36,8 @@ __all__ = ["Running", "Scheduler", "SchedulerSettings"]
 log = logging.getLogger(__name__)
 
 ABANDON_GRACE_S = 10.0
+# open segments closing at once during a stop (a commit batch's worth)
+STOP_CLOSES_AT_ONCE = 256
 # more segments than this still open at a stop's closing time are left, not abandoned
 LEAVE_OVER = 64
 
@@ -228,6 +230,9 @@ class Scheduler:
         def left(floor: float = 0.5) -> float:  # of the reserve, but never nothing at all
             return max(end - loop.time(), floor)
 
+        # a few closes at a time (see OffloadEnv.stop_closes): those finish and commit, and
+        # what has not begun by the closing time is left as it is
+        self.env.stop_closes = asyncio.Semaphore(STOP_CLOSES_AT_ONCE)
         for r in self.topics.values():
             r.offloader.request_stop()
         tasks = [r.task for r in self.topics.values()]
@@ -253,8 +258,10 @@ class Scheduler:
                 if stuck:
                     log.warning("%d topic task(s) still abandoning; exiting anyway (offloadd "
                                 "gc sweeps what they leave)", len(stuck))
-        for r in self.topics.values():
-            self._let_go(r)
+        # every topic's last record ("stopped") in a few batched requests, not a write each
+        recorders = [r.recorder for r in self.topics.values() if r.recorder is not None]
+        self._background(close_many(recorders, self.env.metadata, stopped=[
+            r.recorder for r in self.topics.values() if r.recorder is not None and not r.lost]))
         if self._bg:  # status records are written before ownership is given up
             await asyncio.wait(list(self._bg), timeout=left() / 2)
         releasing = asyncio.ensure_future(self.ownership.release_many(list(self.topics)))

@@ -147,6 +147,10 @@ class TopicOffloader(TopicContext):
             idle_poll_s=self.idle_poll_s(policy))
         self._apply(d.close_target, d.trigger_used)
         self.streaming.pending_since = d.pending_since
+        gate = self.env.stop_closes
+        if stopping and gate is not None and d.action is roller.Action.CLOSE:
+            async with gate:  # a stop's closes take turns (OffloadEnv.stop_closes)
+                return await self.streaming.act(d, pos, desc)
         return await self.streaming.act(d, pos, desc)
 
     def _apply(self, close_target: Position | None, trigger_used: bool) -> None:

@@ -203,10 +203,14 @@ class Duties:
             now_ms = int(time.time() * 1000)
             changed = follow() if follow is not None else None
             woken, self._lag_woken = self._lag_woken, set()
+            # quiet topics woken by their own commit alone: the ledger list last read is still
+            # the source's (it would have named them), only the committed position moved
+            known: set[TopicName] = set()
             if changed is None:  # anything may have moved: measure every topic
                 restless |= quiet
                 quiet = set()
             else:
+                known = (woken & quiet) - changed
                 for topic in (changed | woken) & quiet:
                     quiet.discard(topic)
                     restless.add(topic)
@@ -222,7 +226,7 @@ class Duties:
             if changes is not None:
                 for t, _ in running:  # (so the journal names the topic from now on)
                     changes.generation(t)
-            results = await asyncio.gather(*(self._measure_lag(t, off, limit)
+            results = await asyncio.gather(*(self._measure_lag(t, off, limit, t in known)
                                              for t, off in running),
                                            return_exceptions=True)
             for (topic, _), res in zip(running, results, strict=True):
@@ -233,15 +237,21 @@ class Duties:
                     quiet.add(topic)
 
     async def _measure_lag(self, topic: TopicName, off: TopicOffloader,
-                           limit: asyncio.Semaphore) -> bool:
-        """Measure; True when the topic may be left quiet until something happens."""
+                           limit: asyncio.Semaphore, known: bool = False) -> bool:
+        """Measure (``known``: from the ledger list last read, the source having changed
+        nothing of the topic since); True when the topic may be left quiet until something
+        happens."""
         async with limit:
             interval = self.settings.daemon.lag_interval_s
             measured = True
             try:
-                async with asyncio.timeout(max(interval * 5, 10.0)):
-                    ledgers = await self.source.ledgers(topic)
-                self._ledgers_seen[topic] = ledgers
+                seen = self._ledgers_seen.get(topic) if known else None
+                if seen is not None:
+                    ledgers = seen
+                else:
+                    async with asyncio.timeout(max(interval * 5, 10.0)):
+                        ledgers = await self.source.ledgers(topic)
+                    self._ledgers_seen[topic] = ledgers
             except (OffloaddError, TimeoutError) as exc:
                 # the last list we had still gives growing seconds: better than a freeze
                 log.debug("lag of %s: source unavailable (%s)", topic, exc)

@@ -7,7 +7,8 @@ import json
 import os
 import re
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import Future
 from pathlib import Path
 
 import pytest
@@ -62,6 +63,24 @@ class TestLayout:
             await store.get_range("a", 0, 1)
         with pytest.raises(NotFound):
             await store.head("a")
+
+    async def test_a_put_is_one_worker_thread_call(self, store: FilesystemBlobStore) -> None:
+        """Opening, writing and completing a put go in one call (issue 22: a segment's data
+        and index are a put each, and a worker-thread hop per step was most of a small
+        segment's commit on the event loop)."""
+        await store.put("warm", [b"x"], {})  # (the first call starts the health prober)
+        calls: list[object] = []
+        submit = store._workers.submit
+
+        def counting(fn: Callable[..., object], /, *args: object) -> Future[object]:
+            calls.append(fn)
+            return submit(fn, *args)
+
+        store._workers.submit = counting  # type: ignore[method-assign,assignment]
+        info = await store.put("obj", [b"abc", b"def"], {"role": "data"})
+        assert len(calls) == 1, calls
+        assert (info.key, info.size) == ("obj", 6)
+        assert store.requests.snapshot()[("PutObject", "ok")] == 2  # counted as before
 
     async def test_parts_of_many_small_buffers_and_short_writes_are_written_whole(
         self, store: FilesystemBlobStore, monkeypatch: pytest.MonkeyPatch
@@ -193,6 +212,20 @@ class TestErrors:
             await upload.put_part(1, 0, [b"x"])
         assert "obj" in str(caught.value)
         await upload.abort()
+
+    async def test_a_put_that_fails_leaves_no_temporary_file(
+        self, store: FilesystemBlobStore, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    ) -> None:
+        def failing_pwritev(fd: int, buffers: list[memoryview], offset: int) -> int:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+        monkeypatch.setattr(os, "pwritev", failing_pwritev)
+        with pytest.raises(Retriable, match="disk full"):
+            await store.put("obj", [b"x"], {})
+        assert uploads(tmp_path) == []
+        monkeypatch.undo()
+        await store.put("obj", [b"y"], {})  # nothing of the failed one in the way
+        assert (tmp_path / "obj").read_bytes() == b"y"
 
     async def test_a_missing_root_reads_as_not_found(self, tmp_path: Path) -> None:
         store = FilesystemBlobStore(tmp_path / "nowhere")

@@ -357,3 +357,61 @@ class TestQuietTopics:
             await asyncio.wait_for(running, 30)
             await writer.close()
             await source.close()
+
+    async def test_a_commit_is_measured_without_reading_the_source_again(
+            self, tmp_path: Path) -> None:
+        """A quiet topic that commits is measured again (its committed position moved) from
+        the ledger list the lag loop last read: the source recorded no change of it, so that
+        list is still the source's (issue 22: a source read per commit, on top of the
+        commit's own)."""
+        from offloadd.config import Settings
+        from offloadd.ledger.local import LocalLedgerSource, LocalLedgerWriter
+        from offloadd.shell.daemon import Daemon
+
+        md = MemoryMetadataStore()
+        writer = LocalLedgerWriter(tmp_path / "ledgers", md)
+        source = LocalLedgerSource(tmp_path / "ledgers", md, watch_interval=0.01)
+        topics = [TopicName("public", "default", f"commits-{i}") for i in range(4)]
+        for t in topics:
+            await writer.append(t, [b"z" * 100])
+        reads: dict[TopicName, int] = {}  # by the lag loop (not by the topics' own tasks)
+        ledgers = source.ledgers
+
+        async def counted(topic: TopicName) -> list[LedgerDesc]:
+            task = asyncio.current_task()
+            if task is None or not task.get_name().startswith("offload "):
+                reads[topic] = reads.get(topic, 0) + 1
+            return await ledgers(topic)
+
+        source.ledgers = counted  # type: ignore[method-assign]
+        settings = Settings(metrics={"enabled": False},
+                            daemon={"lag_interval_s": 0.02, "status_interval_s": 0.2})
+        daemon = Daemon(settings, source=wiring.local_view(source), metadata=md,
+                        tier=StoreView(MemoryBlobStore()))
+        running = asyncio.create_task(daemon.run(install_signals=False))
+
+        def lag_of(t: TopicName) -> Lag | None:
+            return r.offloader.lag if (r := daemon.topics.get(t)) else None
+
+        try:
+            async with asyncio.timeout(20):
+                while any((lag := lag_of(t)) is None or lag.entries != 1 for t in topics):
+                    await asyncio.sleep(0.02)
+                while True:  # settled: a window in which the lag loop reads nothing
+                    reads.clear()
+                    await asyncio.sleep(0.3)
+                    if not reads:
+                        break
+            daemon.trigger([topics[1]])
+            async with asyncio.timeout(20):
+                while (lag := lag_of(topics[1])) is None or lag.entries != 0:
+                    await asyncio.sleep(0.02)
+            assert daemon.topics[topics[1]].offloader.last_committed is not None
+            assert reads == {}  # before: the lag loop read the committed topic's ledgers
+            others = [lag_of(t) for t in topics if t != topics[1]]
+            assert all(lag is not None and lag.entries == 1 for lag in others)
+        finally:
+            daemon.request_stop()
+            await asyncio.wait_for(running, 30)
+            await writer.close()
+            await source.close()

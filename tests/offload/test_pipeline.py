@@ -284,6 +284,33 @@ class TestStopOutOfTime:
         await rig.verify_ok()
 
 
+    async def test_a_stop_closes_its_segment_only_when_its_turn_comes(
+            self, tmp_path: Path) -> None:
+        """At a stop the closes take turns (``OffloadEnv.stop_closes``, the scheduler's
+        shutdown sets it): a task waiting for its turn has begun nothing, so leaving it at
+        the closing time leaves only what a crash would (issue 22: 10,000 closes at once
+        shared the CPU so evenly that none finished by the deadline)."""
+        rig = Rig(tmp_path, RolloverPolicy(max_entries=6), RollPolicy(1 << 20, 600, 2 * KiB))
+        await rig.write(20)
+        gate = rig.env.stop_closes = asyncio.Semaphore(1)
+        await gate.acquire()  # another topic's close holds the only turn
+        off = rig.offloader()
+        task = asyncio.create_task(off.run())
+        await until(lambda: _read_all(off, 20))
+        off.request_stop()
+
+        async def waiting() -> bool:
+            return bool(gate._waiters)  # the task waits for its turn
+
+        await until(waiting)
+        assert await rig.segments() == []  # nothing assigned, nothing committed yet
+        gate.release()
+        await asyncio.wait_for(task, 10)  # its turn: closed and committed, then stopped
+        assert await committed_entries(rig) == 20
+        assert gate._value == 1  # (and the turn given back)
+        assert await rig.read_back() == rig.payloads
+
+
 class TestFencing:
     """A stale owner's commit fails its compare-and-set and it stops without committing."""
 

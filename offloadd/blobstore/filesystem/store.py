@@ -166,13 +166,17 @@ class FilesystemBlobStore(BlobStore, UploadSweeper, WriteFence):
         return upload
 
     async def put(self, key: str, data: Buffers, metadata: Mapping[str, str]) -> ObjectInfo:
-        # one PutObject, as on S3, though it is made of an upload's three steps here
+        # one PutObject, as on S3, though it is made of an upload's three steps here: all three
+        # in one worker-thread call (a segment's data and index are a put each; one hop per
+        # step was most of a small segment's commit on the event loop)
         result_of = "io"
         try:
-            upload = await self.start_upload(key, metadata, count=False)
+            check_key(key)
+            upload = FilesystemUpload(self, key, dict(metadata))
+            upload.counted = False
+            self.uploads.add(upload)
             try:
-                await upload.put_part(1, 0, data)
-                info = await upload.complete()
+                info = await upload.put_whole(data)
             finally:
                 await upload.abort()
             result_of = "ok"

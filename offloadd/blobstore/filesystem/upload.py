@@ -124,6 +124,30 @@ class FilesystemUpload(MultipartUpload):
         self._store.uploads.discard(self)
         return info
 
+    async def put_whole(self, data: Buffers) -> ObjectInfo:
+        """Open, write ``data`` as the only part and complete, in one worker-thread call (the
+        store's ``put``); :meth:`abort` afterwards cleans up as after the steps one by one."""
+        self._check_open()
+        views = as_bytes_views(data)
+        size = sum(v.nbytes for v in views)
+        self._state = "completing"
+        try:
+            info = await self._store.call("put", f"writing {self.key} under "
+                                          f"{self._store.tree.root}", self._put_whole_sync,
+                                          views, size, nbytes=size, count=self.counted)
+        except BaseException:
+            self._state = "failed"  # abort() still cleans up
+            raise
+        self._parts[1] = (0, size)
+        self._state = "completed"
+        self._store.uploads.discard(self)
+        return info
+
+    def _put_whole_sync(self, views: list[memoryview], size: int) -> ObjectInfo:
+        self.open_sync()
+        self._write_sync(views, 0)
+        return self._complete_sync(size)
+
     def _complete_sync(self, size: int) -> ObjectInfo:
         fd = self._use_fd()
         try:
