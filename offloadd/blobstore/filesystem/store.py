@@ -161,7 +161,8 @@ class FilesystemBlobStore(BlobStore, UploadSweeper, WriteFence):
         self.uploads.add(upload)
         return upload
 
-    async def put(self, key: str, data: Buffers, metadata: Mapping[str, str]) -> ObjectInfo:
+    async def put(self, key: str, data: Buffers, metadata: Mapping[str, str], *,
+                  crc32c: int | None = None) -> ObjectInfo:
         # one PutObject, as on S3, though it is made of an upload's three steps here
         result_of = "io"
         try:

@@ -156,12 +156,13 @@ class S3MultipartUpload(MultipartUpload):
         if self._finished is not None:
             raise Fatal(f"{op} {self._calls.where(self.key)}: the upload was {self._finished}")
 
-    async def put_part(self, part_number: int, offset: int, data: Buffers) -> None:
+    async def put_part(self, part_number: int, offset: int, data: Buffers, *,
+                       crc32c: int | None = None) -> None:
         self._check_open("UploadPart")
         calls = self._calls
         check_part(f"UploadPart {calls.where(self.key)}", part_number, offset, MAX_PART_NUMBER)
         body = b"".join(data)
-        checksum = crc32c_b64(body)
+        checksum = crc32c_b64(body, crc32c)
 
         async def upload(client: Any) -> str:
             try:

@@ -98,13 +98,14 @@ class S3BlobStore(BlobStore, UploadSweeper, WriteFence):
     async def start_upload(self, key: str, metadata: Mapping[str, str]) -> S3MultipartUpload:
         return await self._uploads.start(key, metadata)
 
-    async def put(self, key: str, data: Buffers, metadata: Mapping[str, str]) -> ObjectInfo:
-        return await self._put(key, b"".join(data), metadata, self.conditional.put)
+    async def put(self, key: str, data: Buffers, metadata: Mapping[str, str], *,
+                  crc32c: int | None = None) -> ObjectInfo:
+        return await self._put(key, b"".join(data), metadata, self.conditional.put, crc32c)
 
     async def _put(self, key: str, body: bytes, metadata: Mapping[str, str],
-                   create_only: bool) -> ObjectInfo:
+                   create_only: bool, crc32c: int | None = None) -> ObjectInfo:
         calls = self._calls
-        checksum = crc32c_b64(body)
+        checksum = crc32c_b64(body, crc32c)
         condition = {"IfNoneMatch": "*"} if create_only else {}
         info = ObjectInfo(key, len(body), dict(metadata), 0.0)
 
