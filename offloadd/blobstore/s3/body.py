@@ -5,7 +5,7 @@ the part's buffers, botocore's ``BytesIO`` around it (its ``convert_body_to_file
 whose ``getbuffer()`` in aiohttp's ``BytesIOPayload`` copies the shared bytes again, and the
 64 KiB ``read()`` chunks aiohttp sends. In a profile of the S3 path at 64 KiB entries the first
 two were about 1.2 user-s/GiB of the event loop's time. A :class:`Body` is joined once and sent
-as it is: it is an aiohttp ``Payload`` (aiohttp writes its bytes in one call), and it has the
+as it is: it is an aiohttp ``Payload`` (written in 64 KiB views of its bytes), and it has the
 file's ``read``/``seek``/``tell`` that botocore asks of a body — so botocore still sends
 ``Expect: 100-continue`` (see ``calls.py``, "Deadlines"), takes the length from it, and over
 plain HTTP reads it for the SigV4 payload hash.
@@ -17,6 +17,8 @@ from aiohttp.abc import AbstractStreamWriter
 from aiohttp.payload import Payload
 
 from offloadd.blobstore.base import Buffers
+
+CHUNK = 64 * 1024  # aiohttp's own chunk for in-memory bodies
 
 
 class Body(Payload):
@@ -63,13 +65,18 @@ class Body(Payload):
         return self._value.decode(encoding, errors)
 
     async def write(self, writer: AbstractStreamWriter) -> None:
-        await writer.write(self._value)
+        await self.write_with_length(writer, None)
 
     async def write_with_length(self, writer: AbstractStreamWriter,
                                 content_length: int | None) -> None:
-        # a whole-bytes slice is the same object: no copy when the length is the body's
-        value = self._value if content_length is None else self._value[:content_length]
-        await writer.write(value)
+        # In slices (views: no copy), as aiohttp's own BytesIOPayload sends: TLS encrypts
+        # each while it is in cache, where one write of a whole part is encrypted into a
+        # growing memory buffer first (7 times the CPU in a profile).
+        view = memoryview(self._value)
+        if content_length is not None:
+            view = view[:content_length]
+        for at in range(0, len(view), CHUNK):
+            await writer.write(view[at:at + CHUNK])
 
     async def as_bytes(self, encoding: str = "utf-8", errors: str = "strict") -> bytes:
         return self._value
