@@ -6,12 +6,15 @@ writer, then runs the daemon alone in a fresh process until every entry is commi
 filesystem tier (``bench/offload_throughput.py``'s child, the same settings but the daemon's
 default 64 MiB blocks), alternating: the baseline code (``--baseline DIR``: a tree holding an
 ``offloadd`` package, put first on ``PYTHONPATH``), this tree with the source check (``[source]
-verify_crc``, the default) and this tree without it. The figures are ratios taken in one run
-on a shared machine: other tenants only ever add CPU time, so the least of each kind is the
-figure to compare, with the median beside it. Prints one JSON document.
+verify_crc``, the default) and this tree without it. ``--tier s3``: to a moto_server (one
+started for each run, over HTTPS as S3 is reached in production, so bodies go unsigned; its
+own CPU is another process's) instead of the filesystem tier. The figures are ratios taken in
+one run on a shared machine: other tenants only ever add CPU time, so the least of each kind is
+the figure to compare, with the median beside it. Prints one JSON document.
 
     git archive main offloadd | tar -x -C /tmp/base
     .venv/bin/python bench/one_pass.py --baseline /tmp/base [--mib 512] [--repeats 3]
+        [--tier fs|s3]
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from offload_throughput import CONFIG, OFFLOAD, _fresh
@@ -31,10 +36,44 @@ from offload_throughput import CONFIG, OFFLOAD, _fresh
 GiB = 1024**3
 
 
-def _config(cwd: Path, block: int, verify: bool) -> None:
-    (cwd / "bench.toml").write_text(CONFIG.format(
-        seg_mib=128, block=block, buffer=256 * 1024 * 1024, ledger=48 * 1024 * 1024,
-        verify="true" if verify else "false"))
+S3 = """
+[blobstore]
+driver = "aws-s3"
+endpoint = "{endpoint}"
+bucket = "{bucket}"
+region = "us-east-1"
+access_key_id = "testing"
+secret_access_key = "testing"
+verify_tls = false
+"""
+BUCKET = "bench-one-pass"
+
+
+def _config(cwd: Path, block: int, verify: bool, endpoint: str | None = None) -> None:
+    text = CONFIG.format(seg_mib=128, block=block, buffer=256 * 1024 * 1024,
+                         ledger=48 * 1024 * 1024, verify="true" if verify else "false")
+    if endpoint is not None:
+        text += S3.format(endpoint=endpoint, bucket=BUCKET)
+    (cwd / "bench.toml").write_text(text)
+
+
+@contextmanager
+def _tier(kind: str) -> Iterator[str | None]:
+    """The S3 endpoint of a fresh moto_server with the bucket made (``s3``), or None (the
+    filesystem tier)."""
+    if kind != "s3":
+        yield None
+        return
+    import boto3
+    import urllib3
+    from s3_upload import moto
+
+    urllib3.disable_warnings()
+    with moto(tls=True) as url:
+        boto3.client("s3", endpoint_url=url, region_name="us-east-1", verify=False,
+                     aws_access_key_id="testing", aws_secret_access_key="testing"
+                     ).create_bucket(Bucket=BUCKET)
+        yield url
 
 
 def _child(cwd: Path, pythonpath: str | None, poll_s: float) -> dict[str, float]:
@@ -60,6 +99,7 @@ def main() -> None:
     ap.add_argument("--entry-size", type=int, default=64 * 1024)
     ap.add_argument("--block-mib", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--tier", choices=("fs", "s3"), default="fs")
     ap.add_argument("--poll-s", type=float, default=0.05,
                     help="how often the child checks that everything is committed "
                     "(bench/offload_throughput.py: 0.05)")
@@ -85,9 +125,10 @@ def main() -> None:
         for _ in range(args.repeats):
             for kind, (path, verify) in kinds.items():
                 _fresh(cwd, pristine)
-                _config(cwd, block, verify)
-                os.sync()
-                samples[kind].append(_child(cwd, path, args.poll_s))
+                with _tier(args.tier) as endpoint:
+                    _config(cwd, block, verify, endpoint)
+                    os.sync()
+                    samples[kind].append(_child(cwd, path, args.poll_s))
     gib = data_bytes / GiB
     out: dict[str, object] = {}
     for kind, runs in samples.items():
@@ -103,7 +144,7 @@ def main() -> None:
     out["after_over_before_user_min"] = round(
         min(r["user_s"] for r in after) / max(min(r["user_s"] for r in before), 1e-9), 3)
     print(json.dumps({"benchmark": "one_pass", "started": started, "baseline": baseline,
-                      "mib": args.mib, "poll_s": args.poll_s,
+                      "mib": args.mib, "poll_s": args.poll_s, "tier": args.tier,
                       "entry_size": args.entry_size, "block_mib": args.block_mib,
                       "bytes": data_bytes, "repeats": args.repeats,
                       "load_average": os.getloadavg(), "results": out}, indent=2))

@@ -33,6 +33,7 @@ import os
 import platform
 import shutil
 import socket
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -53,7 +54,10 @@ CREDS = {"aws_access_key_id": "testing", "aws_secret_access_key": "testing"}
 
 
 @contextmanager
-def moto() -> Iterator[str]:
+def moto(tls: bool = False) -> Iterator[str]:
+    """A moto_server on a free loopback port; ``tls``: over HTTPS (a self-signed certificate
+    made on the spot: clients must not verify it), as S3 is reached in production, where
+    bodies go unsigned."""
     exe = os.path.join(os.path.dirname(sys.executable), "moto_server")
     if not os.path.exists(exe):
         exe = shutil.which("moto_server") or "moto_server"
@@ -63,14 +67,16 @@ def moto() -> Iterator[str]:
     env = {**os.environ, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
            "MOTO_S3_DEFAULT_KEY_BUFFER_SIZE": str(1024 * MiB)}
     with tempfile.TemporaryFile() as log:
-        proc = subprocess.Popen([exe, "-H", "127.0.0.1", "-p", str(port)], env=env,
+        proc = subprocess.Popen([exe, "-H", "127.0.0.1", "-p", str(port),
+                                 *(["-s"] if tls else [])], env=env,
                                 stdout=log, stderr=subprocess.STDOUT)
-        url = f"http://127.0.0.1:{port}"
+        url = f"{'https' if tls else 'http'}://127.0.0.1:{port}"
+        unverified = ssl._create_unverified_context() if tls else None
         try:
             deadline = time.monotonic() + 30
             while True:
                 try:
-                    urllib.request.urlopen(url, timeout=1)
+                    urllib.request.urlopen(url, timeout=1, context=unverified)
                     break
                 except urllib.error.HTTPError:
                     break

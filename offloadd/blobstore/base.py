@@ -9,6 +9,12 @@ each given as a sequence of buffers so callers never join) may be uploaded concu
 order; ``complete()`` publishes the object; ``abort()`` discards it. ``put`` is the one-shot form
 used for index objects.
 
+Checksums: a caller that knows the CRC32C of a part's (or a ``put``'s) bytes passes it
+(``crc32c=``): the uploader combines it from the blocks' own checksums (``offload/parts.py``).
+A driver whose store checks what it receives sends it instead of reading the bytes again (S3's
+``x-amz-checksum-crc32c``: a part whose bytes do not match it is refused); the memory driver
+checks it, as S3 would; the filesystem driver ignores it. Without it a driver computes its own.
+
 Errors: ``NotFound``, ``Retriable`` (transient; caller may retry), ``Fatal``, and ``Conflict``
 from a create-only write whose key exists (below); nothing else.
 
@@ -61,8 +67,11 @@ class ObjectInfo:
 class MultipartUpload(Protocol):
     key: str
 
-    async def put_part(self, part_number: int, offset: int, data: Buffers) -> None:
-        """Upload part ``part_number`` (1-based) whose bytes start at ``offset`` of the object."""
+    async def put_part(self, part_number: int, offset: int, data: Buffers, *,
+                       crc32c: int | None = None) -> None:
+        """Upload part ``part_number`` (1-based) whose bytes start at ``offset`` of the object.
+        ``crc32c``: the CRC32C of the bytes when the caller knows it (see the module
+        docstring, "Checksums")."""
         ...
 
     async def complete(self) -> ObjectInfo: ...
@@ -76,7 +85,8 @@ class BlobStore(Protocol):
 
     async def start_upload(self, key: str, metadata: Mapping[str, str]) -> MultipartUpload: ...
 
-    async def put(self, key: str, data: Buffers, metadata: Mapping[str, str]) -> ObjectInfo: ...
+    async def put(self, key: str, data: Buffers, metadata: Mapping[str, str], *,
+                  crc32c: int | None = None) -> ObjectInfo: ...
 
     async def get_range(self, key: str, start: int, end: int) -> bytes:
         """Bytes ``[start, end)``; ``NotFound`` if absent; short only at the object's end."""

@@ -9,6 +9,8 @@ joined bytes on ``complete()``, so an object is absent until then, as with every
 (``key`` is the prefix for ``list``). It may raise (say ``Retriable``) to inject a failure, and
 may return an awaitable, which is awaited: a test can hold an operation mid-flight.
 
+A CRC32C given with a part or a put (``crc32c=``) is checked against the bytes, as S3 checks
+``x-amz-checksum-crc32c``: every test on this store checks the checksums the uploader derives.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ import inspect
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
+
+from crc32c import crc32c as crc32c_of
 
 from offloadd.blobstore.base import BlobStore, Buffers, MultipartUpload, ObjectInfo
 from offloadd.blobstore.parts import check_part, check_parts, check_range
@@ -52,9 +56,11 @@ class MemoryBlobStore(BlobStore):
         await self._hook("start_upload", key)
         return MemoryUpload(self, key, dict(metadata))
 
-    async def put(self, key: str, data: Buffers, metadata: Mapping[str, str]) -> ObjectInfo:
+    async def put(self, key: str, data: Buffers, metadata: Mapping[str, str], *,
+                  crc32c: int | None = None) -> ObjectInfo:
         await self._hook("put", key)
-        obj = _Object(b"".join(data), dict(metadata), time.time())
+        obj = _Object(_checked(f"put of {key}", b"".join(data), crc32c), dict(metadata),
+                      time.time())
         self.objects[key] = obj
         return obj.info(key)
 
@@ -99,12 +105,14 @@ class MemoryUpload(MultipartUpload):
         self._parts: dict[int, tuple[int, bytes]] = {}
         self._state = "open"
 
-    async def put_part(self, part_number: int, offset: int, data: Buffers) -> None:
+    async def put_part(self, part_number: int, offset: int, data: Buffers, *,
+                       crc32c: int | None = None) -> None:
         await self._store._hook("put_part", self.key)
         self._check_open()
         check_part(f"upload of {self.key}", part_number, offset)
         # Copied: the caller may reuse its buffers once this returns.
-        self._parts[part_number] = (offset, b"".join(data))
+        self._parts[part_number] = (offset, _checked(f"upload of {self.key} part {part_number}",
+                                                     b"".join(data), crc32c))
 
     async def complete(self) -> ObjectInfo:
         await self._store._hook("complete", self.key)
@@ -126,3 +134,12 @@ class MemoryUpload(MultipartUpload):
     def _check_open(self) -> None:
         if self._state != "open":
             raise Fatal(f"upload of {self.key} is already {self._state}")
+
+
+def _checked(what: str, data: bytes, crc: int | None) -> bytes:
+    """``data``, if it matches the CRC32C its writer gave (S3 refuses a body that does not:
+    ``BadDigest``); a wrong one is a bug of the writer, so here it is ``Fatal``."""
+    if crc is not None and (got := crc32c_of(data)) != crc:
+        raise Fatal(f"{what}: BadDigest: the bytes' CRC32C is {got:08x}, the writer said "
+                    f"{crc:08x}")
+    return data

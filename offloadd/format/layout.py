@@ -67,7 +67,9 @@ class Block:
     ``buffers`` are written back to back: the header, the payload (a view of the run's data,
     never a copy) and the padding (omitted when empty); ``length`` is their total, equal to
     ``plan.block_len``. ``number`` counts blocks from 1 (the index's part id); ``offset`` is
-    where the block starts in the data object.
+    where the block starts in the data object. ``crc32c``: the CRC32C of all ``length`` bytes,
+    header included, once the block checksum is stamped (``format/checksum.py``): a store's
+    part checksum is combined from it, not read again.
     """
 
     number: int
@@ -75,6 +77,7 @@ class Block:
     buffers: tuple[bytes | memoryview, ...]
     length: int
     plan: BlockPlan
+    crc32c: int | None = None
 
 
 @dataclass(frozen=True)

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from mmap import mmap
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from offloadd.model import FRAME_OVERHEAD, EntryRun, LedgerDesc, TopicName
@@ -48,6 +49,7 @@ __all__ = [
     "LedgerDeleter",
     "LedgerSource",
     "LocalCopies",
+    "ReadArray",
     "SourceMetrics",
     "SourceView",
     "StoredEntries",
@@ -55,6 +57,11 @@ __all__ = [
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
+
+# An array a read may land in (``into``): a ``bytearray``, or an anonymous ``mmap`` — what the
+# offload buffer makes, since its pages are zero until written without a pass of our own
+# (``offload/buffer.py``).
+ReadArray = bytearray | mmap
 
 
 @runtime_checkable
@@ -67,7 +74,7 @@ class LedgerSource(Protocol):
 
     async def read(self, topic: TopicName, ledger_id: int, first_entry_id: int,
                    last_entry_id: int, max_bytes: int | None = None, *,
-                   into: bytearray | None = None) -> EntryRun:
+                   into: ReadArray | None = None) -> EntryRun:
         """Entries ``first..last`` (inclusive), all readable; stops early (never before the
         first entry) once ``max_bytes`` of frames are gathered. ``NotFound`` if the ledger is
         gone; ``FormatError`` if stored bytes fail their checksum.

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import crc32c
 
 from offloadd.errors import Conflict, NotFound
-from offloadd.ledger.base import LedgerDeleter, LedgerSource
+from offloadd.ledger.base import LedgerDeleter, LedgerSource, ReadArray
 from offloadd.model import FRAME as _HEADER
 from offloadd.model import FRAME_OVERHEAD, EntryRun, LedgerDesc, LedgerState, Position, TopicName
 
@@ -91,7 +91,7 @@ class MemoryLedgerSource(LedgerSource, LedgerDeleter):
 
     async def read(self, topic: TopicName, ledger_id: int, first_entry_id: int,
                    last_entry_id: int, max_bytes: int | None = None, *,
-                   into: bytearray | None = None) -> EntryRun:
+                   into: ReadArray | None = None) -> EntryRun:
         if not 0 <= first_entry_id <= last_entry_id:
             raise ValueError(f"bad entry range {first_entry_id}..{last_entry_id}")
         ledger = self._find(topic, ledger_id)

@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
-from offloadd.ledger.base import LedgerSource
+from offloadd.ledger.base import LedgerSource, ReadArray
 from offloadd.model import EntryRun, LedgerDesc, TopicName
 
 __all__ = ["MeteredSource", "SourceReadProbe"]
@@ -40,7 +40,7 @@ class MeteredSource:
 
     async def read(self, topic: TopicName, ledger_id: int, first_entry_id: int,
                    last_entry_id: int, max_bytes: int | None = None, *,
-                   into: bytearray | None = None) -> EntryRun:
+                   into: ReadArray | None = None) -> EntryRun:
         t0 = self._clock()
         run = await self.inner.read(topic, ledger_id, first_entry_id, last_entry_id, max_bytes,
                                     into=into)

@@ -26,13 +26,18 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import mmap
 from collections.abc import Callable
+
+from offloadd.ledger.base import ReadArray
 
 # A free array serves a read of at least a 1/LEASE_SLACK of its length (the rest of a segment,
 # of a ledger: reads of odd sizes): a new one would be zero-filled, page by page, for every such
 # read (issue 22: 64 MiB arrays made per block cost more CPU than the rest of the path). A read
 # that then uses under a quarter of its array is copied out of it (``runs.py`` SMALL_RUN).
 LEASE_SLACK = 4
+# New arrays this large are anonymous mappings, not bytearrays (see lease)
+MMAP_FROM = 1024 * 1024
 
 
 class OffloadBuffer:
@@ -45,7 +50,7 @@ class OffloadBuffer:
         self._on_change = on_change
         self.high_water = 0
         self.parked = 0  # held bytes waiting for a part to fill (see the module docstring)
-        self._free: list[bytearray] = []
+        self._free: list[ReadArray] = []
         self._free_bytes = 0
         self.leased = 0  # bytes of the arrays out on lease (what reads pin, used or not)
 
@@ -70,7 +75,7 @@ class OffloadBuffer:
                 self._wake()
             raise
 
-    def lease(self, size: int) -> bytearray:
+    def lease(self, size: int) -> ReadArray:
         """A byte array of at least ``size`` bytes: the smallest free one up to
         :data:`LEASE_SLACK` times ``size``, else a new one."""
         best = -1
@@ -84,9 +89,14 @@ class OffloadBuffer:
             self.leased += len(b)
             return b
         self.leased += size
-        return bytearray(size)
+        if size < MMAP_FROM:
+            return bytearray(size)
+        # bytearray(size) writes zeros over every page before a read fills it (user CPU, the
+        # largest cost left of a 64 KiB-entry offload until the pool is warm); an anonymous
+        # mapping's pages are zero until first written, by the kernel, as the read lands
+        return mmap.mmap(-1, size)
 
-    def give_back(self, b: bytearray) -> None:
+    def give_back(self, b: ReadArray) -> None:
         """Return a leased array once nothing refers to its bytes any more."""
         self.leased -= len(b)
         if self._free_bytes + len(b) <= self.cap:

@@ -12,7 +12,9 @@ runs of consecutive blocks, cut as soon as a part reaches ``part_size``::
   its last block;
 * parts tile the data object in number order, and every block lies wholly inside one part, so
   every index offset still points at a block header;
-* a part's buffers are the blocks' own buffers (views), never joined.
+* a part's buffers are the blocks' own buffers (views), never joined;
+* a part's CRC32C (the store's per-part checksum) is combined from its blocks' own, computed
+  when they were stamped: no pass over the part's bytes.
 
 The index's part ids are the blocks' ordinals (as Pulsar's writer numbers them; Pulsar's readers
 locate a block by its offset and never use the part id), independent of these part numbers.
@@ -23,6 +25,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from offloadd.format.checksum import crc32c_combine
 from offloadd.format.layout import Block
 
 __all__ = ["DEFAULT_PART_SIZE", "PartAssembler", "UploadPart"]
@@ -44,6 +47,17 @@ class UploadPart:
     @property
     def buffers(self) -> tuple[Buffer, ...]:
         return tuple(b for block in self.blocks for b in block.buffers)
+
+    @property
+    def crc32c(self) -> int | None:
+        """The CRC32C of the part's bytes, combined from its stamped blocks' (None when one
+        is not stamped): the store's part checksum costs no pass over the bytes."""
+        crc = 0
+        for block in self.blocks:
+            if block.crc32c is None:
+                return None
+            crc = crc32c_combine(crc, block.crc32c, block.length)
+        return crc
 
 
 class PartAssembler:

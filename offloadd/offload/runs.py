@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, replace
 
-from offloadd.ledger.base import LedgerSource
+from offloadd.ledger.base import LedgerSource, ReadArray
 from offloadd.model import EntryRun, TopicName
 from offloadd.model.catalog import LedgerRange
 from offloadd.offload.buffer import OffloadBuffer
@@ -57,7 +57,7 @@ class RunReader:
         (at least one entry, however big)."""
         buf = self._buffer
         await buf.reserve(budget)
-        lease: bytearray | None = buf.lease(budget)
+        lease: ReadArray | None = buf.lease(budget)
         assert lease is not None
         try:
             run = await self._source.read(self._topic, ledger_id, first, last, max_bytes=budget,

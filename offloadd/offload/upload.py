@@ -9,8 +9,9 @@ its size from the broker-wide throttle (its blocks' bytes: no padding beyond eac
 bytes); when it has landed (or failed), its ``done`` callback runs, and the caller releases the
 offload-buffer bytes behind its blocks. The first failed part fails the whole attempt (the topic
 task aborts it and redoes the segment). Each block carries its own CRC32C (stamped into its
-header before it is submitted, ``format/checksum.py``); no checksum of the whole object is
-computed.
+header before it is submitted, ``format/checksum.py``); each part goes with the CRC32C combined
+from its blocks' (the store's per-part checksum, see ``blobstore/base.py``); no checksum of the
+whole object is computed.
 """
 
 from __future__ import annotations
@@ -99,7 +100,8 @@ class SegmentUpload:
             try:
                 upload = self._upload = await self._starting
                 await self._send(part, lambda: upload.put_part(part.number, part.offset,
-                                                               part.buffers))
+                                                               part.buffers,
+                                                               crc32c=part.crc32c))
             except BaseException as exc:
                 if self._error is None:
                     self._error = exc
@@ -134,7 +136,8 @@ class SegmentUpload:
         try:
             self.length, self.parts, self.requests = last.offset + last.length, 1, 1
             info = await self._send(last, lambda: self.store.put(self.key, last.buffers,
-                                                                 self.metadata))
+                                                                 self.metadata,
+                                                                 crc32c=last.crc32c))
             self._completed = True
             return info
         finally:

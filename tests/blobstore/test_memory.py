@@ -47,3 +47,27 @@ class TestFaultHook:
         release.set()
         await asyncio.wait_for(put, 5)
         assert (await store.head("obj")).size == 1
+
+
+class TestGivenChecksums:
+    """A CRC32C given with a part or a put is checked against the bytes, as S3 checks its
+    ``x-amz-checksum-crc32c`` header: tests on this store check what the uploader derives."""
+
+    async def test_a_matching_crc_is_accepted_and_a_wrong_one_refused(self) -> None:
+        import crc32c
+
+        from offloadd.errors import Fatal
+
+        store = MemoryBlobStore()
+        upload = await store.start_upload("obj", {})
+        await upload.put_part(1, 0, [b"ab", b"cd"], crc32c=crc32c.crc32c(b"abcd"))
+        with pytest.raises(Fatal, match="BadDigest"):
+            await upload.put_part(2, 4, [b"ef"], crc32c=crc32c.crc32c(b"ef") ^ 1)
+        await upload.put_part(2, 4, [b"ef"])  # none given: nothing to check
+        await upload.complete()
+        assert await store.get_range("obj", 0, 6) == b"abcdef"
+        with pytest.raises(Fatal, match="BadDigest"):
+            await store.put("one", [b"xyz"], {}, crc32c=crc32c.crc32c(b"xyZ"))
+        with pytest.raises(NotFound):
+            await store.head("one")
+        await store.put("one", [b"xyz"], {}, crc32c=crc32c.crc32c(b"xyz"))

@@ -136,3 +136,23 @@ class TestLongLengths:
                                                     n: int) -> None:
         left = crc32c_combine(crc32c_combine(a, b, m), c, n)
         assert left == crc32c_combine(a, crc32c_combine(b, c, n), m + n)
+
+
+class TestWholeBlockCrc:
+    """The stamp also gives each block's CRC32C over all its bytes, header included (what a
+    store's part checksum is combined from), whether its payload CRC was read or combined."""
+
+    @settings(max_examples=60, deadline=None)
+    @given(st.lists(st.integers(0, 3000), min_size=1, max_size=30), st.integers(300, 9000),
+           st.integers(1, 2048), st.booleans())
+    def test_streaming_and_ledger_blocks(self, sizes: list[int], max_block: int, chunk: int,
+                                         ledger: bool) -> None:
+        data, offsets = framed(sizes)
+        run = EntryRun(9, 0, memoryview(data), offsets)
+        parts = (LedgerObjectBuilder(ledger_id=9, max_block_size=max_block).add_run(run, last=True)
+                 if ledger else StreamingObjectBuilder(max_block_size=max_block,
+                                                       min_block_size=0).add_run(run))
+        for sums in (None, chunk_sums_of(data, chunk, 0)):
+            for p in stamp_blocks(parts, sums):
+                assert p.crc32c == crc32c.crc32c(b"".join(bytes(b) for b in p.buffers))
+        assert all(p.crc32c is None for p in parts)  # not stamped: not known

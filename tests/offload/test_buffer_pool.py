@@ -4,7 +4,12 @@ ledger) takes a free array it fills at least a quarter of, instead of a new zero
 
 from __future__ import annotations
 
-from offloadd.offload.buffer import LEASE_SLACK, OffloadBuffer
+import mmap
+import os
+from itertools import pairwise
+from pathlib import Path
+
+from offloadd.offload.buffer import LEASE_SLACK, MMAP_FROM, OffloadBuffer
 
 MiB = 1024 * 1024
 
@@ -28,3 +33,34 @@ def test_the_smallest_fitting_array_is_taken_and_tiny_reads_get_their_own() -> N
     tiny = buf.lease(n)
     assert tiny is not big and tiny is not mid and len(tiny) == n
     assert buf.lease(400) is big
+
+
+async def test_a_new_large_array_is_a_mapping_that_reads_land_in(tmp_path: Path) -> None:
+    """A new block-sized array is an anonymous mapping (its pages are zero until a read writes
+    them: no zero-fill pass of ours), and a source reads into it as into a bytearray."""
+    from offloadd.ledger.local import LocalLedgerSource, LocalLedgerWriter
+    from offloadd.metadata.memory import MemoryMetadataStore
+    from offloadd.model import TopicName
+    from offloadd.offload.runs import RunReader
+
+    topic = TopicName.parse("persistent://public/default/mapped")
+    metadata = MemoryMetadataStore()
+    writer = LocalLedgerWriter(tmp_path, metadata)
+    payloads = [os.urandom(64 * 1024) for _ in range(40)]  # 2.5 MiB of frames
+    pos = await writer.append(topic, payloads)
+    source = LocalLedgerSource(tmp_path, metadata, verify_crc=True)
+    buf = OffloadBuffer(256 * MiB)
+    assert isinstance(buf.lease(MMAP_FROM), mmap.mmap)  # and a small one stays a bytearray
+    assert isinstance(buf.lease(MMAP_FROM - 1), bytearray)
+    reader = RunReader(source, buf, topic)
+    run = await reader.read(pos.ledger_id, 0, pos.entry_id, 4 * MiB)
+    assert isinstance(run.entries.data.obj, mmap.mmap)
+    got = [bytes(run.entries.data[a + 12:b]) for a, b in pairwise(run.entries.offsets)]
+    assert got == payloads
+    array = run.entries.data.obj
+    run.release()
+    del run, got
+    again = await reader.read(pos.ledger_id, 0, pos.entry_id, 4 * MiB)
+    assert again.entries.data.obj is array  # given back, and taken again warm
+    again.release()
+    await writer.close()

@@ -13,13 +13,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import pytest
+from crc32c import crc32c as crc32c_of
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from offloadd.blobstore.base import Buffers, MultipartUpload, ObjectInfo
 from offloadd.blobstore.memory import MemoryBlobStore
+from offloadd.errors import Fatal
 from offloadd.format import StreamingIndex, decode_index, parse_block_header
 from offloadd.format.block import HEADER_LEN, MIN_PADDING
+from offloadd.format.checksum import stamp_blocks
 from offloadd.format.layout import Block, BlockPlan
 from offloadd.ledger.memory import MemoryLedgerSource
 from offloadd.metadata.memory import MemoryMetadataStore
@@ -28,7 +31,7 @@ from offloadd.model.catalog import LedgerRange, Segment, SegmentKind
 from offloadd.model.keys import streaming_data_key, streaming_index_key
 from offloadd.offload.attempt import Uploads, open_streaming
 from offloadd.offload.buffer import OffloadBuffer
-from offloadd.offload.parts import PartAssembler
+from offloadd.offload.parts import PartAssembler, UploadPart
 from offloadd.offload.runs import Run, RunReader
 from offloadd.read.reader import TierReader
 
@@ -97,16 +100,21 @@ class TestPartAssembler:
 @dataclass
 class PartLog:
     sizes: dict[str, list[int]] = field(default_factory=dict)
+    # per key: (the CRC32C of the bytes sent, the CRC32C the uploader gave with them)
+    crcs: dict[str, list[tuple[int, int | None]]] = field(default_factory=dict)
 
 
 class _Recording(MultipartUpload):
-    def __init__(self, inner: MultipartUpload, sizes: list[int]) -> None:
-        self.inner, self.sizes = inner, sizes
+    def __init__(self, inner: MultipartUpload, sizes: list[int],
+                 crcs: list[tuple[int, int | None]]) -> None:
+        self.inner, self.sizes, self.crcs = inner, sizes, crcs
         self.key = inner.key
 
-    async def put_part(self, part_number: int, offset: int, data: Buffers) -> None:
+    async def put_part(self, part_number: int, offset: int, data: Buffers, *,
+                       crc32c: int | None = None) -> None:
         self.sizes.append(sum(len(b) for b in data))
-        await self.inner.put_part(part_number, offset, data)
+        self.crcs.append((crc32c_of(b"".join(data)), crc32c))
+        await self.inner.put_part(part_number, offset, data, crc32c=crc32c)
 
     async def complete(self) -> ObjectInfo:
         return await self.inner.complete()
@@ -125,7 +133,8 @@ class RecordingStore(MemoryBlobStore):
     async def start_upload(  # type: ignore[override]  # a wrapper, not a MemoryUpload
             self, key: str, metadata: Mapping[str, str]) -> MultipartUpload:
         inner = await super().start_upload(key, metadata)
-        return _Recording(inner, self.log.sizes.setdefault(key, []))
+        return _Recording(inner, self.log.sizes.setdefault(key, []),
+                          self.log.crcs.setdefault(key, []))
 
 
 def small_ledgers(n: int, entries: int, size: int) -> MemoryLedgerSource:
@@ -257,3 +266,53 @@ class TestSegmentParts:
         await att.abort()
         assert set(counting.released.values()) == {1} and buf.used == 0
         assert [o async for o in store.list()] == []
+
+
+class TestPartChecksums:
+    """Each part goes with its CRC32C, combined from its blocks' (no pass over its bytes): the
+    store checks the bytes against it (S3's ``x-amz-checksum-crc32c``), so bytes that changed
+    after they were read and stamped are refused."""
+
+    async def test_every_part_is_sent_with_the_crc_of_its_bytes(self) -> None:
+        store, ledgers = RecordingStore(), 12
+        key, _ = await TestSegmentParts().upload(store, small_ledgers(ledgers, 7, 1000),
+                                                 ledgers, 6, OffloadBuffer(1 << 20),
+                                                 part_size=20 * KiB)
+        sent = store.log.crcs[key]
+        assert len(sent) > 1 and all(given == crc for crc, given in sent)
+
+    @settings(max_examples=100, deadline=None)
+    @given(lengths=st.lists(st.integers(1, 3000), min_size=1, max_size=20),
+           part_size=st.integers(1, 9000))
+    def test_a_parts_crc_is_combined_from_its_blocks(self, lengths: list[int],
+                                                     part_size: int) -> None:
+        blocks = [Block(b.number, b.offset, (bytes([b.number % 251]) * b.length,),
+                       b.length, b.plan, crc32c_of(bytes([b.number % 251]) * b.length))
+                  for b in blocks_of(lengths)]
+        asm = PartAssembler(part_size)
+        parts = asm.add(blocks)
+        last = asm.finish()
+        for p in [*parts, *([last] if last else [])]:
+            assert p.crc32c == crc32c_of(b"".join(p.buffers))
+        unstamped = UploadPart(1, 0, 2, tuple(blocks_of([1, 1])))
+        assert unstamped.crc32c is None  # a block's CRC not known: none for the part
+
+    async def test_bytes_changed_after_stamping_are_refused_by_the_store(self) -> None:
+        from offloadd.format import StreamingObjectBuilder
+        from offloadd.model import EntryRun
+
+        data = bytearray(b"".join((900).to_bytes(4, "big") + i.to_bytes(8, "big") + bytes(900)
+                                  for i in range(20)))
+        run = EntryRun(1, 0, memoryview(data), list(range(0, len(data) + 1, 912)))
+        blocks = stamp_blocks(StreamingObjectBuilder(max_block_size=4 * KiB,
+                                                    min_block_size=0).add_run(run))
+        asm = PartAssembler(8 * KiB)
+        parts = asm.add(blocks)
+        last = asm.finish()
+        part = parts[0] if parts else last
+        assert part is not None
+        store = MemoryBlobStore()
+        upload = await store.start_upload("obj", {})
+        data[500] ^= 1  # the buffer changes under the part after its blocks were stamped
+        with pytest.raises(Fatal, match="BadDigest"):
+            await upload.put_part(part.number, part.offset, part.buffers, crc32c=part.crc32c)

@@ -32,7 +32,8 @@ class RacedStore(FilesystemBlobStore):
         self.index_puts = 0
         self.raced: str | None = None
 
-    async def put(self, key: str, data: Buffers, metadata: Mapping[str, str]) -> ObjectInfo:
+    async def put(self, key: str, data: Buffers, metadata: Mapping[str, str], *,
+                  crc32c: int | None = None) -> ObjectInfo:
         if key.endswith("-index"):
             self.index_puts += 1
             if self.raced is None:
@@ -41,7 +42,7 @@ class RacedStore(FilesystemBlobStore):
                 await other.probe_conditional_writes()
                 await other.put(key, [b"the other writer's index"], {"role": "other"})
                 await other.close()
-        return await super().put(key, data, metadata)
+        return await super().put(key, data, metadata, crc32c=crc32c)
 
 
 async def test_a_refused_index_put_stops_the_task_and_touches_nothing(tmp_path: Path) -> None:

@@ -180,7 +180,8 @@ class FlipOne:
     async def start_upload(self, key: str, metadata: Mapping[str, str]) -> MultipartUpload:
         raise AssertionError("read-only")
 
-    async def put(self, key: str, data: Buffers, metadata: Mapping[str, str]) -> ObjectInfo:
+    async def put(self, key: str, data: Buffers, metadata: Mapping[str, str], *,
+                  crc32c: int | None = None) -> ObjectInfo:
         raise AssertionError("read-only")
 
     async def delete(self, key: str) -> None:

@@ -6,8 +6,8 @@ offloadd does not depend on them (``docs/s3.md``, "Ceph RGW"):
   offloadd never relies on it: every upload attempt gets a fresh key (a new uuid), and the
   catalog's compare-and-set decides which attempt counts.
 * ``x-amz-checksum-crc32c``: offloadd sends it with every part and put; RGW neither checks nor
-  keeps it. Every block carries its own CRC32C and every read checks it (``verify`` too), so the
-  end-to-end suite stays green on RGW.
+  keeps it (moto keeps it, unchecked). Every block carries its own CRC32C and every read checks
+  it (``verify`` too), so the end-to-end suite stays green on RGW.
 * SSE-S3 (``AES256``): RGW accepts the header and stores plaintext, and says nothing back. An
   operator who needs encryption at rest on RGW configures SSE-KMS or RGW's own encryption.
 """
@@ -77,3 +77,19 @@ def test_sse_s3(s3_bucket: MotoBucket) -> None:
         assert "ServerSideEncryption" not in put and "ServerSideEncryption" not in head
     else:
         assert head.get("ServerSideEncryption") == "AES256"
+
+
+async def test_a_wrong_crc32c_header_is_not_checked(s3_bucket: MotoBucket) -> None:
+    """Neither moto nor RGW checks ``x-amz-checksum-crc32c`` against the bytes (AWS S3 refuses
+    a part that does not match: ``BadDigest``), so no test here can see a refusal:
+    ``test_part_checksums.py`` compares the header with the bytes sent instead. Pinned so that
+    a server that starts checking is noticed (then a refusal test belongs here)."""
+    store = await S3BlobStore.open(s3_bucket.options(max_attempts=1))
+    try:
+        up = await store.start_upload("mp", {})
+        await up.put_part(1, 0, [b"x" * 8], crc32c=0x12345678)  # not the CRC32C of the bytes
+        await up.complete()
+    finally:
+        await store.close()
+    assert s3_bucket.boto3().get_object(Bucket=s3_bucket.name, Key="mp")["Body"].read() == \
+        b"x" * 8

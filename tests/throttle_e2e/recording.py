@@ -32,9 +32,10 @@ class RecordingUpload:
         self._sink = sink
         self._clock = clock
 
-    async def put_part(self, part_number: int, offset: int, data: Buffers) -> None:
+    async def put_part(self, part_number: int, offset: int, data: Buffers, *,
+                       crc32c: int | None = None) -> None:
         started = self._clock()
-        await self._inner.put_part(part_number, offset, data)
+        await self._inner.put_part(part_number, offset, data, crc32c=crc32c)
         nbytes = sum(memoryview(b).nbytes for b in data)
         self._sink.append(PartRecord(started, self._clock(), self._topic, nbytes))
 
@@ -59,8 +60,9 @@ class RecordingBlobStore:
         topic = metadata.get("managedledgername", "?")
         return RecordingUpload(upload, topic, self.parts, self._clock)
 
-    async def put(self, key: str, data: Buffers, metadata: Mapping[str, str]) -> ObjectInfo:
-        return await self.inner.put(key, data, metadata)
+    async def put(self, key: str, data: Buffers, metadata: Mapping[str, str], *,
+                  crc32c: int | None = None) -> ObjectInfo:
+        return await self.inner.put(key, data, metadata, crc32c=crc32c)
 
     async def get_range(self, key: str, start: int, end: int) -> bytes:
         return await self.inner.get_range(key, start, end)

@@ -165,7 +165,8 @@ class FilesystemBlobStore(BlobStore, UploadSweeper, WriteFence):
         self.uploads.add(upload)
         return upload
 
-    async def put(self, key: str, data: Buffers, metadata: Mapping[str, str]) -> ObjectInfo:
+    async def put(self, key: str, data: Buffers, metadata: Mapping[str, str], *,
+                  crc32c: int | None = None) -> ObjectInfo:
         # one PutObject, as on S3, though it is made of an upload's three steps here: all three
         # in one worker-thread call (a segment's data and index are a put each; one hop per
         # step was most of a small segment's commit on the event loop)

@@ -92,7 +92,10 @@ class FilesystemUpload(MultipartUpload):
         finally:
             self._release_fd()
 
-    async def put_part(self, part_number: int, offset: int, data: Buffers) -> None:
+    async def put_part(self, part_number: int, offset: int, data: Buffers, *,
+                       crc32c: int | None = None) -> None:
+        # crc32c is not checked: it would be a second pass over every byte, and each block's
+        # own CRC32C is checked on every read
         self._check_open()
         check_part(f"upload of {self.key}", part_number, offset)
         views = as_bytes_views(data)

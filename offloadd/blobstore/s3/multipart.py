@@ -25,6 +25,7 @@ from botocore.exceptions import ClientError
 
 from offloadd.blobstore.base import Buffers, MultipartUpload, ObjectInfo
 from offloadd.blobstore.parts import check_part, check_parts
+from offloadd.blobstore.s3.body import Body
 from offloadd.blobstore.s3.calls import Requests
 from offloadd.blobstore.s3.checksums import crc32c_b64, multipart_etag
 from offloadd.blobstore.s3.errors import HINTS, error_code
@@ -156,14 +157,16 @@ class S3MultipartUpload(MultipartUpload):
         if self._finished is not None:
             raise Fatal(f"{op} {self._calls.where(self.key)}: the upload was {self._finished}")
 
-    async def put_part(self, part_number: int, offset: int, data: Buffers) -> None:
+    async def put_part(self, part_number: int, offset: int, data: Buffers, *,
+                       crc32c: int | None = None) -> None:
         self._check_open("UploadPart")
         calls = self._calls
         check_part(f"UploadPart {calls.where(self.key)}", part_number, offset, MAX_PART_NUMBER)
-        body = b"".join(data)
-        checksum = crc32c_b64(body)
+        body = Body(data)
+        checksum = crc32c_b64(body.data, crc32c)
 
         async def upload(client: Any) -> str:
+            body.seek(0)  # each attempt from the start (botocore reads it to sign over HTTP)
             try:
                 resp = await client.upload_part(
                     Bucket=calls.options.bucket,

@@ -24,6 +24,7 @@ from offloadd.blobstore.base import (
 from offloadd.blobstore.health import StoreHealth
 from offloadd.blobstore.parts import check_range
 from offloadd.blobstore.requests import RequestCounts
+from offloadd.blobstore.s3.body import Body
 from offloadd.blobstore.s3.calls import Requests, State
 from offloadd.blobstore.s3.checksums import crc32c_b64
 from offloadd.blobstore.s3.errors import error_code
@@ -98,17 +99,19 @@ class S3BlobStore(BlobStore, UploadSweeper, WriteFence):
     async def start_upload(self, key: str, metadata: Mapping[str, str]) -> S3MultipartUpload:
         return await self._uploads.start(key, metadata)
 
-    async def put(self, key: str, data: Buffers, metadata: Mapping[str, str]) -> ObjectInfo:
-        return await self._put(key, b"".join(data), metadata, self.conditional.put)
+    async def put(self, key: str, data: Buffers, metadata: Mapping[str, str], *,
+                  crc32c: int | None = None) -> ObjectInfo:
+        return await self._put(key, Body(data), metadata, self.conditional.put, crc32c)
 
-    async def _put(self, key: str, body: bytes, metadata: Mapping[str, str],
-                   create_only: bool) -> ObjectInfo:
+    async def _put(self, key: str, body: Body, metadata: Mapping[str, str],
+                   create_only: bool, crc32c: int | None = None) -> ObjectInfo:
         calls = self._calls
-        checksum = crc32c_b64(body)
+        checksum = crc32c_b64(body.data, crc32c)
         condition = {"IfNoneMatch": "*"} if create_only else {}
         info = ObjectInfo(key, len(body), dict(metadata), 0.0)
 
         async def put(client: Any) -> None:
+            body.seek(0)  # each attempt from the start (botocore reads it to sign over HTTP)
             await client.put_object(
                 Bucket=calls.options.bucket,
                 Key=calls.key(key),
@@ -146,9 +149,10 @@ class S3BlobStore(BlobStore, UploadSweeper, WriteFence):
         put = complete = False
         answered = reachable = True
         try:
-            await self._put(key, b"offloadd conditional-write probe", {}, True)
+            await self._put(key, Body(b"offloadd conditional-write probe"), {}, True)
             try:
-                await self._put(key, b"offloadd conditional-write probe, again", {}, True)
+                await self._put(key, Body(b"offloadd conditional-write probe, again"), {},
+                                True)
                 notes.append("PutObject ignores If-None-Match")
             except Conflict:
                 put = True

@@ -54,6 +54,7 @@ import crc32c
 
 from offloadd.aio import first_of
 from offloadd.errors import ConfigError, Fatal, FormatError, NotFound, OffloaddError, Retriable
+from offloadd.ledger.base import ReadArray
 from offloadd.ledger.bookkeeper import tail
 from offloadd.ledger.bookkeeper.client import BookieClient
 from offloadd.ledger.bookkeeper.layout import (
@@ -540,7 +541,7 @@ class BookKeeperLedgerSource:
     # ---- reading -------------------------------------------------------------------------
     async def read(self, topic: TopicName, ledger_id: int, first_entry_id: int,
                    last_entry_id: int, max_bytes: int | None = None, *,
-                   into: bytearray | None = None) -> EntryRun:
+                   into: ReadArray | None = None) -> EntryRun:
         """Frames land in ``into`` when it holds them (the offloader recycles these buffers),
         else in a new buffer."""
         if not 0 <= first_entry_id <= last_entry_id:

@@ -20,6 +20,7 @@ from operator import add
 from typing import Protocol
 
 from offloadd.errors import Retriable
+from offloadd.ledger.base import ReadArray
 from offloadd.ledger.bookkeeper.client import BookieClient, Entries, LedgerContext
 from offloadd.model import FRAME as _HEADER
 from offloadd.model import FRAME_OVERHEAD, EntryRun
@@ -152,7 +153,7 @@ class ReadStream:
 
 
 def frame_run(ledger_id: int, first: int, payloads: Sequence[memoryview],
-              into: bytearray | None = None) -> EntryRun:
+              into: ReadArray | None = None) -> EntryRun:
     """Frame entries as blocks do. Into ``into`` when it is large enough (a recycled buffer:
     no fresh pages to fault in), else with one ``bytes.join``."""
     sizes = list(map(len, payloads))

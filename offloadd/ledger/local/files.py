@@ -14,6 +14,7 @@ import os
 from bisect import bisect_right
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from mmap import mmap
 from pathlib import Path
 
 from offloadd.errors import Fatal, FormatError, NotFound, OffloaddError, Retriable
@@ -54,7 +55,7 @@ def pread(fd: int, n: int, offset: int, name: Path) -> bytes:
     return data
 
 
-def pread_into(fd: int, buf: bytearray, n: int, offset: int, name: Path) -> memoryview:
+def pread_into(fd: int, buf: bytearray | mmap, n: int, offset: int, name: Path) -> memoryview:
     """Read ``n`` bytes into the front of ``buf`` (reused by the caller: no fresh pages to fault
     in, no allocation); returns a view of them."""
     view = memoryview(buf)[:n]

@@ -21,6 +21,7 @@ from offloadd.ledger.base import (
     LedgerDeleter,
     LedgerSource,
     LocalCopies,
+    ReadArray,
     StoredEntries,
 )
 from offloadd.ledger.local.check import RunCheck
@@ -136,7 +137,7 @@ class LocalLedgerSource(LedgerSource, LedgerDeleter, LocalCopies, EntryChecksums
 
     async def read(self, topic: TopicName, ledger_id: int, first_entry_id: int,
                    last_entry_id: int, max_bytes: int | None = None, *,
-                   into: bytearray | None = None) -> EntryRun:
+                   into: ReadArray | None = None) -> EntryRun:
         if not 0 <= first_entry_id <= last_entry_id:
             raise ValueError(f"bad entry range {first_entry_id}..{last_entry_id}")
         files = ledger_files(self.path, ledger_id)
@@ -300,7 +301,7 @@ class LocalLedgerSource(LedgerSource, LedgerDeleter, LocalCopies, EntryChecksums
         return info
 
     def _read_sync(self, topic: TopicName, files: LedgerFiles, ledger_id: int, first: int,
-                   last: int, max_bytes: int | None, into: bytearray | None = None) -> EntryRun:
+                   last: int, max_bytes: int | None, into: ReadArray | None = None) -> EntryRun:
         with opened(files.off) as off_fd, opened(files.log) as log_fd:
             records = Records(off_fd, os.fstat(off_fd).st_size // OFF_SIZE)
             if last >= len(records):
