@@ -18,7 +18,9 @@ loopback and stopped on exit:
    from the daemon;
 4. **idle pass**: in this process, over run 3's tables once they have everything: the CPU of
    one projection pass that finds nothing new, and of one metrics report of every table
-   (what the follower does every ``interval_s`` at rest).
+   (what the follower does every ``interval_s`` at rest);
+5. **commit cost** (first, in this process): CPU per table append against the table's
+   snapshot count, through pyiceberg's ``Table.append`` and through offloadd's ``append``.
 
 Prints one JSON document (also written to ``--out``). CPU per GiB compares the lakehouse's
 share (run 2 minus run 1, and run 3 alone) with the daemon's own (run 1).
@@ -129,7 +131,7 @@ def tables_report(root: Path, topics: list[TopicName], window: tuple[float, floa
     commits = in_window = 0
     for topic in segs:
         table = cat.load_table((topic.tenant, topic.namespace, topic.local))
-        snaps = sorted((s.timestamp_ms, Position.parse(s.summary[LAST_POSITION]))
+        snaps = sorted((s.timestamp_ms, Position.parse(str(s.summary[LAST_POSITION])))
                        for s in table.metadata.snapshots
                        if s.summary is not None and s.summary[LAST_POSITION])
         commits += len(snaps)
@@ -211,6 +213,37 @@ def idle_pass(root: Path) -> dict[str, Any]:
         os.chdir(cwd)
 
 
+def commit_cost(snapshots: int = 200, step: int = 50) -> dict[str, Any]:
+    """CPU per append against the table's snapshot count: pyiceberg's ``Table.append`` (what
+    the projection used) and offloadd's :func:`~offloadd.lakehouse.tables.append`, each on
+    a table of its own in a temporary SQL catalog, 100 rows per append."""
+    import pyarrow as pa
+    from pyiceberg.catalog.sql import SqlCatalog
+
+    from offloadd.lakehouse.tables import append
+
+    out: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="offloadd-commitcost-") as d:
+        cat = SqlCatalog("bench", uri=f"sqlite:///{d}/c.db", warehouse=f"file://{d}/wh")
+        cat.create_namespace("ns")
+        df = pa.table({"a": pa.array(range(100), pa.int64()), "b": pa.array(["x"] * 100)})
+        for name in ("pyiceberg_append", "offloadd_append"):
+            t = cat.create_table(f"ns.{name}", schema=df.schema)
+            ms = out[name + "_cpu_ms"] = {}
+            for _ in range(snapshots // step):
+                r0 = resource.getrusage(resource.RUSAGE_SELF)
+                for i in range(step):
+                    props = {"k": str(i)}
+                    if name == "pyiceberg_append":
+                        t.append(df, snapshot_properties=props)
+                    else:
+                        append(t, df, props)
+                r1 = resource.getrusage(resource.RUSAGE_SELF)
+                cpu = r1.ru_utime + r1.ru_stime - r0.ru_utime - r0.ru_stime
+                ms[len(t.metadata.snapshots)] = round(cpu / step * 1000, 1)
+    return out
+
+
 def save(result: dict[str, Any], out: Path | None) -> None:
     """The results so far (a later phase that fails leaves the earlier ones)."""
     if out is not None:
@@ -222,13 +255,20 @@ def main() -> None:
     ap.add_argument("--topics", type=int, default=1000)
     ap.add_argument("--seconds", type=float, default=60)
     ap.add_argument("--rate", type=float, default=1_000_000)
-    ap.add_argument("--skip", default="", help="comma-separated: with, sync, idle")
+    ap.add_argument("--skip", default="",
+                    help="comma-separated: without, with, sync, idle, commit-cost")
     ap.add_argument("--out", type=Path)
     a = ap.parse_args()
     skip = set(filter(None, a.skip.split(",")))
     topics = [TopicName.parse(f"persistent://public/default/topic-{i}") for i in range(a.topics)]
     result: dict[str, Any] = {"topics": a.topics, "seconds": a.seconds,
                               "rate_bytes_per_s": a.rate, "load_before": os.getloadavg()[0]}
+    if "commit-cost" not in skip:
+        result["commit_cost"] = commit_cost()
+        save(result, a.out)
+    if "without" in skip:
+        print(json.dumps(result, indent=2))
+        return
     with tempfile.TemporaryDirectory(prefix="offloadd-lakescale-") as d:
         off, on = Path(d) / "without", Path(d) / "with"
         off.mkdir()
