@@ -40,7 +40,8 @@ objects), so the mode is only a view and may change between scrapes; counters of
 went away stay in their namespace's totals, so the aggregated counters never go down.
 
 Labels only ever carry topic and namespace names and a few fixed enumerations (``state``,
-``status``, ``store``, ``object``, ``version``): no endpoint, bucket, path or credential.
+``status``, ``store``, ``object``, ``version``, ``reason``, ``outcome``): no endpoint, bucket,
+path or credential.
 """
 
 from __future__ import annotations
