@@ -40,7 +40,8 @@ objects), so the mode is only a view and may change between scrapes; counters of
 went away stay in their namespace's totals, so the aggregated counters never go down.
 
 Labels only ever carry topic and namespace names and a few fixed enumerations (``state``,
-``status``, ``store``, ``object``, ``version``): no endpoint, bucket, path or credential.
+``status``, ``store``, ``object``, ``version``, ``reason``, ``outcome``): no endpoint, bucket,
+path or credential.
 """
 
 from __future__ import annotations
@@ -103,6 +104,9 @@ _LAST_ENTRY = T["offloadd_last_offloaded_entry"]
 _READING_MAX = T["brk_ledgeroffloader_ledger_reading_max_bytes"]
 _SEGMENTS = T["offloadd_segments"]
 _LAKE = T["offloadd_lakehouse_lag_entries"]  # the five lakehouse slots, in TABLE order
+_HELD = T["offloadd_lakehouse_held_entries"]
+_HIDDEN = N["offloadd_lakehouse_hidden_messages"]  # marker, aborted, timed_out
+_TXNS = N["offloadd_lakehouse_transactions"]  # committed, aborted, timed_out
 _READ_ERROR = N["brk_ledgeroffloader_read_offload_error"]
 _REREAD = N["offloadd_read_rereads"]
 _READ_BYTES = N["brk_ledgeroffloader_read_bytes"]
@@ -282,6 +286,25 @@ class TopicProbe(probes.TopicProbe):
         with self._lock:
             self._cells[_LAKE:_LAKE + 5] = [lag_entries, lag_seconds, rows, data_files,
                                             last_snapshot_s]
+
+
+    def lakehouse_held(self, entries: int) -> None:
+        """Entries of the topic held behind an undecided transaction after the follower's
+        last pass (summed per namespace, never per topic)."""
+        self._set(_HELD, entries)
+
+    def lakehouse_read_committed(self, markers: int, aborted: int, timed_out: int,
+                                 committed_txns: int, aborted_txns: int,
+                                 timed_out_txns: int) -> None:
+        """What one projection pass kept out of the topic's table (markers; messages of
+        aborted and of timed-out transactions) and the transactions it decided; counted per
+        namespace only."""
+        with self._lock:
+            c = self._ns.counters
+            for slot, n in ((_HIDDEN, markers), (_HIDDEN + 1, aborted),
+                            (_HIDDEN + 2, timed_out), (_TXNS, committed_txns),
+                            (_TXNS + 1, aborted_txns), (_TXNS + 2, timed_out_txns)):
+                c[slot] += n
 
 
 class Metrics:

@@ -143,6 +143,17 @@ TABLE: tuple[Series, ...] = (
            "Data files of the table's current snapshot."),
     Series("offloadd_lakehouse_last_snapshot_timestamp_seconds", G, T,
            "Unix time of the table's current snapshot. Per namespace: the latest.", agg="max"),
+    # -- the lakehouse's read-committed projection, per namespace (docs/lakehouse.md) ------------
+    Series("offloadd_lakehouse_hidden_messages", C, N,
+           "Messages read-committed kept out of the tables, by reason: broker markers "
+           "(entries), messages of aborted transactions, of transactions timed out.",
+           ("reason",), ("marker", "aborted", "timed_out")),
+    Series("offloadd_lakehouse_transactions", C, N,
+           "Transactions the projection decided, by outcome.", ("outcome",),
+           ("committed", "aborted", "timed_out")),
+    Series("offloadd_lakehouse_held_entries", G, N,
+           "Entries held back behind an undecided transaction (no commit or abort marker "
+           "offloaded yet) after the follower's last pass."),
     # -- ours, per namespace -----------------------------------------------------------------------
     Series("offloadd_segments", G, N, "Offload segments by state.", ("state",),
            ("assigned", "offloaded", "failed")),

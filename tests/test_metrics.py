@@ -395,6 +395,7 @@ class TestRegistry:
 
     def test_labels_are_only_names_and_fixed_enumerations(self) -> None:
         allowed = {"namespace", "topic", "state", "status", "store", "object", "version"}
+        allowed |= {"reason", "outcome"}  # the lakehouse's read-committed counts
         allowed |= {"le", "quantile"}
         m = populated()
         used = {k for fam in m.registry.collect() for s in fam.samples for k in s.labels}

@@ -297,6 +297,10 @@ class LakehouseSettings(Section):
                                     "empty = all")
     interval_s: float = Field(5.0, gt=0, description="how often the follower looks for newly "
                               "committed segments")
+    max_commits_per_s: float = Field(10.0, ge=0, description="the follower's table commits "
+                                     "per second, across all tables (0: unbounded); tables "
+                                     "waiting longest commit first, the others wait (their "
+                                     "lag shows it) and batch more segments per commit")
     commit_max_bytes: Annotated[int, BYTES] = Field(
         32 * MiB, ge=1, description="payload bytes per table commit "
                                   "(larger backlogs commit in several snapshots)")

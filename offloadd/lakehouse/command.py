@@ -249,9 +249,10 @@ def _tables(settings: Settings, args: argparse.Namespace) -> int:
         last_position,
         open_catalog,
     )
+    from offloadd.lakehouse.transactions import hidden_totals, last_held
 
     catalog = open_catalog(settings, create=False)
-    out = []
+    out: list[dict[str, Any]] = []
     for ident in list_tables(catalog):
         table = catalog.load_table(ident)
         snap = table.current_snapshot()
@@ -266,6 +267,9 @@ def _tables(settings: Settings, args: argparse.Namespace) -> int:
             "data_files": int(summary["total-data-files"] or 0) if summary else 0,
             "snapshots": len(table.metadata.snapshots),
             "last_position": str(p) if (p := last_position(table)) else None,
+            # read-committed: running totals of what it hid, held entries at the last commit
+            "read_committed": hidden_totals(table).to_json(),
+            "held_entries": last_held(table),
         })
     props = client_properties(settings)
     if args.json:  # what a client needs to open them (docs/lakehouse.md, "From other tools")
@@ -276,6 +280,11 @@ def _tables(settings: Settings, args: argparse.Namespace) -> int:
         print(f"catalog {CATALOG_NAME!r} ({props['type']}) at {props['uri']}, warehouse "
               f"{props['warehouse']}")
         for t in out:
+            rc = t["read_committed"]
+            hidden = (f"; read-committed: {t['held_entries']} entries held, hidden "
+                      f"{rc['markers']} markers, {rc['aborted_messages']} aborted and "
+                      f"{rc['timed_out_messages']} timed-out messages"
+                      if any(rc.values()) or t["held_entries"] else "")
             print(f"{t['table']}: {t['rows']} rows in {t['data_files']} files, "
-                  f"{t['snapshots']} snapshots, last position {t['last_position']}")
+                  f"{t['snapshots']} snapshots, last position {t['last_position']}{hidden}")
     return 0

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import fnmatch
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from pyiceberg.catalog import Catalog
@@ -29,6 +29,7 @@ from offloadd.lakehouse.tables import (
     open_catalog,
     warehouse_location,
 )
+from offloadd.lakehouse.transactions import hidden_totals, last_held
 from offloadd.metadata import managed_ledger
 from offloadd.metadata.base import MetadataStore
 from offloadd.model import Position, TopicName
@@ -56,6 +57,11 @@ class TableStats:
     last_position: str | None = None
     lag_entries: int | None = None  # None: the topic's managed ledger could not be read
     lag_seconds: float | None = None
+    # read-committed (docs/lakehouse.md): entries held behind an undecided transaction (as of
+    # the follower's last pass, or else of the table's last commit), and the running totals of
+    # what it hid (markers, aborted and timed-out messages) and the transactions it decided
+    held_entries: int = 0
+    read_committed: dict[str, int] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -82,8 +88,9 @@ def lag(segments: Sequence[segments_catalog.Segment], last: Position | None,
 
 
 def table_stats(topic: TopicName, table: Table | None, segments: Sequence[Any] | None,
-                now_ms: int) -> TableStats:
-    """A table's figures (blocking: reads nothing but the loaded metadata)."""
+                now_ms: int, *, held_entries: int | None = None) -> TableStats:
+    """A table's figures (blocking: reads nothing but the loaded metadata). ``held_entries``:
+    as the follower last saw them; by default as the table's last commit recorded them."""
     name = ".".join(identifier(topic))
     last = last_position(table) if table is not None else None
     lg = lag(segments, last, now_ms) if segments is not None else None
@@ -98,7 +105,9 @@ def table_stats(topic: TopicName, table: Table | None, segments: Sequence[Any] |
         base.topic, name, int(s["total-records"] or 0) if s else 0,
         int(s["total-data-files"] or 0) if s else 0, int(s["total-files-size"] or 0) if s else 0,
         len(table.metadata.snapshots), snap.snapshot_id, snap.timestamp_ms, base.last_position,
-        base.lag_entries, base.lag_seconds)
+        base.lag_entries, base.lag_seconds,
+        last_held(table) if held_entries is None else held_entries,
+        hidden_totals(table).to_json())
 
 
 def projected(settings: Settings, names: Sequence[TopicName]) -> list[TopicName]:

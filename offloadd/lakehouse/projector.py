@@ -44,16 +44,20 @@ from offloadd.blobstore.base import BlobStore
 from offloadd.config import Settings
 from offloadd.errors import NotFound, OffloaddError
 from offloadd.lakehouse import cleanup, layout
+from offloadd.lakehouse.ops import TableStats, table_stats
+from offloadd.lakehouse.pacing import CommitBudget
 from offloadd.lakehouse.rows import RowBuilder, decode
 from offloadd.lakehouse.schemas import TypedDecoder
 from offloadd.lakehouse.tables import (
     LAST_POSITION,
+    append,
     last_position,
     open_catalog,
     open_table,
     summary_properties,
 )
 from offloadd.lakehouse.transactions import (
+    HELD,
     Counts,
     ReadCommitted,
     hidden_totals,
@@ -62,7 +66,7 @@ from offloadd.lakehouse.transactions import (
 from offloadd.lakehouse.typed import evolve
 from offloadd.metadata import managed_ledger
 from offloadd.metadata.base import MetadataStore
-from offloadd.metadata.schemas import SchemaReader
+from offloadd.metadata.schemas import SchemaReader, locator_path
 from offloadd.model import Position, TopicName
 from offloadd.model import catalog as segments_catalog
 from offloadd.read.reader import TierReader
@@ -86,6 +90,7 @@ class TopicReport:
     error: str | None = None
     held_entries: int = 0  # behind an undecided transaction at the end of the pass
     read_committed: Counts = field(default_factory=Counts)  # what read-committed hid
+    deferred: bool = False  # new segments wait for a later pass (the follower's commit budget)
 
     def to_json(self) -> dict[str, Any]:
         return {**self.__dict__, "read_committed": self.read_committed.to_json()}
@@ -103,6 +108,19 @@ class CompactReport:
 
     def to_json(self) -> dict[str, Any]:
         return dict(self.__dict__)
+
+
+@dataclass
+class _Seen:
+    """What the last pass saw of a topic: enough to skip its table while no segment is added,
+    and to report its lag without reading the table."""
+
+    segments: list[Any]  # the managed ledger's segments when last read
+    newest: Position | None = None  # end of the newest complete segment then
+    last: Position | None = None  # the table's last position
+    settled: bool = False  # a full pass decided everything up to `newest`
+    held: int = 0  # entries held behind an undecided transaction after it
+    schema: tuple[int | None] | None = None  # the schema locator's version the decoder is of
 
 
 class _Conflict(Exception):
@@ -126,6 +144,7 @@ class Projector:
         # reads Pulsar's: offloadd.wiring.schema_reader)
         self._schemas = schemas if schemas is not None else SchemaReader(metadata)
         self._typed: dict[TopicName, TypedDecoder | None] = {}
+        self._seen: dict[TopicName, _Seen] = {}
 
     # ---- catalog and tables ----------------------------------------------------------------
     async def catalog(self) -> Catalog:
@@ -157,30 +176,100 @@ class Projector:
         return out
 
     # ---- projection ------------------------------------------------------------------------
-    async def sync(self, topics: list[TopicName] | None = None,
-                   *, max_commits: int | None = None) -> list[TopicReport]:
-        """Project every committed segment not yet in its table; one report per topic. A topic
-        that fails is reported and does not stop the others."""
-        reports = []
-        for topic in topics if topics is not None else await self.topics():
+    async def sync(self, topics: list[TopicName] | None = None, *,
+                   max_commits: int | None = None,
+                   budget: CommitBudget | None = None) -> list[TopicReport]:
+        """Project every committed segment not yet in its table; one report per topic, in the
+        order of ``topics``. A topic that fails is reported and does not stop the others.
+
+        First every topic's managed ledger is read (one metadata read each): a topic with no
+        complete segment since the last full pass is skipped without touching its table. The
+        others are projected oldest unprojected commit first; with a ``budget`` (the
+        follower's) only while it has a commit left, the rest reported ``deferred`` and left
+        for a later pass."""
+        todo = topics if topics is not None else await self.topics()
+        reports: dict[TopicName, TopicReport] = {}
+        work: list[tuple[int, int, TopicName, Any]] = []
+        for i, topic in enumerate(todo):
+            try:
+                looked = await self._look(topic)
+            except Exception as exc:  # the metadata store's
+                reports[topic] = self._failed(topic, exc)
+                continue
+            if looked is None:
+                reports[topic] = self._settled_report(topic)
+            else:
+                work.append((looked[0], i, topic, looked[1]))
+        work.sort()
+        for _, _, topic, info in work:
             if self._stop is not None and self._stop.is_set():
                 break
+            if budget is not None and not budget.ready(self._clock()):
+                reports[topic] = rep = self._settled_report(topic)
+                rep.deferred = True
+                continue
             try:
-                reports.append(await self.sync_topic(topic, max_commits=max_commits))
+                reports[topic] = await self.sync_topic(topic, max_commits=max_commits,
+                                                       budget=budget, info=info)
             except Exception as exc:  # ours, or the catalog's / storage's (e.g. SQLite locked)
-                log.error("lakehouse: %s: projection failed (retried next pass): %r", topic, exc)
-                reports.append(TopicReport(str(topic), error=repr(exc)))
-        return reports
+                reports[topic] = self._failed(topic, exc)
+        return [reports[t] for t in todo if t in reports]
 
-    async def sync_topic(self, topic: TopicName, *,
-                         max_commits: int | None = None) -> TopicReport:
+    def _failed(self, topic: TopicName, exc: Exception) -> TopicReport:
+        log.error("lakehouse: %s: projection failed (retried next pass): %r", topic, exc)
+        # start afresh next pass: the table reloaded, its schema versions read again
+        self._tables.pop(topic, None)
+        self._seen.pop(topic, None)
+        return TopicReport(str(topic), error=repr(exc))
+
+    def _settled_report(self, topic: TopicName) -> TopicReport:
+        seen = self._seen.get(topic)
+        last = seen.last if seen is not None else None
+        return TopicReport(str(topic), last_position=str(last) if last else None,
+                           held_entries=seen.held if seen is not None else 0)
+
+    async def _look(self, topic: TopicName) -> tuple[int, Any] | None:
+        """The topic's managed ledger, and the commit time of its oldest complete segment not
+        yet projected (its place in the pass); None when nothing changed since the last
+        full pass (or the topic has no managed ledger)."""
+        try:
+            info, _ = await managed_ledger.load(self.metadata, topic.managed_ledger)
+        except NotFound:
+            return None
+        segs = segments_catalog.segments(info)
+        done = [s for s in segs if s.complete]
+        newest = done[-1].end if done else None
+        seen = self._seen.get(topic)
+        if seen is not None:
+            seen.segments = segs
+            if seen.settled and newest == seen.newest:
+                return None
+        last = seen.last if seen is not None else None
+        due = min((s.offloaded_ms for s in done if last is None or s.end > last), default=0)
+        return due, info
+
+    def table_stats(self, now_ms: int) -> list[TableStats]:
+        """Every table this projector has followed, as of its last pass (no I/O): rows, files
+        and last snapshot of the table it holds, lag against the segments it last read."""
+        out = []
+        for topic, seen in self._seen.items():
+            table = self._tables.get(topic)
+            if table is not None:
+                out.append(table_stats(topic, table, seen.segments, now_ms,
+                                       held_entries=seen.held))
+        return out
+
+    async def sync_topic(self, topic: TopicName, *, max_commits: int | None = None,
+                         budget: CommitBudget | None = None,
+                         info: Any = None) -> TopicReport:
         rep = TopicReport(str(topic))
         for _ in range(_RACES):
             try:
-                await self._sync_once(topic, rep, max_commits)
+                await self._sync_once(topic, rep, max_commits, budget, info)
                 return rep
             except _Conflict:
                 rep.conflicts += 1
+                info = None
                 log.info("lakehouse: %s: another writer committed first; resuming from its "
                          "position", topic)
                 # let the winner run ahead: racing it commit for commit would only repeat
@@ -189,21 +278,46 @@ class Projector:
         raise OffloaddError(f"lakehouse: {topic}: lost {_RACES} commit races; is another "
                             "projector writing the same table?")
 
-    async def _sync_once(self, topic: TopicName, rep: TopicReport,
-                         max_commits: int | None) -> None:
-        table = await self._table(topic, refresh=True)
+    async def _typed_decoder(self, topic: TopicName, table: Table) -> None:
+        """The topic's decoder of typed columns, the table evolved to its schema versions: read
+        again only when the schema locator's version changed (a new schema version)."""
+        try:
+            version: int | None = (await self.metadata.get(locator_path(topic))).version
+        except NotFound:
+            version = None
+        seen = self._seen.get(topic)
+        if seen is not None and seen.schema == (version,):
+            return
+        versions = await self._schemas.versions(topic) if version is not None else []
+        try:
+            self._typed[topic] = await asyncio.to_thread(evolve, table, str(topic), versions) \
+                if versions else None
+        except CommitFailedException as exc:  # our table was stale: reload it, try again
+            raise _Conflict(str(exc)) from exc
+        if seen is not None:
+            seen.schema = (version,)
+
+    async def _sync_once(self, topic: TopicName, rep: TopicReport, max_commits: int | None,
+                         budget: CommitBudget | None, info: Any) -> None:
+        # the table as this projector last left it: if another writer committed since, the
+        # commit's compare-and-set fails and sync_topic reloads it (no read before each pass)
+        table = await self._table(topic)
         last = await asyncio.to_thread(last_position, table)
         rep.last_position = str(last) if last else None
-        versions = await self._schemas.versions(topic)
-        self._typed[topic] = await asyncio.to_thread(evolve, table, str(topic), versions) \
-            if versions else None
-        try:
-            info, _ = await managed_ledger.load(self.metadata, topic.managed_ledger)
-        except NotFound:
-            return
-        segs = [s for s in segments_catalog.segments(info)
-                if s.complete and (last is None or s.end > last)]
+        if info is None:
+            try:
+                info, _ = await managed_ledger.load(self.metadata, topic.managed_ledger)
+            except NotFound:
+                return
+        seen = self._seen.setdefault(topic, _Seen(segments_catalog.segments(info)))
+        seen.segments = segments_catalog.segments(info)
+        seen.last, seen.settled = last, False
+        await self._typed_decoder(topic, table)
+        segs = [s for s in seen.segments if s.complete and (last is None or s.end > last)]
+        done = [s for s in seen.segments if s.complete]
+        seen.newest = done[-1].end if done else None
         if not segs:
+            seen.settled, seen.held = True, 0
             return
         if last is not None and all(li.ledgerId != last.ledger_id for li in info.ledgerInfo):
             # the ledger of the last projected entry is gone: whatever followed in it is lost
@@ -228,14 +342,17 @@ class Projector:
                 pending.append((e.position, e.payload))
                 size += len(e.payload)
                 if size >= limit:
-                    table = await self._commit(topic, table, pending, rep, rc)
+                    table = await self._commit(topic, table, pending, rep, rc, budget)
                     pending, size = [], 0
                     if max_commits is not None and rep.commits >= max_commits:
                         return
                     if self._stop is not None and self._stop.is_set():
                         return
         if pending:
-            await self._commit(topic, table, pending, rep, rc)
+            await self._commit(topic, table, pending, rep, rc, budget)
+        # the log up to `newest` is decided: the next pass skips the table until a segment
+        # is added (held entries stay held until then: the decisions depend on the log only)
+        seen.settled, seen.held = True, rc.held
         if rc.held:
             rep.held_entries = rc.held
             log.info("lakehouse: %s: %d entries held back behind an undecided transaction "
@@ -243,7 +360,7 @@ class Projector:
 
     async def _commit(self, topic: TopicName, table: Table,
                       entries: list[tuple[Position, memoryview]], rep: TopicReport,
-                      rc: ReadCommitted) -> Table:
+                      rc: ReadCommitted, budget: CommitBudget | None = None) -> Table:
         keep_hidden = self.settings.lakehouse.keep_hidden
         name = str(topic)
 
@@ -263,9 +380,10 @@ class Projector:
             rows = builder.table()
             totals = hidden_totals(table)
             totals.add(counts)
+            props = summary_properties(last, **{"offloadd.entries": len(released)},
+                                       **totals_properties(totals), **{HELD: rc.held})
             try:
-                table.append(rows, snapshot_properties=summary_properties(
-                    last, **{"offloadd.entries": len(released)}, **totals_properties(totals)))
+                append(table, rows, props)
             except CommitFailedException as exc:
                 raise _Conflict(str(exc)) from exc
             return rows.num_rows, builder.undecodable, last, counts
@@ -279,6 +397,11 @@ class Projector:
         rep.undecodable += undecodable
         rep.commits += 1
         rep.last_position = str(last)
+        if budget is not None:
+            budget.spend()
+        seen = self._seen.get(topic)
+        if seen is not None:
+            seen.last = last
         log.debug("lakehouse: %s: committed %d rows up to %s", topic, rows, last)
         return table
 
@@ -370,16 +493,21 @@ class Projector:
         rep.rows_deleted_with_retention = await asyncio.to_thread(work)
 
     # ---- the follower ----------------------------------------------------------------------
-    async def run(self, stop: asyncio.Event) -> None:
-        """Follow the tier until ``stop``: a projection pass every ``interval_s``, maintenance
-        every ``compact_interval_s``."""
+    async def run(self, stop: asyncio.Event,
+                  on_pass: Callable[[list[TopicReport]], None] | None = None) -> None:
+        """Follow the tier until ``stop``: a projection pass every ``interval_s`` within the
+        commit budget (:mod:`~offloadd.lakehouse.pacing`), each pass's reports to ``on_pass``,
+        maintenance every ``compact_interval_s``."""
         lh = self.settings.lakehouse
         next_maintenance = self._clock() + lh.compact_interval_s
+        budget = CommitBudget.create(lh.max_commits_per_s, lh.interval_s, self._clock())
         self._stop = stop
         try:
             while not stop.is_set():
                 try:
-                    await self.sync()
+                    reports = await self.sync(budget=budget)
+                    if on_pass is not None:
+                        on_pass(reports)
                     if self._clock() >= next_maintenance:
                         next_maintenance = self._clock() + lh.compact_interval_s
                         await self.maintain()

@@ -42,11 +42,13 @@ from offloadd.model import Position
 
 __all__ = [
     "ABORTED",
+    "HELD",
     "TIMED_OUT",
     "Counts",
     "ReadCommitted",
     "Released",
     "hidden_totals",
+    "last_held",
     "marker_name",
     "totals_properties",
     "txn_text",
@@ -266,6 +268,11 @@ class ReadCommitted:
 _TOTAL = "offloadd.read-committed."  # + a Counts field: the table's running totals
 
 
+# recorded by each projection commit: entries read past its last position and held back behind
+# an undecided transaction when it was made (what `status` shows from another process)
+HELD = "offloadd.read-committed.held-entries"
+
+
 def totals_properties(totals: Counts) -> dict[str, int]:
     """Snapshot summary properties recording the running totals (``offloadd.read-committed.*``)."""
     return {_TOTAL + k.replace("_", "-"): v for k, v in totals.__dict__.items()}
@@ -274,6 +281,16 @@ def totals_properties(totals: Counts) -> dict[str, int]:
 def hidden_totals(table: Any) -> Counts:
     """The running totals of a pyiceberg table: from the newest snapshot that records them
     (compaction and maintenance snapshots do not)."""
+    return _totals_and_held(table)[0]
+
+
+def last_held(table: Any) -> int:
+    """Entries held behind an undecided transaction when the table's last projection commit
+    was made (0 before any)."""
+    return _totals_and_held(table)[1]
+
+
+def _totals_and_held(table: Any) -> tuple[Counts, int]:
     snap = table.current_snapshot()
     key = _TOTAL + "markers"
     while snap is not None:
@@ -282,8 +299,8 @@ def hidden_totals(table: Any) -> Counts:
             out = Counts()
             for k in out.__dict__:
                 setattr(out, k, int(summary.get(_TOTAL + k.replace("_", "-")) or 0))
-            return out
+            return out, int(summary.get(HELD) or 0)
         if snap.parent_snapshot_id is None:
             break
         snap = table.snapshot_by_id(snap.parent_snapshot_id)
-    return Counts()
+    return Counts(), 0

@@ -280,8 +280,18 @@ def _lakehouse_lines(lake: dict[str, Any], currency: str) -> list[str]:
         out.append(f"  {t['table']}: {t['rows']} rows in {t['data_files']} files "
                    f"({_size(t['data_bytes'])}), last snapshot "
                    f"{_when(t['last_snapshot_ms'])}, position {t['last_position'] or '-'}; "
-                   f"{lag}")
+                   f"{lag}{_read_committed(t)}")
     return out
+
+
+def _read_committed(t: dict[str, Any]) -> str:
+    """What read-committed kept out of a table, when it kept anything (docs/lakehouse.md)."""
+    rc, held = t.get("read_committed") or {}, t.get("held_entries") or 0
+    if not any(rc.values()) and not held:
+        return ""
+    return (f"; read-committed: {held} entries held, hidden {rc.get('markers', 0)} markers, "
+            f"{rc.get('aborted_messages', 0)} aborted and {rc.get('timed_out_messages', 0)} "
+            f"timed-out messages")
 
 
 def _liveness(member: dict[str, Any]) -> dict[str, Any]:

@@ -135,7 +135,8 @@ async def test_metrics_report_each_tables_lag_rows_files_and_snapshot(
 
     named = {n for n in rule_names() | dashboard_names() | docs_names()
              if n.startswith("offloadd_lakehouse_")}
-    assert len(named) == 5 and named <= set(samples)  # what the deploy files name is served
+    # the five table series and the three read-committed ones (per namespace)
+    assert len(named) == 8 and named <= set(samples)  # what the deploy files name is served
     labels = samples["offloadd_lakehouse_rows"].labels
     assert labels.get("namespace") == "public/default"
     assert ("topic" in labels) is topic_level
