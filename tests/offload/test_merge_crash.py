@@ -26,6 +26,7 @@ from pathlib import Path
 
 import pytest
 
+from offloadd.blobstore.base import PROBE_KEY_PREFIX
 from offloadd.metadata import managed_ledger
 from offloadd.metadata.embedded import EmbeddedMetadataStore
 from offloadd.model import catalog
@@ -92,9 +93,19 @@ async def state(root: Path) -> tuple[list[str], set[str]]:
 
 
 def files(root: Path) -> set[tuple[str, int]]:
-    """Every file of the tier (uploads in progress included) with its size."""
-    return {(str(p.relative_to(root)), p.stat().st_size)
-            for p in (root / "tier").rglob("*") if p.is_file()}
+    """Every file of the tier (uploads in progress included) with its size; not the store's
+    start-up probe of create-only writes (written and removed before any merge begins, so not
+    a sign that one has), nor a file removed while listed."""
+    out = set()
+    for p in (root / "tier").rglob("*"):
+        if PROBE_KEY_PREFIX in p.name:
+            continue
+        try:
+            if p.is_file():
+                out.add((str(p.relative_to(root)), p.stat().st_size))
+        except FileNotFoundError:
+            continue
+    return out
 
 
 async def read_back(root: Path) -> list[tuple[tuple[int, int], bytes]]:
