@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import fnmatch
+import functools
 import json
 import logging
 import os
@@ -32,6 +33,7 @@ from offloadd.commit.batch import CommitBatcher
 from offloadd.commit.ownership import Ownership
 from offloadd.config import Settings
 from offloadd.config.effective import EffectivePolicy
+from offloadd.config.policy import OffloadPolicy
 from offloadd.errors import OffloaddError
 from offloadd.ledger.base import SourceView
 from offloadd.ledger.metered import MeteredSource, SourceReadProbe
@@ -57,6 +59,7 @@ from offloadd.shell.policies import PulsarPolicyView
 
 log = logging.getLogger(__name__)
 MiB = 1024 * 1024
+POLICY_MEMO = 4096  # TopicPolicy objects kept (one per namespace and per topic override)
 
 
 ProbeFactory = Callable[[TopicName], TopicProbe]
@@ -114,6 +117,7 @@ class Daemon:
         self._lag_woken: set[TopicName] = set()
         self._on_stopping: Callable[[], None] | None = None
         self._reloading: asyncio.Task[None] | None = None
+        self._policies: dict[int, tuple[EffectivePolicy, Settings, TopicPolicy]] = {}
 
     @property
     def topics(self) -> dict[TopicName, Running]:
@@ -161,7 +165,20 @@ class Daemon:
 
     def policy(self, topic: TopicName) -> TopicPolicy:
         s = self.settings
-        p = self.effective(topic).policy
+        eff = self.effective(topic)
+        # one TopicPolicy per effective policy (a namespace's, mostly), not one per topic and
+        # step: an idle topic's task holds the one it last read (issue 22)
+        hit = self._policies.get(id(eff))
+        if hit is not None and hit[0] is eff and hit[1] is s:
+            return hit[2]
+        if len(self._policies) >= POLICY_MEMO:  # reloads and Pulsar policy changes
+            self._policies.clear()
+        made = self._make_policy(eff.policy)
+        self._policies[id(eff)] = (eff, s, made)
+        return made
+
+    def _make_policy(self, p: OffloadPolicy) -> TopicPolicy:
+        s = self.settings
         return TopicPolicy(RollPolicy(max_bytes=max(int(p.max_size_per_segment_mbytes * MiB), 1),
                                       max_age_s=p.max_segment_rollover_time_minutes * 60,
                                       max_block_size=p.max_block_size_bytes,
@@ -172,7 +189,7 @@ class Daemon:
                                                              p.threshold_seconds))
 
     def _policy_fn(self, topic: TopicName) -> Callable[[], TopicPolicy]:
-        return lambda: self.policy(topic)
+        return functools.partial(self.policy, topic)  # (smaller than a closure)
 
     def _scheduler_settings(self) -> SchedulerSettings:
         d = self.settings.daemon

@@ -61,7 +61,10 @@ class EffectivePolicies:
     def __init__(self, pulsar: PulsarPolicyView | None,
                  wake: Callable[[str], None] | None = None) -> None:
         self.pulsar = pulsar
-        self._memo: dict[TopicName, tuple[Settings, object, EffectivePolicy]] = {}
+        # keyed by the topic when the configuration has a [topics."..."] level for it, else
+        # by its namespace: the policy is then the namespace's, one object shared by all of
+        # its topics (not one each: issue 22, thousands of topics)
+        self._memo: dict[TopicName | str, tuple[Settings, object, EffectivePolicy]] = {}
         if pulsar is not None and wake is not None:  # a namespace's policy changed
             pulsar.on_change = wake
 
@@ -73,11 +76,13 @@ class EffectivePolicies:
     def get(self, settings: Settings, topic: TopicName) -> EffectivePolicy:
         state = self.pulsar.get(topic.ns) if self.pulsar is not None else None
         # the watcher replaces a namespace's state on each change: identity says "unchanged"
-        hit = self._memo.get(topic)
+        key: TopicName | str = topic if settings.topics and str(topic) in settings.topics \
+            else topic.ns
+        hit = self._memo.get(key)
         if hit is not None and hit[0] is settings and hit[1] is state:
             return hit[2]
         eff = effective(settings, topic, state)
-        self._memo[topic] = (settings, state, eff)
+        self._memo[key] = (settings, state, eff)
         return eff
 
     def forget(self, topic: TopicName) -> None:
