@@ -21,17 +21,21 @@ a :class:`CodecError` saying what is wrong; the message decoder turns it into a
 Libraries: ``lz4`` (its block decoder reports the exact output size; cramjam's pads the output to
 the size it is given), ``zstandard`` (the frame's declared content size is checked against the
 limit before anything is allocated), ``cramjam`` for raw snappy, the standard library for zlib.
+Each is imported at its first use: a daemon whose entries are never decompressed (the embedded
+default) does not load them (issue 22, "import heavy libraries only where used").
 """
 
 from __future__ import annotations
 
 import enum
+import functools
 import zlib
 from collections.abc import Callable
+from types import ModuleType
+from typing import TYPE_CHECKING
 
-import cramjam
-import lz4.block
-import zstandard
+if TYPE_CHECKING:
+    import zstandard
 
 __all__ = ["DEFAULT_LIMIT", "CodecError", "Compression", "compress", "decompress"]
 
@@ -69,14 +73,14 @@ def compress(codec: Compression, data: Buffer) -> bytes:
     if codec is Compression.NONE:
         return bytes(data)
     if codec is Compression.LZ4:
-        packed: bytes = lz4.block.compress(data, store_size=False)
+        packed: bytes = _lz4().compress(data, store_size=False)
         return packed
     if codec is Compression.ZLIB:
         return zlib.compress(data)
     if codec is Compression.ZSTD:
-        return _ZSTD_C.compress(data)
+        return _zstd_codecs()[0].compress(data)
     if codec is Compression.SNAPPY:
-        return bytes(cramjam.snappy.compress_raw(data))
+        return bytes(_cramjam().snappy.compress_raw(data))
     raise CodecError(f"unknown compression {codec!r}")
 
 
@@ -89,8 +93,8 @@ def decompress(codec: int, data: Buffer, uncompressed_size: int,
     if codec == Compression.NONE:
         out = bytes(data)
     elif codec == Compression.LZ4:
-        out = _guard(lambda: lz4.block.decompress(data, uncompressed_size=uncompressed_size),
-                     "LZ4")
+        lz4 = _lz4()
+        out = _guard(lambda: lz4.decompress(data, uncompressed_size=uncompressed_size), "LZ4")
     elif codec == Compression.ZLIB:
         out = _zlib(data, uncompressed_size)
     elif codec == Compression.ZSTD:
@@ -100,7 +104,8 @@ def decompress(codec: int, data: Buffer, uncompressed_size: int,
         if stated != uncompressed_size:
             raise CodecError(f"SNAPPY block says {stated} bytes, the metadata "
                              f"{uncompressed_size}")
-        out = _guard(lambda: bytes(cramjam.snappy.decompress_raw(data)), "SNAPPY")
+        snappy = _cramjam().snappy
+        out = _guard(lambda: bytes(snappy.decompress_raw(data)), "SNAPPY")
     else:
         raise CodecError(f"unknown compression type {codec} (Pulsar knows 0..4: "
                          "NONE, LZ4, ZLIB, ZSTD, SNAPPY)")
@@ -118,18 +123,39 @@ def _guard(fn: Callable[[], bytes], name: str) -> bytes:
     return out
 
 
-_ZSTD_C = zstandard.ZstdCompressor()
-_ZSTD_D = zstandard.ZstdDecompressor()
+@functools.cache
+def _lz4() -> ModuleType:
+    import lz4.block
+
+    block: ModuleType = lz4.block
+    return block
+
+
+@functools.cache
+def _cramjam() -> ModuleType:
+    import cramjam
+
+    return cramjam
+
+
+@functools.cache
+def _zstd_codecs() -> tuple[zstandard.ZstdCompressor, zstandard.ZstdDecompressor]:
+    import zstandard
+
+    return zstandard.ZstdCompressor(), zstandard.ZstdDecompressor()
 
 
 def _zstd(data: Buffer, size: int) -> bytes:
+    import zstandard
+
+    _, decompressor = _zstd_codecs()
     try:
         declared = zstandard.frame_content_size(data)
     except zstandard.ZstdError as exc:
         raise CodecError(f"ZSTD payload is not a zstd frame: {exc}") from None
     if declared > size:  # -1: not declared, then max_output_size bounds the output
         raise CodecError(f"ZSTD frame declares {declared} bytes, the metadata {size}")
-    return _guard(lambda: _ZSTD_D.decompress(data, max_output_size=size), "ZSTD")
+    return _guard(lambda: decompressor.decompress(data, max_output_size=size), "ZSTD")
 
 
 def _zlib(data: Buffer, size: int) -> bytes:

@@ -42,7 +42,7 @@ STATES = ("ok", "failing", "stopped")
 _ERROR_CHARS = 2000  # one error message; the node stays small whatever a backend says
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # one or two per running topic
 class OffloadStatus:
     state: str = "ok"
     owner: str = ""

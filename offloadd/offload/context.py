@@ -14,11 +14,10 @@ import asyncio
 import enum
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 
 from offloadd._proto import mldataformats_pb2 as pb
-from offloadd.aio import first_of
 from offloadd.blobstore.base import BlobStore
 from offloadd.commit import edits
 from offloadd.commit.batch import CommitBatcher
@@ -91,20 +90,29 @@ class OffloadEnv:
 
 class Wake:
     """What cuts a topic's wait short (a trigger, a stop, a reload). Unlike ``asyncio.Event``
-    it costs nothing while nobody waits (no waiter deque) and is awaited among other waits as
-    a plain future, with no task of its own: an idle topic's wait is one of ten thousand."""
+    it costs nothing while nobody waits (no waiter deque), and the wait it cuts short runs in
+    the topic's own task (:meth:`cut_short`), not in tasks of its own: an idle topic's wait is
+    one of ten thousand, and every task, future and timer it holds is memory (issue 22)."""
 
-    __slots__ = ("_fut", "_set")
+    __slots__ = ("_cut", "_fut", "_set", "_task")
 
     def __init__(self) -> None:
         self._set = False
         self._fut: asyncio.Future[None] | None = None
+        self._task: asyncio.Task[object] | None = None  # the task in cut_short, if any
+        self._cut = False  # set() cancelled it
 
     def set(self) -> None:
         self._set = True
         fut = self._fut
         if fut is not None and not fut.done():
             fut.set_result(None)
+        task = self._task
+        if task is not None and not self._cut:
+            # asyncio.timeout's way: cancel the waiting task, and cut_short takes that one
+            # cancellation back (uncancel) while passing on any other
+            self._cut = True
+            task.cancel()
 
     def clear(self) -> None:
         self._set = False
@@ -119,6 +127,32 @@ class Wake:
         if self._set:
             fut.set_result(None)
         return fut
+
+    async def cut_short(self, wait: Coroutine[object, object, None]) -> None:
+        """Await ``wait`` in the calling task until it returns or :meth:`set` is called (then
+        ``wait`` is cancelled). Another cancellation of the task passes through."""
+        if self._set or self._task is not None:
+            wait.close()
+            if self._set:
+                return
+            raise RuntimeError("Wake.cut_short: one waiter at a time")
+        task = asyncio.current_task()
+        assert task is not None
+        self._task, self._cut = task, False
+        try:
+            await wait
+        except asyncio.CancelledError:
+            if self._cut and task.uncancel() == 0:
+                return  # ours: the wait was cut short
+            raise
+        finally:
+            self._task = None
+        if self._cut:  # the wait swallowed our cancellation: take it back all the same
+            task.uncancel()
+
+
+async def _sleep(timeout: float) -> None:
+    await asyncio.sleep(timeout)
 
 
 class TopicContext:
@@ -170,13 +204,14 @@ class TopicContext:
         return self.env.idle_poll_s
 
     async def wait(self, pos: Position | None, timeout: float) -> None:
-        """Until the topic may have moved past ``pos``, a wake-up, or ``timeout``."""
+        """Until the topic may have moved past ``pos``, a wake-up, or ``timeout``. The source's
+        wait runs in this task (the source bounds it by ``timeout``), cut short by the wake."""
         self.wake.clear()
-        waits: list[Awaitable[object]] = [self.wake.future()]
-        if pos is not None:
-            waits.append(self.env.source.wait_for_entries(
-                self.topic, pos.ledger_id, pos.entry_id - 1, timeout))
-        await first_of(*waits, timeout=timeout)
+        if pos is None:
+            await self.wake.cut_short(_sleep(timeout))
+            return
+        await self.wake.cut_short(self.env.source.wait_for_entries(
+            self.topic, pos.ledger_id, pos.entry_id - 1, timeout))
 
     # ---- the two commit steps ------------------------------------------------------------
     async def assign(self, edit: Callable[[pb.ManagedLedgerInfo], bool],

@@ -10,6 +10,7 @@ reported. Both are read again on every use, so a reload (SIGHUP) applies to runn
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -19,6 +20,8 @@ from offloadd.offload.context import OffloadMode, TopicPolicy
 from offloadd.offload.roller import RollPolicy
 from offloadd.offload.threshold import Thresholds
 from offloadd.offload.throttle import Throttle
+
+POLICY_MEMO = 4096  # TopicPolicy objects kept (one per namespace and per topic of its own)
 
 __all__ = ["PolicyKeys", "PolicySource", "SchedulerSettings", "topic_policy"]
 
@@ -67,9 +70,10 @@ class PolicySource:
         self._keys = keys
         self._scheduler = scheduler
         self._on_wait = on_wait
-        # each topic's last keys and the policy made of them: a topic task asks on every step,
-        # and making the policy costs some 12 µs where comparing the keys costs 1
-        self._last: dict[TopicName, tuple[PolicyKeys, TopicPolicy]] = {}
+        # the policy made of each set of keys: a topic task asks on every step, and making the
+        # policy costs some 12 µs where hashing the keys costs 1; topics with the same keys (a
+        # namespace's, mostly) share one object rather than hold one each (issue 22)
+        self._made: dict[PolicyKeys, TopicPolicy] = {}
 
     async def acquire(self, nbytes: int, topic: str) -> float:
         """Take a block's bytes from the broker-wide budget in one request, reporting the wait
@@ -90,20 +94,19 @@ class PolicySource:
     def policy(self, topic: TopicName) -> TopicPolicy:
         """``topic``'s policy under the configuration as it is now."""
         keys = self._keys(topic)
-        last = self._last.get(topic)
-        if last is not None and last[0] == keys:
-            return last[1]
-        policy = topic_policy(keys)
-        self._last[topic] = (keys, policy)
+        policy = self._made.get(keys)
+        if policy is None:
+            if len(self._made) >= POLICY_MEMO:  # reloads and policy changes left old ones
+                self._made.clear()
+            policy = self._made[keys] = topic_policy(keys)
         return policy
 
     def forget(self, topic: TopicName) -> None:
-        """``topic`` stopped running here."""
-        self._last.pop(topic, None)
+        """``topic`` stopped running here (its policy may be another topic's too: kept)."""
 
     def policy_fn(self, topic: TopicName) -> Callable[[], TopicPolicy]:
         """What one topic task calls on each roll decision."""
-        return lambda: self.policy(topic)
+        return functools.partial(self.policy, topic)  # (smaller than a closure)
 
     def scheduler_settings(self) -> SchedulerSettings:
         return self._scheduler()

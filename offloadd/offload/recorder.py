@@ -64,9 +64,13 @@ class StatusRecorder:
         self._written: OffloadStatus | None = None
         self._written_at = float("-inf")
         self._urgent = True  # the first record of an owner goes out at once
-        self._dirty = asyncio.Event()
-        self._dirty.set()
+        # Something to write. The writing task runs only while there is (issue 22: an idle
+        # topic holds no task, event or timer here); a change during its interval wait
+        # completes ``_kick`` to cut the wait short.
+        self._dirty = True
+        self._kick: asyncio.Future[None] | None = None
         self._task: asyncio.Task[None] | None = None
+        self._started = False  # between start() and close()
         self._fenced = False
         self.writes = 0
 
@@ -110,31 +114,49 @@ class StatusRecorder:
         if new.state != old.state:
             self._urgent = True
         self.status = new
-        self._dirty.set()
+        self._mark_dirty()
 
     # -- writing ------------------------------------------------------------------------------
     def start(self) -> None:
-        if self._task is None:
+        self._started = True
+        self._run_if_dirty()
+
+    def _mark_dirty(self) -> None:
+        self._dirty = True
+        kick = self._kick
+        if kick is not None and not kick.done():
+            kick.set_result(None)
+        self._run_if_dirty()
+
+    def _run_if_dirty(self) -> None:
+        if self._task is None and self._started and self._dirty and not self._fenced:
             self._task = asyncio.get_running_loop().create_task(
                 self._run(), name=f"status {self._ml}")
 
     async def _run(self) -> None:
         # (asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancellation that
         # races with the inner wait finishing, and close() would wait for ever)
-        while not self._fenced:
-            await self._dirty.wait()
-            while not self._urgent:  # not a state change: at most one write per interval
-                wait = self._written_at + self._interval - self._clock()
-                if wait <= 0:
-                    break
-                self._dirty.clear()
-                try:
-                    async with asyncio.timeout(wait):
-                        await self._dirty.wait()  # a state change cuts the wait short
-                except TimeoutError:
-                    break
-            self._dirty.clear()
-            await self._write_once()
+        me = asyncio.current_task()
+        try:
+            while self._dirty and not self._fenced:
+                while not self._urgent:  # not a state change: at most one write per interval
+                    wait = self._written_at + self._interval - self._clock()
+                    if wait <= 0:
+                        break
+                    self._dirty = False
+                    kick = self._kick = asyncio.get_running_loop().create_future()
+                    try:
+                        async with asyncio.timeout(wait):
+                            await kick  # a change cuts the wait short
+                    except TimeoutError:
+                        break
+                    finally:
+                        self._kick = None
+                self._dirty = False
+                await self._write_once()
+        finally:
+            if self._task is me:  # nothing left to write: the next change starts another
+                self._task = None
 
     async def _write_once(self) -> bool:
         snapshot = self.status
@@ -160,8 +182,9 @@ class StatusRecorder:
         return True
 
     def _wrote(self, snapshot: OffloadStatus) -> None:
-        self._written = dataclasses.replace(snapshot, updated_ms=0)
-        self.status = dataclasses.replace(self.status, updated_ms=0)
+        written = self._written = dataclasses.replace(snapshot, updated_ms=0)
+        now = dataclasses.replace(self.status, updated_ms=0)
+        self.status = written if now == written else now  # one object kept, not two equal
         self._written_at = self._clock()
         self.writes += 1
 
@@ -173,11 +196,12 @@ class StatusRecorder:
     def _retry_later(self) -> None:
         self._written_at = self._clock()  # the next try one interval from now
         self._urgent = False
-        self._dirty.set()
+        self._mark_dirty()
 
     async def close(self) -> None:
         """Write what is pending (at most ``close_timeout_s``), then stop."""
         task, self._task = self._task, None
+        self._started = False
         if task is not None:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
@@ -205,6 +229,7 @@ async def close_many(recorders: Sequence[StatusRecorder], store: MetadataStore, 
     tasks = []
     for r in recorders:
         task, r._task = r._task, None
+        r._started = False  # (so that the changes below start no writing task of its own)
         if task is not None:
             task.cancel()
             tasks.append(task)

@@ -62,12 +62,14 @@ class TopicOffloader(TopicContext):
         self.recovered = False  # last_committed is known (recovery read the catalog)
         self.lag: Lag | None = None  # the lag loop's latest measurement (offload/lag.py)
         self._manual = False  # a trigger not yet acted on
-        self._stop = asyncio.Event()
+        self._stopping = False  # a stop was requested
+        # what a backoff waits on besides its delay (made only while one waits: issue 22)
+        self._stop_fut: asyncio.Future[None] | None = None
         # a stop out of time: a cancellation leaves the open attempt as a crash would (nothing
         # recorded for it; its incomplete upload is offloadd gc's) instead of cleaning it up
         self.leave_open = False
         self._recovery_failures = 0  # failures since the last good recovery that were its own
-        self._reported_lost: set[int] = set()
+        self._reported_lost: set[int] | None = None  # made at the first loss
         self._held = TailLog()  # marks for the offload thresholds
 
     @property
@@ -88,7 +90,10 @@ class TopicOffloader(TopicContext):
     def request_stop(self) -> None:
         if self.state in (Lifecycle.NEW, Lifecycle.RUNNING):
             self.state = self.state.to(Lifecycle.STOPPING)
-        self._stop.set()
+        self._stopping = True
+        fut = self._stop_fut
+        if fut is not None and not fut.done():
+            fut.set_result(None)
         self.wake.set()
 
     # ---- main loop -----------------------------------------------------------------------
@@ -131,7 +136,7 @@ class TopicOffloader(TopicContext):
         ledgers = self._held.clip(policy.thresholds, await self.ledgers(), self.env.wall_ms(),
                                   self.position)
         pos, desc = self._normalise(ledgers)
-        stopping = self._stop.is_set()
+        stopping = self._stopping
         if policy.mode is OffloadMode.LEDGER and not stopping:
             target, used = roller.roll(policy.roll, now=self.env.clock(), ledgers=ledgers,
                                        segment=self.streaming.open_segment(),
@@ -165,8 +170,11 @@ class TopicOffloader(TopicContext):
         deleted before they were offloaded (once per ledger)."""
         pos, desc, skipped = roller.normalise(ledgers, self.position)
         for lost in skipped:
-            if lost.ledger_id not in self._reported_lost and self.attempt is None:
-                self._reported_lost.add(lost.ledger_id)
+            reported = self._reported_lost
+            if reported is None:
+                reported = self._reported_lost = set()
+            if lost.ledger_id not in reported and self.attempt is None:
+                reported.add(lost.ledger_id)
                 log.error("topic %s: ledger %d was deleted before entries from %s were "
                           "offloaded; they are lost to retention", self.topic, lost.ledger_id,
                           lost)
@@ -278,11 +286,17 @@ class TopicOffloader(TopicContext):
         await self._recover_with_retry()
 
     async def _sleep_or_stop(self, delay: float) -> bool:
+        if self._stopping:
+            return True
+        fut = self._stop_fut = asyncio.get_running_loop().create_future()
         try:
-            await asyncio.wait_for(self._stop.wait(), delay)
+            async with asyncio.timeout(delay):
+                await fut
             return True
         except TimeoutError:
             return False
+        finally:
+            self._stop_fut = None
 
     def status(self) -> Mapping[str, object]:
         return {

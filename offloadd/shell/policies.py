@@ -125,7 +125,10 @@ class EffectivePolicies:
     def __init__(self, pulsar: PulsarPolicyView | None,
                  wake: Callable[[str], None] | None = None) -> None:
         self.pulsar = pulsar
-        self._memo: dict[TopicName, tuple[Settings, object, object, EffectivePolicy]] = {}
+        # keyed by the topic when it has a level of its own (a [topics."..."] table or a Pulsar
+        # topic policy), else by its namespace: the policy is then the namespace's, one object
+        # shared by all of its topics (not one each: issue 22, thousands of topics)
+        self._memo: dict[TopicName | str, tuple[Settings, object, object, EffectivePolicy]] = {}
         if pulsar is not None and wake is not None:  # a namespace's policy changed
             pulsar.on_change = wake
 
@@ -140,11 +143,13 @@ class EffectivePolicies:
         level = pulsar.topic_level(topic) if pulsar is not None else None
         # the watcher replaces a namespace's state on each change: identity says "unchanged";
         # a topic level is a small frozen value
-        hit = self._memo.get(topic)
+        key: TopicName | str = topic if level is not None or (
+            settings.topics and str(topic) in settings.topics) else topic.ns
+        hit = self._memo.get(key)
         if hit is not None and hit[0] is settings and hit[1] is state and hit[2] == level:
             return hit[3]
         eff = effective(settings, topic, state, level)
-        self._memo[topic] = (settings, state, level, eff)
+        self._memo[key] = (settings, state, level, eff)
         return eff
 
     def forget(self, topic: TopicName) -> None:

@@ -50,4 +50,5 @@ class LedgerNotifier:
                 return True
             event = self._events.setdefault(topic, asyncio.Event())
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(event.wait(), remaining)
+                async with asyncio.timeout(remaining):  # (wait_for: a task per wait)
+                    await event.wait()

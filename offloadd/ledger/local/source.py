@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import time
@@ -235,7 +236,11 @@ class LocalLedgerSource(LedgerSource, LedgerDeleter, LocalCopies, EntryChecksums
         try:
             if await self._moved(topic, ledger_id, last_known_entry_id):
                 return
-            await asyncio.wait((changed,), timeout=timeout)
+            # awaited as it is (not through asyncio.wait: a waiter future, a set and a
+            # callback per idle topic); cancelling this call cancels it, and it is dropped
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(timeout):
+                    await changed
         finally:
             self._watcher.unregister(topic, changed)
 
