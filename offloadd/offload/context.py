@@ -151,6 +151,9 @@ class Wake:
             task.uncancel()
 
 
+MIN_WAIT_S = 0.05
+
+
 async def _sleep(timeout: float) -> None:
     await asyncio.sleep(timeout)
 
@@ -203,15 +206,28 @@ class TopicContext:
             return min(self.env.idle_poll_s, THRESHOLD_LOOK_S)
         return self.env.idle_poll_s
 
-    async def wait(self, pos: Position | None, timeout: float) -> None:
-        """Until the topic may have moved past ``pos``, a wake-up, or ``timeout``. The source's
-        wait runs in this task (the source bounds it by ``timeout``), cut short by the wake."""
+    async def wait(self, pos: Position | None, timeout: float,
+                   known: LedgerDesc | None = None) -> None:
+        """Until the topic may have moved past ``pos`` (past ``known``'s last entry when that is
+        further: entries held back by a threshold are not news), a wake-up, or ``timeout``.
+        The source's wait runs in this task (the source bounds it by ``timeout``), cut short by
+        the wake."""
         self.wake.clear()
         if pos is None:
-            await self.wake.cut_short(_sleep(timeout))
+            await self.wake.cut_short(_sleep(max(timeout, MIN_WAIT_S)))
             return
+        last = pos.entry_id - 1
+        if known is not None and known.ledger_id == pos.ledger_id:
+            last = max(last, known.last_entry_id)
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
         await self.wake.cut_short(self.env.source.wait_for_entries(
-            self.topic, pos.ledger_id, pos.entry_id - 1, timeout))
+            self.topic, pos.ledger_id, last, max(timeout, MIN_WAIT_S)))
+        # never a wait of nothing: it runs in this task, and a source wait that returns at once
+        # (a deadline passed while the entries are held back) would loop without ever letting
+        # the event loop run
+        if not self.wake.is_set() and loop.time() - t0 < MIN_WAIT_S:
+            await self.wake.cut_short(_sleep(MIN_WAIT_S))
 
     # ---- the two commit steps ------------------------------------------------------------
     async def assign(self, edit: Callable[[pb.ManagedLedgerInfo], bool],

@@ -68,7 +68,7 @@ class StreamingMode:
         elif d.action is Action.STOP:
             return True
         else:
-            await ctx.wait(pos, d.wait_s)
+            await ctx.wait(pos, d.wait_s, desc)
         return False
 
     async def _read(self, desc: LedgerDesc, pos: Position, avail: int) -> None:

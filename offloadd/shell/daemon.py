@@ -110,7 +110,6 @@ class Daemon(Duties, Signals):
         self._lag_woken: set[TopicName] = set()
         self._on_stopping: Callable[[], None] | None = None
         self._reloading: asyncio.Task[None] | None = None
-        self._policies: dict[int, tuple[EffectivePolicy, Settings, TopicPolicy]] = {}
 
     @property
     def topics(self) -> dict[TopicName, Running]:
