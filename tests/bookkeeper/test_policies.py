@@ -26,6 +26,7 @@ from offloadd.shell.status import collect, render_text
 from tests.bookkeeper.conftest import Cluster
 from tests.bookkeeper.test_e2e import CONFIG, batch, offloaded_to_the_end
 from tests.fixtures.pulsar_policies import namespace_policies, offload_policies
+from tests.fixtures.waiting import until as wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -35,12 +36,7 @@ GiB = 1 << 30
 
 
 async def until(pred: Callable[[], Any], what: str, timeout: float = 15.0) -> None:
-    try:
-        async with asyncio.timeout(timeout):
-            while not pred():
-                await asyncio.sleep(0.05)
-    except TimeoutError:
-        raise AssertionError(f"timed out waiting for {what}") from None
+    await wait_until(pred, what, timeout)
 
 
 def count_policy_reads(src: Any) -> list[str]:

@@ -14,7 +14,6 @@ import random
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +34,7 @@ from tests.bookkeeper.test_e2e import CONFIG, batch, offloaded_to_the_end
 from tests.fixtures.bookie_wire import encode_entry, encode_ledger_metadata
 from tests.fixtures.pulsar_events import event_entry, schema_info
 from tests.fixtures.pulsar_policies import namespace_policies, offload_policies
+from tests.fixtures.waiting import until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -48,13 +48,6 @@ GLOBAL = f"pulsar topic policy (global) {EVENTS}"
 NAMESPACE = f"pulsar namespace policy {NS_NODE}"
 
 
-async def until(pred: Callable[[], Any], what: str, timeout: float = 30.0) -> None:
-    try:
-        async with asyncio.timeout(timeout):
-            while not pred():
-                await asyncio.sleep(0.05)
-    except TimeoutError:
-        raise AssertionError(f"timed out waiting for {what}") from None
 
 
 async def write_ledger(p: FakePulsar, payloads: list[bytes]) -> int:

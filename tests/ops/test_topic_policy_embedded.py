@@ -19,6 +19,7 @@ from offloadd.commit.ownership import Ownership
 from offloadd.metadata import managed_ledger
 from offloadd.model import TopicName, catalog
 from offloadd.shell.runtime import Runtime
+from tests.fixtures.waiting import until as wait_until
 from tests.ops.support import offloadd
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
@@ -32,12 +33,7 @@ GiB = 1 << 30
 
 
 async def until(pred: Callable[[], Any], what: str, timeout: float = 60.0) -> None:
-    try:
-        async with asyncio.timeout(timeout):
-            while not pred():
-                await asyncio.sleep(0.05)
-    except TimeoutError:
-        raise AssertionError(f"timed out waiting for {what}") from None
+    await wait_until(pred, what, timeout)
 
 
 async def cli(root: Path, *args: str) -> Any:
