@@ -282,7 +282,8 @@ class Projector:
         """The topic's decoder of typed columns, the table evolved to its schema versions: read
         again only when the schema locator's version changed (a new schema version)."""
         try:
-            version: int | None = (await self.metadata.get(locator_path(topic))).version
+            # (where the schema reader reads: a sidecar's is Pulsar's metadata store, not ours)
+            version: int | None = (await self._schemas.md.get(locator_path(topic))).version
         except NotFound:
             version = None
         seen = self._seen.get(topic)
