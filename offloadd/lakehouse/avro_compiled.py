@@ -27,7 +27,9 @@ from typing import Any
 
 from offloadd.format.avro import AvroError, _resolve
 
-__all__ = ["LOGICAL", "Reader", "check", "compile_reader", "compile_value", "optional"]
+__all__ = ["LOGICAL", "Reader", "check", "compile_json_reader", "compile_json_value",
+           "compile_reader", "compile_value",
+           "optional"]
 
 # read(buf, pos) -> (value, the position after it)
 Reader = Callable[[bytes, int], tuple[Any, int]]
@@ -319,6 +321,139 @@ def compile_value(schema: Any, names: dict[str, Any],
             return reference(payload)
     return decode
 
+
+
+# ---- JSON documents (a JSON schema's payloads, after json.loads) ----------------------------
+
+Convert = Callable[[Any], Any]
+
+
+def _strict(kind: type | tuple[type, ...], post: Convert | None = None) -> Convert:
+    """A primitive's strict check (bool is not an int, an int is a float) and its value."""
+    def conv(v: Any) -> Any:
+        if (type(v) is bool and kind is not bool) or not isinstance(v, kind):
+            raise TypeError("mismatch")
+        return v if post is None else post(v)
+    return conv
+
+
+class _JsonCompiler:
+    """Mirrors ``schemas._convert(strict=True)`` branch for branch, decided once per schema
+    node; any mismatch raises (the reference then says what exactly)."""
+
+    def __init__(self, names: dict[str, Any]) -> None:
+        self.names = names
+        self._records: dict[int, Convert] = {}
+
+    def conv(self, schema: Any) -> Convert:
+        s = self.names.get(schema, schema) if isinstance(schema, str) else schema
+        if isinstance(s, list):
+            inner, opt = optional(s)
+            has_null = opt or "null" in s
+            value = self.conv(inner) if opt else None
+
+            def union(v: Any) -> Any:
+                if v is None:
+                    if has_null:
+                        return None
+                    raise TypeError("null")
+                if value is not None:
+                    return value(v)
+                return v if isinstance(v, str) else json.dumps(v, default=str)
+            return union
+        t = s if isinstance(s, str) else s["type"]
+        logical = s.get("logicalType") if isinstance(s, dict) else None
+        body = self._body(s, t, logical)
+        if t == "null":
+            return lambda v: None if v is None else body(v)
+
+        def not_null(v: Any) -> Any:
+            if v is None:
+                raise TypeError("null")
+            return body(v)
+        return not_null
+
+    def _body(self, s: Any, t: Any, logical: Any) -> Convert:
+        """The value of a non-null ``v``."""
+        if logical in LOGICAL:
+            handler = LOGICAL[logical]
+            return lambda v: handler(s, v, True)
+        if isinstance(t, dict | list):
+            return self.conv(t)
+        if t in ("record", "error"):
+            key = id(s)
+            done = self._records.get(key)
+            if done is not None:
+                return done
+            fields: list[tuple[str, Any, Convert]] = []
+
+            def record(v: Any) -> Any:
+                if not isinstance(v, dict):
+                    raise TypeError("record")
+                return {name: conv(v.get(name, default)) for name, default, conv in fields}
+            self._records[key] = record
+            fields.extend((f["name"], f.get("default"), self.conv(f["type"]))
+                          for f in s["fields"])
+            return record
+        if t == "array":
+            item = self.conv(s["items"])
+
+            def array(v: Any) -> Any:
+                if not isinstance(v, list):
+                    raise TypeError("array")
+                return [item(x) for x in v]
+            return array
+        if t == "map":
+            value = self.conv(s["values"])
+
+            def map_(v: Any) -> Any:
+                if not isinstance(v, dict):
+                    raise TypeError("map")
+                return [(k, value(x)) for k, x in v.items()]
+            return map_
+        # a named type's reference, "null" with a value: as the reference, unchanged
+        return _JSON_PRIMITIVES.get(t, _same) if isinstance(t, str) else _same
+
+
+def _same(v: Any) -> Any:
+    return v
+
+
+_JSON_PRIMITIVES: dict[str, Convert] = {
+    "int": _strict(int), "long": _strict(int), "float": _strict((int, float), float),
+    "double": _strict((int, float), float), "boolean": _strict(bool), "string": _strict(str),
+    "enum": _strict(str),
+    "bytes": lambda v: v.encode("latin-1") if isinstance(v, str) else v,
+    "fixed": lambda v: v.encode("latin-1") if isinstance(v, str) else v,
+}
+
+
+def compile_json_reader(schema: Any, names: dict[str, Any]) -> Convert:
+    """The compiled JSON converter alone: the value, or an exception (any kind) where the
+    reference refuses the document (for tests; use :func:`compile_json_value`)."""
+    return _JsonCompiler(names).conv(schema)
+
+
+def compile_json_value(schema: Any, names: dict[str, Any],
+                       reference_path: Callable[[Any, dict[str, Any], Any], Any]
+                       ) -> Callable[[Any], Any]:
+    """``document -> value`` for a JSON schema's parsed payloads: exactly
+    ``reference_path(schema, names, document)`` (``schemas._convert(strict=True)``), its value
+    or its exception, compiled once."""
+    def reference(doc: Any) -> Any:
+        return reference_path(schema, names, doc)
+
+    try:
+        fast = compile_json_reader(schema, names)
+    except (AvroError, KeyError, TypeError, ValueError, RecursionError):
+        return reference
+
+    def convert(doc: Any) -> Any:
+        try:
+            return fast(doc)
+        except Exception:  # whatever failed, the reference says what exactly (or converts it)
+            return reference(doc)
+    return convert
 
 # ---- the column values of logical types, shared with offloadd.lakehouse.schemas -----------
 

@@ -67,7 +67,7 @@ from offloadd.format.avro import decode as avro_decode
 from offloadd.format.schema_storage import SchemaType, split_key_value, version_from_bytes
 from offloadd.lakehouse.avro_compiled import LOGICAL as _LOGICAL
 from offloadd.lakehouse.avro_compiled import check as _check
-from offloadd.lakehouse.avro_compiled import compile_value
+from offloadd.lakehouse.avro_compiled import compile_json_value, compile_value
 from offloadd.lakehouse.avro_compiled import optional as _optional
 from offloadd.lakehouse.protobuf import NativeSchema
 
@@ -179,6 +179,8 @@ class Side:
     native: NativeSchema | None = None  # PROTOBUF_NATIVE: the message class
     # AVRO: payload -> value, compiled on first use (offloadd.lakehouse.avro_compiled)
     avro_value: Callable[[bytes], Any] | None = field(default=None, repr=False, compare=False)
+    # JSON: parsed document -> value, compiled on first use
+    json_value: Callable[[Any], Any] | None = field(default=None, repr=False, compare=False)
 
 
 @dataclass
@@ -262,7 +264,13 @@ class TypedDecoder:
                 return _convert(side.avro, side.native.datum(raw), side.names,
                                 strict=False), None
             doc = json.loads(raw)
-            return _convert(side.avro, doc, side.names, strict=True), None
+            if not self.compiled:
+                return _convert(side.avro, doc, side.names, strict=True), None
+            conv = side.json_value
+            if conv is None:
+                conv = side.json_value = compile_json_value(side.avro, side.names,
+                                                            _reference_json)
+            return conv(doc), None
         except (AvroError, ValueError, TypeError, KeyError, decimal.InvalidOperation,
                 DecodeError) as exc:
             kind = SchemaType.name(side.type)
@@ -273,6 +281,11 @@ class TypedDecoder:
 def _reference(schema: Any, names: dict[str, Any], payload: bytes) -> Any:
     """The reference Avro path: decode by walking the schema, then convert."""
     return _convert(schema, avro_decode(schema, payload, names), names, strict=False)
+
+
+def _reference_json(schema: Any, names: dict[str, Any], doc: Any) -> Any:
+    """The reference JSON path: convert the document by walking the schema."""
+    return _convert(schema, doc, names, strict=True)
 
 
 def _convert(schema: Any, v: Any, names: dict[str, Any], *, strict: bool) -> Any:
