@@ -10,7 +10,10 @@ time − segment commit time. Prints p50/p99/max as JSON, plus the projection's 
 per second of follower time is not separable here, so rows and wall time are reported).
 
     .venv/bin/python bench/lakehouse_lag.py [--seconds 90] [--rate 1000000] [--topics 3]
-        [--transactions]
+        [--transactions] [--schema avro|json]
+
+``--schema``: messages of a registered schema (``standalone --schema``), projected into typed
+columns; with ``--transactions`` they are written inside transactions (read-committed tables).
 """
 
 from __future__ import annotations
@@ -55,6 +58,8 @@ def main() -> None:
     ap.add_argument("--topics", type=int, default=3)
     ap.add_argument("--transactions", action="store_true",
                     help="transactional messages, aborts and markers (read-committed tables)")
+    ap.add_argument("--schema", choices=("avro", "json"),
+                    help="messages of a registered schema: typed columns in the tables")
     a = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="offloadd-lakelag-") as d:
         root = Path(d)
@@ -62,7 +67,8 @@ def main() -> None:
         out = subprocess.run([sys.executable, "-m", "offloadd", "standalone", "--json",
                               "--duration",
                               str(a.seconds), "--rate", str(a.rate), "--topics", str(a.topics),
-                              *(["--transactions"] if a.transactions else [])],
+                              *(["--transactions"] if a.transactions else []),
+                              *(["--schema", a.schema] if a.schema else [])],
                              cwd=root, capture_output=True, text=True, check=True,
                              env={**os.environ, "OFFLOADD_METRICS__ENABLED": "false"})
         wall = time.monotonic() - t0
@@ -94,7 +100,7 @@ def main() -> None:
                 lags.append(max(0.0, (seen - committed_ms) / 1000))
     result: dict[str, Any] = {
         "seconds": a.seconds, "rate_bytes_per_s": a.rate, "topics": a.topics,
-        "transactions": a.transactions,
+        "transactions": a.transactions, "schema": a.schema,
         "segments": len(lags), "table_snapshots": snapshots, "rows": rows,
         "messages_sent": sum(t["sent"]["messages"] for t in summary["topics"].values()),
         # read-committed: what the tables must hold (rows above)

@@ -26,7 +26,8 @@ def pytest_asyncio_loop_factories(
 
 # Files that start a local Spark: one pytest-xdist worker runs them all (two workers each
 # starting a Spark session crashed a worker), and so the session starts once.
-SPARK_FILES = ("tests/backfill/", "tests/lakehouse/test_e2e.py")
+SPARK_FILES = ("tests/backfill/", "tests/lakehouse/test_e2e.py",
+               "tests/lakehouse/test_spark_typed.py")
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:

@@ -35,10 +35,8 @@ from __future__ import annotations
 
 import base64
 import binascii
-import datetime as dt
 import decimal
 import json
-import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -67,6 +65,10 @@ from offloadd.errors import FormatError
 from offloadd.format.avro import AvroError, named_types
 from offloadd.format.avro import decode as avro_decode
 from offloadd.format.schema_storage import SchemaType, split_key_value, version_from_bytes
+from offloadd.lakehouse.avro_compiled import LOGICAL as _LOGICAL
+from offloadd.lakehouse.avro_compiled import check as _check
+from offloadd.lakehouse.avro_compiled import compile_json_value, compile_value
+from offloadd.lakehouse.avro_compiled import optional as _optional
 from offloadd.lakehouse.protobuf import NativeSchema
 
 __all__ = ["KEY_COLUMN", "VALUE_COLUMN", "SchemaVersionInfo", "Side", "TypedDecoder",
@@ -74,7 +76,6 @@ __all__ = ["KEY_COLUMN", "VALUE_COLUMN", "SchemaVersionInfo", "Side", "TypedDeco
 
 VALUE_COLUMN = "value"
 KEY_COLUMN = "kv_key"  # a KEY_VALUE schema's typed key
-_EPOCH_DATE = dt.date(1970, 1, 1)
 
 
 class _Ids:
@@ -86,15 +87,6 @@ class _Ids:
     def __call__(self) -> int:
         self.n += 1
         return self.n
-
-
-def _optional(schema: Any) -> tuple[Any, bool]:
-    """``[null, T]`` → (T, True); anything else → (itself, False)."""
-    if isinstance(schema, list):
-        rest = [s for s in schema if s != "null"]
-        if len(rest) == 1 and len(rest) < len(schema):
-            return rest[0], True
-    return schema, False
 
 
 def _iceberg(schema: Any, names: dict[str, Any], ids: _Ids) -> IcebergType:
@@ -185,6 +177,10 @@ class Side:
     avro: Any  # the record schema (PROTOBUF_NATIVE: its Avro rendering)
     names: dict[str, Any] = field(default_factory=dict)
     native: NativeSchema | None = None  # PROTOBUF_NATIVE: the message class
+    # AVRO: payload -> value, compiled on first use (offloadd.lakehouse.avro_compiled)
+    avro_value: Callable[[bytes], Any] | None = field(default=None, repr=False, compare=False)
+    # JSON: parsed document -> value, compiled on first use
+    json_value: Callable[[Any], Any] | None = field(default=None, repr=False, compare=False)
 
 
 @dataclass
@@ -208,8 +204,11 @@ class TypedDecoder:
     """Decodes a message by its ``schema_version`` into the ``value`` (and ``kv_key``)
     columns."""
 
-    def __init__(self, topic: str, versions: Sequence[SchemaVersionInfo]) -> None:
+    def __init__(self, topic: str, versions: Sequence[SchemaVersionInfo], *,
+                 compiled: bool = True) -> None:
         self.topic = topic
+        # False: the reference Avro path, which walks the schema per message (benchmarks)
+        self.compiled = compiled
         self.versions = {v.version: v for v in versions}
         self.has_key = any(v.key is not None for v in versions)
 
@@ -254,18 +253,39 @@ class TypedDecoder:
             return None, None
         try:
             if side.type == SchemaType.AVRO:
-                return _convert(side.avro, avro_decode(side.avro, raw, side.names), side.names,
-                                strict=False), None
+                if not self.compiled:
+                    return _convert(side.avro, avro_decode(side.avro, raw, side.names),
+                                    side.names, strict=False), None
+                read = side.avro_value
+                if read is None:  # once per schema version and side
+                    read = side.avro_value = compile_value(side.avro, side.names, _reference)
+                return read(raw), None
             if side.native is not None:
                 return _convert(side.avro, side.native.datum(raw), side.names,
                                 strict=False), None
             doc = json.loads(raw)
-            return _convert(side.avro, doc, side.names, strict=True), None
+            if not self.compiled:
+                return _convert(side.avro, doc, side.names, strict=True), None
+            conv = side.json_value
+            if conv is None:
+                conv = side.json_value = compile_json_value(side.avro, side.names,
+                                                            _reference_json)
+            return conv(doc), None
         except (AvroError, ValueError, TypeError, KeyError, decimal.InvalidOperation,
                 DecodeError) as exc:
             kind = SchemaType.name(side.type)
             return None, (f"{self.topic}: {what} does not decode as {kind} schema version "
                           f"{n}: {exc}")
+
+
+def _reference(schema: Any, names: dict[str, Any], payload: bytes) -> Any:
+    """The reference Avro path: decode by walking the schema, then convert."""
+    return _convert(schema, avro_decode(schema, payload, names), names, strict=False)
+
+
+def _reference_json(schema: Any, names: dict[str, Any], doc: Any) -> Any:
+    """The reference JSON path: convert the document by walking the schema."""
+    return _convert(schema, doc, names, strict=True)
 
 
 def _convert(schema: Any, v: Any, names: dict[str, Any], *, strict: bool) -> Any:
@@ -309,41 +329,6 @@ def _convert_union(s: list[Any], v: Any, names: dict[str, Any], strict: bool) ->
     return v if isinstance(v, str) else json.dumps(v, default=str)
 
 
-def _timestamp(s: Any, v: Any, strict: bool) -> Any:
-    _check(v, int, strict)
-    return v * 1000 if s.get("logicalType") == "timestamp-millis" else v
-
-
-def _date(s: Any, v: Any, strict: bool) -> Any:
-    _check(v, int, strict)
-    return _EPOCH_DATE + dt.timedelta(days=v)
-
-
-def _decimal(s: Any, v: Any, strict: bool) -> Any:
-    scale = int(s.get("scale", 0))
-    if isinstance(v, int | float) and not isinstance(v, bool):
-        # a JSON number (bytes(5) would be five zero bytes: a silent 0)
-        return decimal.Decimal(str(v)).quantize(decimal.Decimal(1).scaleb(-scale))
-    if not isinstance(v, str | bytes | bytearray):
-        raise TypeError(f"decimal expected, got {type(v).__name__}")
-    raw = v.encode("latin-1") if isinstance(v, str) else bytes(v)
-    unscaled = int.from_bytes(raw, "big", signed=True)
-    return decimal.Decimal(unscaled).scaleb(-scale)
-
-
-def _uuid(s: Any, v: Any, strict: bool) -> Any:
-    return str(uuid.UUID(v)) if isinstance(v, str) else str(uuid.UUID(bytes=bytes(v)))
-
-
-_LOGICAL: dict[str, Callable[[Any, Any, bool], Any]] = {
-    "timestamp-millis": _timestamp,
-    "timestamp-micros": _timestamp,
-    "date": _date,
-    "decimal": _decimal,
-    "uuid": _uuid,
-}
-
-
 def _primitive(t: str, v: Any, strict: bool) -> Any:
     if t in ("int", "long"):
         _check(v, int, strict)
@@ -357,16 +342,3 @@ def _primitive(t: str, v: Any, strict: bool) -> Any:
     elif t in ("bytes", "fixed") and isinstance(v, str):
         return v.encode("latin-1")  # Avro's JSON encoding of bytes
     return v
-
-
-def _check(v: Any, kind: type, strict: bool) -> None:
-    if not strict:
-        return
-    if kind is float:
-        ok = isinstance(v, int | float) and not isinstance(v, bool)
-    elif kind is int:
-        ok = isinstance(v, int) and not isinstance(v, bool)
-    else:
-        ok = isinstance(v, kind)
-    if not ok:
-        raise TypeError(f"{kind.__name__} expected, got {type(v).__name__} {v!r:.40}")

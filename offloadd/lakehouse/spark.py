@@ -28,17 +28,32 @@ from offloadd.model import TopicName
 __all__ = ["IcebergTableSource", "read_table", "spark_ddl"]
 
 _SPARK_TYPES = {"string": "string", "long": "bigint", "int": "int", "boolean": "boolean",
-                "double": "double", "binary": "binary", "timestamptz": "timestamp"}
+                "double": "double", "float": "float", "binary": "binary",
+                "timestamptz": "timestamp", "timestamp": "timestamp_ntz", "date": "date",
+                "uuid": "string", "time": "bigint"}
 
 
 def spark_ddl(schema: Any) -> str:
-    """Spark DDL for a pyiceberg schema of primitive and string-map columns."""
-    cols = []
-    for f in schema.fields:
-        kind = str(f.field_type)
-        spark = "map<string, string>" if kind.startswith("map<") else _SPARK_TYPES[kind]
-        cols.append(f"`{f.name}` {spark}")
-    return ", ".join(cols)
+    """Spark DDL for a pyiceberg schema: the log's columns and the typed ones (``value``,
+    ``kv_key``: structs, nested, with lists, maps, decimals and timestamps)."""
+    return ", ".join(f"`{f.name}` {_spark_type(f.field_type)}" for f in schema.fields)
+
+
+def _spark_type(t: Any) -> str:
+    from pyiceberg.types import DecimalType, FixedType, ListType, MapType, StructType
+
+    if isinstance(t, StructType):
+        return "struct<" + ", ".join(f"`{f.name}`: {_spark_type(f.field_type)}"
+                                     for f in t.fields) + ">"
+    if isinstance(t, ListType):
+        return f"array<{_spark_type(t.element_type)}>"
+    if isinstance(t, MapType):
+        return f"map<{_spark_type(t.key_type)}, {_spark_type(t.value_type)}>"
+    if isinstance(t, DecimalType):
+        return f"decimal({t.precision}, {t.scale})"
+    if isinstance(t, FixedType):
+        return "binary"
+    return _SPARK_TYPES[str(t)]
 
 
 @dataclass(frozen=True)
@@ -111,7 +126,11 @@ def _plain_types(schema: Any) -> Any:
         if pa.types.is_large_binary(t):
             return pa.binary()
         if pa.types.is_map(t):
-            return pa.map_(plain(t.key_type), plain(t.item_type))
+            return pa.map_(plain(t.key_type), pa.field(t.item_field.name, plain(t.item_type)))
+        if pa.types.is_large_list(t) or pa.types.is_list(t):
+            return pa.list_(pa.field(t.value_field.name, plain(t.value_type)))
+        if pa.types.is_struct(t):
+            return pa.struct([pa.field(f.name, plain(f.type), nullable=True) for f in t])
         return t
 
     return pa.schema([pa.field(f.name, plain(f.type), nullable=True) for f in schema])

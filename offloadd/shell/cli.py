@@ -233,6 +233,11 @@ def build_parser() -> argparse.ArgumentParser:
                     help="write K topics, persistent://public/default/topic-0 .. topic-(K-1) "
                     f"(default 3, at most {MAX_TOPICS:,})")
     _payload_args(sp, default_compression="lz4,zstd,snappy,zlib,none")
+    sp.add_argument("--schema", choices=("avro", "json"),
+                    help="register a schema (an Order record) for each topic and write "
+                    "messages of it, Avro binary or JSON, uncompressed, each carrying its "
+                    "schema_version (replaces --payload and --compression; with "
+                    "--transactions, inside transactions): the tables get typed columns")
 
     sp = cmd("produce", "the embedded writer alone (history, live load)",
              "  offloadd produce --topic persistent://public/default/orders --bytes 100MiB\n"

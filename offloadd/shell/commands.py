@@ -84,7 +84,7 @@ def cmd_standalone(args: argparse.Namespace) -> int:
     summary = _run_dict(run_standalone(settings, duration=args.duration, rate=args.rate,
                                        entry_size=args.entry_size, topics=args.topics,
                                        config_path=args.config, payload=args.payload,
-                                       shape=_shape(args)))
+                                       shape=_shape(args), schema=args.schema))
     if args.json:
         print(json.dumps(summary))
     else:
@@ -180,8 +180,7 @@ async def _schema_source(md: MetadataStore, topics: list[TopicName],
     kind = getattr(args, "schema", None)
     if kind is None:
         return None
-    from offloadd.ledger.local.meta import LedgerIds
-    from offloadd.shell.produce_schema import SchemaEntries, register_order_schema
+    from offloadd.shell.produce_schema import schema_entries
 
     definition = None
     if getattr(args, "schema_file", None) is not None:
@@ -189,10 +188,9 @@ async def _schema_source(md: MetadataStore, topics: list[TopicName],
             definition = json.loads(args.schema_file.read_text())
         except (OSError, ValueError) as exc:
             raise ConfigError(f"--schema-file {args.schema_file}: {exc}") from None
-    ids = LedgerIds(md, 1)
-    versions = {t: await register_order_schema(md, t, kind, lambda: ids.allocate(-1),
-                                               definition) for t in topics}
-    return SchemaEntries(kind, versions, max_batch=args.max_batch, schema=definition)
+    return await schema_entries(md, topics, kind, definition=definition,
+                                max_batch=args.max_batch,
+                                transactions=getattr(args, "transactions", False))
 
 
 def cmd_status(args: argparse.Namespace) -> int:

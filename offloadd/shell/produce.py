@@ -25,7 +25,7 @@ import struct
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 import crc32c
 
@@ -229,8 +229,7 @@ class PulsarEntries:
         self._producers: dict[TopicName, list[_Producer]] = {}
         self.digests: dict[TopicName, TopicDigest] = {}
         self._index: dict[TopicName, int] = {}
-        self._open: dict[TopicName, list[_Txn]] = {}
-        self._turn: dict[TopicName, int] = {}
+        self._txns = TxnPlan()
 
     def take(self, topic: TopicName, n: int) -> tuple[list[bytes | memoryview], int]:
         producers = self._producers.get(topic)
@@ -269,37 +268,19 @@ class PulsarEntries:
     def finish(self, topic: TopicName) -> list[bytes]:
         """The markers of the transactions still open on ``topic`` (written last)."""
         now_ms = int(self._clock() * 1000)
-        return [self._marker(topic, t, now_ms) for t in list(self._open.get(topic, ()))]
+        return [self._marker(topic, t, now_ms) for t in self._txns.still_open(topic)]
 
     def _txn(self, topic: TopicName) -> _Txn:
-        """The transaction the next transactional entry joins: up to three are open at once,
-        each 1..4 entries long, so their entries and markers interleave."""
-        open_ = self._open.setdefault(topic, [])
-        if len(open_) < 3:
-            digest = self.digests[topic]
-            digest.transactions += 1
-            k = digest.transactions
-            abort = k % ABORT_EVERY == 0
-            digest.aborted_transactions += abort
-            open_.append(_Txn((7, k), 1 + (k * 5) % 4, abort))
-        # in turn, so that every open transaction progresses and ends within a few entries
-        turn = self._turn[topic] = self._turn.get(topic, -1) + 1
-        return open_[turn % len(open_)]
+        return self._txns.join(topic, self.digests[topic])
 
     def _marker(self, topic: TopicName, txn: _Txn, now_ms: int) -> bytes:
-        """The commit or abort marker a broker appends (``Markers.newTxnMarker``)."""
-        from offloadd._proto import pulsar_api_pb2 as pb
-        from offloadd.format.message import encode_entry
-
-        self._open[topic].remove(txn)
-        md = pb.MessageMetadata(producer_name="pulsar.txn.marker", sequence_id=(1 << 64) - 1,
-                                publish_time=now_ms, marker_type=22 if txn.abort else 21,
-                                txnid_most_bits=txn.id[0], txnid_least_bits=txn.id[1])
         broker = None
         if self.shape.broker_metadata:
+            from offloadd._proto import pulsar_api_pb2 as pb
+
             self._index[topic] += 1
             broker = pb.BrokerEntryMetadata(broker_timestamp=now_ms, index=self._index[topic])
-        return encode_entry(md, b"", broker=broker)
+        return self._txns.marker(topic, txn, now_ms, broker)
 
     def _entry(self, topic: TopicName, p: _Producer, t: _Template, now_ms: int,
                j: int, txn: tuple[int, int] | None = None) -> tuple[bytes, int]:
@@ -338,6 +319,46 @@ class _Txn:
     id: tuple[int, int]  # (most bits: the coordinator, least bits)
     left: int  # entries still to write
     abort: bool
+
+
+class TxnPlan:
+    """The transactions of generated entries, per topic: up to three open at once, each 1..4
+    entries long (so that their entries and markers interleave), every ``ABORT_EVERY``-th
+    aborted; shared by every entry source that writes ``--transactions``."""
+
+    def __init__(self) -> None:
+        self._open: dict[TopicName, list[_Txn]] = {}
+        self._turn: dict[TopicName, int] = {}
+
+    def join(self, topic: TopicName, digest: TopicDigest) -> _Txn:
+        """The transaction the next transactional entry joins (a new one counted in
+        ``digest``)."""
+        open_ = self._open.setdefault(topic, [])
+        if len(open_) < 3:
+            digest.transactions += 1
+            k = digest.transactions
+            abort = k % ABORT_EVERY == 0
+            digest.aborted_transactions += abort
+            open_.append(_Txn((7, k), 1 + (k * 5) % 4, abort))
+        # in turn, so that every open transaction progresses and ends within a few entries
+        turn = self._turn[topic] = self._turn.get(topic, -1) + 1
+        return open_[turn % len(open_)]
+
+    def still_open(self, topic: TopicName) -> list[_Txn]:
+        return list(self._open.get(topic, ()))
+
+    def marker(self, topic: TopicName, txn: _Txn, now_ms: int,
+               broker: Any = None) -> bytes:
+        """The commit or abort marker a broker appends (``Markers.newTxnMarker``); ``broker``:
+        the entry's ``BrokerEntryMetadata``, if the log has them."""
+        from offloadd._proto import pulsar_api_pb2 as pb
+        from offloadd.format.message import encode_entry
+
+        self._open[topic].remove(txn)
+        md = pb.MessageMetadata(producer_name="pulsar.txn.marker", sequence_id=(1 << 64) - 1,
+                                publish_time=now_ms, marker_type=22 if txn.abort else 21,
+                                txnid_most_bits=txn.id[0], txnid_least_bits=txn.id[1])
+        return encode_entry(md, b"", broker=broker)
 
 
 class _Producer:
@@ -381,14 +402,13 @@ async def produce(writer: LocalLedgerWriter, topics: Sequence[TopicName], *, ent
     ``pulsar`` entries, what each topic was sent. ``source`` (e.g. messages of a schema)
     replaces ``payload``/``shape``; its ``digests``, if it has them, are reported the same."""
     stats = ProduceStats()
-    pulsar: PulsarEntries | None = None  # the generator whose transactions end with the run
     if source is not None:
         stats.digests = getattr(source, "digests", {})
     elif payload == "raw":
         source = RawEntries(entry_size)
     else:
-        source = pulsar = PulsarEntries(entry_size, shape)
-        stats.digests = pulsar.digests
+        pulsar = PulsarEntries(entry_size, shape)
+        source, stats.digests = pulsar, pulsar.digests
     if rate:
         # at most 50 ms of the rate per batch: a slow rate must not wait for a whole batch's
         # worth of time before its first entry (nor write in bursts)
@@ -421,9 +441,12 @@ async def produce(writer: LocalLedgerWriter, topics: Sequence[TopicName], *, ent
         await writer.roll_expired()
         if on_batch is not None:
             on_batch(stats)
-    if pulsar is not None and pulsar.shape.transactions:
-        for topic in topics:  # end the transactions still open, as their clients would
-            markers = pulsar.finish(topic)
+    # end the transactions still open, as their clients would (a source without transactions
+    # has none open)
+    finish: Callable[[TopicName], list[bytes]] | None = getattr(source, "finish", None)
+    if finish is not None:
+        for topic in topics:
+            markers = finish(topic)
             if markers:
                 await writer.append(topic, markers)
                 stats.entries += len(markers)

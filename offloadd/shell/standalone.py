@@ -13,7 +13,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from offloadd import config as config_mod
 from offloadd.config import Settings
@@ -25,6 +25,9 @@ from offloadd.shell.daemon import Daemon
 from offloadd.shell.pidfile import PidFile
 from offloadd.shell.produce import PayloadKind, ProduceStats, PulsarShape, produce, topic_names
 from offloadd.shell.runtime import Runtime
+
+if TYPE_CHECKING:
+    from offloadd.shell.produce_schema import SchemaKind
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +50,8 @@ def load_settings(path: str | None) -> Settings:
 async def run_standalone(settings: Settings, *, duration: float | None, rate: float,
                          entry_size: int, topics: int, drain_timeout_s: float = 120.0,
                          config_path: str | None = None, payload: PayloadKind = "pulsar",
-                         shape: PulsarShape | None = None) -> dict[str, Any]:
+                         shape: PulsarShape | None = None,
+                         schema: SchemaKind | None = None) -> dict[str, Any]:
     # the store is this process's alone: it writes every topic and offloads every topic
     # without the ownership layer, so a second writer or daemon on it would lose entries
     locks = await asyncio.to_thread(_lock_store, settings)
@@ -55,7 +59,7 @@ async def run_standalone(settings: Settings, *, duration: float | None, rate: fl
         return await _run_standalone(settings, duration=duration, rate=rate,
                                      entry_size=entry_size, topics=topics,
                                      drain_timeout_s=drain_timeout_s, config_path=config_path,
-                                     payload=payload, shape=shape)
+                                     payload=payload, shape=shape, schema=schema)
     finally:
         for lock in reversed(locks):
             lock.release()
@@ -75,7 +79,8 @@ def _lock_store(settings: Settings) -> list[StoreLock]:
 async def _run_standalone(settings: Settings, *, duration: float | None, rate: float,
                           entry_size: int, topics: int, drain_timeout_s: float,
                           config_path: str | None, payload: PayloadKind,
-                          shape: PulsarShape | None) -> dict[str, Any]:
+                          shape: PulsarShape | None,
+                          schema: SchemaKind | None = None) -> dict[str, Any]:
     pid_handle = PidFile.acquire(settings.daemon.pid_file)  # refuses a second daemon here
     try:
         rt = await Runtime.open(settings, with_writer=True)
@@ -99,6 +104,13 @@ async def _run_standalone(settings: Settings, *, duration: float | None, rate: f
         await rt.start_metrics()
         await rt.start_lakehouse(optional=True)
         writer = rt.local.writer
+        source = None
+        if schema is not None:  # messages of a registered schema (typed columns)
+            from offloadd.shell.produce_schema import schema_entries
+
+            source = await schema_entries(
+                rt.metadata, names, schema, max_batch=shape.max_batch if shape else 16,
+                transactions=shape.transactions if shape else False)
         progress = asyncio.create_task(_progress(daemon, lambda: stats, t0))
 
         def seen(s: ProduceStats) -> None:
@@ -109,7 +121,7 @@ async def _run_standalone(settings: Settings, *, duration: float | None, rate: f
             nonlocal stats
             stats = await produce(writer, names, entry_size=entry_size, rate=rate,
                                   duration=duration, stop=stop, on_batch=seen,
-                                  payload=payload, shape=shape)
+                                  payload=payload, shape=shape, source=source)
 
         writer_task = asyncio.create_task(write())
         while not writer_task.done() and not daemon_task.done() and daemon.state.value in (

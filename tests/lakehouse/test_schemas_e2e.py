@@ -94,3 +94,28 @@ def test_query_returns_typed_values(done: tuple[Path, Path, dict[str, Any]]) -> 
     # one message with id 5 per produce run (version 0, then version 1)
     assert rows == [{"id": 5, "amount": 21.25, "paid": True, "city": "Zürich",
                      "note": "note 5", "ts_type": "TIMESTAMP WITH TIME ZONE"}] * 2
+
+
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("kind", ["avro", "json"])
+def test_schema_messages_in_transactions_end_to_end(tmp_path: Path, kind: str) -> None:
+    """``standalone --schema K --transactions`` → offload → table: read-committed rows, every one
+    typed, as many as ``visible_messages``; ``offloadd query`` counts the same."""
+    cfg = write_config(tmp_path)
+    out = run(["standalone", "--json", "--config", str(cfg), "--duration", "6", "--topics", "1",
+               "--rate", "60000", "--schema", kind, "--transactions", "--max-batch", "4"],
+              tmp_path, timeout=300)
+    result = summary(out.stdout)
+    topic = "persistent://public/default/topic-0"
+    sent = result["topics"][topic]["sent"]
+    assert result["lakehouse"][topic]["error"] is None, result["lakehouse"]
+    assert 0 < sent["visible_messages"] < sent["messages"] and sent["aborted_transactions"] > 0
+    rows = table_rows(settings_of(cfg), topic)
+    assert rows.num_rows == sent["visible_messages"]
+    assert rows.column("decode_error").null_count == rows.num_rows
+    assert rows.column("value").null_count == 0  # typed, markers and aborted messages hidden
+    assert "pulsar.txn.marker" not in set(rows.column("producer_name").to_pylist())
+    q = run(["query", "--config", str(cfg), "--json",
+             "SELECT count(*) AS n, count(DISTINCT value.id) AS ids FROM topic_0"], tmp_path)
+    assert json.loads(q.stdout) == [{"n": sent["visible_messages"],
+                                     "ids": sent["visible_messages"]}]

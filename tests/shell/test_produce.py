@@ -64,6 +64,43 @@ def test_transactions_commit_abort_and_end_soon() -> None:
     assert _digest(visible) == d.sha1.hexdigest()
 
 
+@pytest.mark.parametrize("kind", ["avro", "json"])
+def test_schema_messages_in_transactions(kind: str) -> None:
+    """--schema with --transactions: schema'd messages inside transactions (their
+    schema_version kept), one transaction in four aborted, markers as a broker writes them,
+    and visible_messages/sha1 what a read-committed consumer sees."""
+    from offloadd.format.schema_storage import version_bytes
+    from offloadd.lakehouse.transactions import ReadCommitted
+    from offloadd.model import Position
+    from offloadd.shell.produce_schema import SchemaEntries
+
+    src = SchemaEntries(kind, {TOPIC: 2}, max_batch=4, transactions=True)  # type: ignore[arg-type]
+    entries: list[bytes | memoryview] = []
+    for _ in range(10):
+        entries += src.take(TOPIC, 30)[0]
+    entries += src.finish(TOPIC)
+    rc = ReadCommitted(timeout_ms=10**9)
+    visible: list[bytes] = []
+    in_txn = 0
+    for i, raw in enumerate(entries):
+        e = decode_entry(raw, "t")
+        if e.marker_type is None:
+            assert e.schema_version == version_bytes(2)
+            in_txn += e.txn is not None
+        rc.add(Position(1, i), raw, e)
+        visible += [m.payload or b"" for r in rc.take() if r.hidden is None
+                    for m in r.entry.messages]  # type: ignore[union-attr]
+    assert rc.held == 0
+    d = src.digests[TOPIC]
+    assert in_txn == 200  # two entries in three
+    assert d.transactions > 50 and d.aborted_transactions == d.transactions // 4
+    assert rc.counts.transactions_committed + rc.counts.transactions_aborted == d.transactions
+    assert rc.counts.aborted_messages == d.aborted_messages > 0
+    assert d.visible_messages is not None
+    assert len(visible) == d.visible_messages < d.messages
+    assert _digest(visible) == d.sha1.hexdigest()
+
+
 class TestPulsarEntries:
     """Entries decode as Pulsar's format with the fields a real producer sets."""
 
