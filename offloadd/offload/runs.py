@@ -47,6 +47,9 @@ class Run:
 class RunReader:
     """One topic's reads into a shared :class:`OffloadBuffer`."""
 
+    # one per topic: 10,000 of them (issue 22), no instance dict
+    __slots__ = ("_buffer", "_source", "_topic")
+
     def __init__(self, source: LedgerSource, buffer: OffloadBuffer, topic: TopicName) -> None:
         self._source = source
         self._buffer = buffer

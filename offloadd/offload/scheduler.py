@@ -42,7 +42,7 @@ STOP_CLOSES_AT_ONCE = 256
 LEAVE_OVER = 64
 
 
-@dataclass
+@dataclass(slots=True)
 class Running:
     task: asyncio.Task[None]
     offloader: TopicOffloader

@@ -140,6 +140,9 @@ class TailLog:
     """Marks observed on one topic, thinned to one a second and dropped once behind the
     offloader's position. Holds no clock: the caller passes wall time in."""
 
+    # one per topic: 10,000 of them (issue 22), no instance dict
+    __slots__ = ("_marks",)
+
     def __init__(self) -> None:
         self._marks: list[Mark] = []
 

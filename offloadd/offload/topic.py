@@ -52,6 +52,10 @@ class TopicOffloader(TopicContext):
     It is the topic's :class:`TopicContext` (position, last commit, failures: what the daemon
     and ``status`` read) with the loop around it; the modes share it."""
 
+    __slots__ = ("_held", "_manual", "_recovery_failures", "_reported_lost", "_stop_fut",
+                 "_stopping", "_turn", "lag", "leave_open", "ledger_mode", "recovered", "state",
+                 "streaming")
+
     def __init__(self, topic: TopicName, env: OffloadEnv, policy: Callable[[], TopicPolicy],
                  fence: Fence, probe: TopicProbe | None = None,
                  status: StatusSink | None = None) -> None:
