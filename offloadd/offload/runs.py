@@ -32,7 +32,7 @@ def _nothing() -> None:
     pass
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Run:
     """A run of entries in buffer memory, and what frees that memory (call ``release`` exactly
     once). ``park``/``unpark`` (before ``release``) mark the run as backing blocks that wait

@@ -54,7 +54,7 @@ class Thresholds:
         return bool(self.bytes) or bool(self.seconds)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Mark:
     """The tail was ``position``, with ``cum_bytes`` of payload up to and including it, at
     ``wall_ms``."""
