@@ -190,9 +190,11 @@ class ChangeWatcher:
                          self._reader.path)
             try:
                 self._look()
-            except OSError as exc:  # the waiters' own timeouts still bound their waits
+            except OSError as exc:  # the tick above still ends the waits at their deadlines
                 log.warning("reading the ledger change journal %s failed: %s",
                             self._reader.path, exc)
+            except Exception:  # the tick must go on: it is every idle wait's deadline
+                log.exception("reading the ledger change journal %s failed", self._reader.path)
 
     def _look(self) -> None:
         changed = self._reader.changes()
