@@ -159,6 +159,8 @@ class TopicOffloader(TopicContext):
                                   self.position)
         pos, desc = self._normalise(ledgers)
         stopping = self._stopping
+        if stopping and self._turn is None and self.env.stop_closes is not None:
+            return False  # the stop came while it read: its turn first, then read again
         if policy.mode is OffloadMode.LEDGER and not stopping:
             target, used = roller.roll(policy.roll, now=self.env.clock(), ledgers=ledgers,
                                        segment=self.streaming.open_segment(),
