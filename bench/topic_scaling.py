@@ -61,6 +61,7 @@ import asyncio
 import json
 import os
 import platform
+import re
 import shutil
 import signal
 import socket
@@ -312,16 +313,37 @@ class Daemon:
         return out
 
     def stop(self, timeout: float) -> dict[str, Any]:
-        """SIGTERM; seconds until exit (SIGKILL after ``timeout``)."""
+        """SIGTERM; seconds until exit (SIGKILL after ``timeout``), and what the stop left
+        unfinished by its rule (``stop_left``: the count in the daemon's "shutdown deadline"
+        warning; None when every open segment was committed)."""
         assert self.proc is not None
+        mark = self.log.stat().st_size if self.log is not None else 0
         t0 = time.monotonic()
         self.proc.send_signal(signal.SIGTERM)
         try:
             code = self.proc.wait(timeout)
-            return {"seconds": round(time.monotonic() - t0, 2), "exit": code, "killed": False}
+            out = {"seconds": round(time.monotonic() - t0, 2), "exit": code, "killed": False}
         except subprocess.TimeoutExpired:
             self.kill()
-            return {"seconds": round(time.monotonic() - t0, 2), "exit": None, "killed": True}
+            out = {"seconds": round(time.monotonic() - t0, 2), "exit": None, "killed": True}
+        out["stop_left"] = self._stop_left(mark)
+        return out
+
+    def _stop_left(self, mark: int) -> int | None:
+        if self.log is None:
+            return None
+        with self.log.open("rb") as f:
+            f.seek(mark)
+            text = f.read().decode(errors="replace")
+        for line in text.splitlines():
+            if "shutdown deadline" not in line:
+                continue
+            # "... abandoning A close(s) under way, leaving L open segment(s) ..." (or before
+            # the close budget: "... leaving (...) N in-flight segment(s)")
+            nums = [int(n) for n in re.findall(r"(\d+) (?:close|open segment|in-flight)",
+                                               line)]
+            return sum(nums)
+        return None
 
     def profile_toggle(self, name: str) -> None:
         """With ``--profile``: start the daemon's profile (``name``), or write the running one

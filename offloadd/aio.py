@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Coroutine
-from typing import Any
+from typing import Any, TypeVar
 
-__all__ = ["first_of", "to_the_end"]
+__all__ = ["first_of", "retrieved", "to_the_end"]
+
+T = TypeVar("T")
 
 
 async def first_of(*aws: Awaitable[object], timeout: float | None = None) -> None:
@@ -38,3 +40,19 @@ async def to_the_end(work: Coroutine[Any, Any, None]) -> None:
     task.result()
     if cancelled:
         raise asyncio.CancelledError
+
+
+def retrieved(fut: asyncio.Future[T]) -> asyncio.Future[T]:
+    """``fut``, with its exception (if it ends with one) marked as retrieved when it ends.
+
+    For a future under ``asyncio.shield``: once the awaiter is cancelled or times out, nobody
+    awaits the inner future, and when it later fails Python 3.11 logs "Future exception was
+    never retrieved" as it is collected (noise at every stop with requests in flight). Its
+    failure has been dealt with by then (the awaiter's timeout or cancellation)."""
+    fut.add_done_callback(_retrieve)
+    return fut
+
+
+def _retrieve(fut: asyncio.Future[Any]) -> None:
+    if not fut.cancelled():
+        fut.exception()

@@ -287,4 +287,5 @@ def scheduler_settings(settings: Settings) -> SchedulerSettings:
     """What the scheduler reads of ``[daemon]``."""
     d = settings.daemon
     return SchedulerSettings(shutdown_deadline_s=d.shutdown_deadline_s,
+                             stop_close_budget_s=d.stop_close_budget_s,
                              status_interval_s=d.status_interval_s)

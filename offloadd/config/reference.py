@@ -168,9 +168,14 @@ _DOCS: dict[str, str] = {
     "metrics.bind": "host:port of the metrics HTTP endpoint",
     "daemon.pid_file": "written by `offloadd run`; `offloadd offload-now` signals the process "
                        "it names",
-    "daemon.shutdown_deadline_s": "SIGTERM: the whole stop's bound; uploads still in flight a "
-                                  "third of it before the end (at most 10 s) are abandoned "
-                                  "(and redone on the next start)",
+    "daemon.shutdown_deadline_s": "SIGTERM: the whole stop's bound (open segments close for "
+                                  "stop_close_budget_s of it; the rest writes the status "
+                                  "records and gives the topics back)",
+    "daemon.stop_close_budget_s": "SIGTERM: how long open segments close and commit, a few "
+                                  "at a time; then at most 64 closes under way are abandoned "
+                                  "and the others left as a crash leaves them (redone by the "
+                                  "next start: nothing lost or twice); default: half of "
+                                  "shutdown_deadline_s, never more than it",
     "daemon.log_format": '"auto": JSON lines unless stderr is a terminal',
     "daemon.log_level": "applied again on SIGHUP",
 }

@@ -361,6 +361,7 @@ class LakehouseSettings(Section):
 class DaemonSettings(Section):
     pid_file: Path = Path("./data/offloadd.pid")
     shutdown_deadline_s: float = Field(30.0, gt=0)
+    stop_close_budget_s: float | None = Field(None, gt=0)
     owner_id: str | None = Field(None, description="default: hostname-pid")
     log_format: Literal["auto", "json", "text"] = "auto"
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"

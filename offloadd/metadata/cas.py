@@ -42,6 +42,7 @@ import contextlib
 import weakref
 from collections.abc import Awaitable, Callable, Sequence
 
+from offloadd import aio
 from offloadd.errors import Conflict, NotFound
 from offloadd.metadata.base import CreateOp, MetadataStore, Op, SetOp, Versioned
 from offloadd.retry import CAS, Backoff
@@ -208,7 +209,7 @@ async def _ensure_parent(store: MetadataStore, path: str) -> None:
     fut = known.get(parent)
     if fut is None or fut.get_loop() is not asyncio.get_running_loop() or \
             (fut.done() and (fut.cancelled() or fut.exception() is not None)):
-        fut = known[parent] = asyncio.ensure_future(_make_parent(store, parent))
+        fut = known[parent] = aio.retrieved(asyncio.ensure_future(_make_parent(store, parent)))
     await asyncio.shield(fut)
 
 

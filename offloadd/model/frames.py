@@ -35,7 +35,7 @@ class PieceSums:
     crcs: Sequence[int]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class EntryRun:
     """Entries ``first_entry_id .. first_entry_id + count - 1`` of one ledger, framed.
 

@@ -96,7 +96,7 @@ class LedgerState(enum.Enum):
     CLOSED = "closed"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class LedgerDesc:
     """One ledger of a managed ledger as the source sees it right now.
 

@@ -89,7 +89,7 @@ def stored(complete: bool) -> SegmentState:
     return SegmentState.OFFLOADED if complete else SegmentState.ASSIGNED
 
 
-@dataclass
+@dataclass(slots=True)
 class Tracked:
     """One segment's state as a process follows it; it moves only through :func:`advance`."""
 

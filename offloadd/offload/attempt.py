@@ -46,7 +46,7 @@ __all__ = ["SegmentAttempt", "Uploads", "attempt_keys", "delete_attempt", "open_
            "open_streaming"]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Uploads:
     """How one topic's data objects are uploaded: where, how many parts at once and how large,
     through which throttle, reporting each part to whom."""

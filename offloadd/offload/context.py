@@ -159,6 +159,11 @@ async def _sleep(timeout: float) -> None:
 
 
 class TopicContext:
+    # one per topic: 10,000 of them (issue 22), no instance dict
+    __slots__ = ("attempt", "catalog_node", "committed_segments", "env", "failed_attempts",
+                 "fence", "last_commit_ms", "last_committed", "last_error", "policy", "position",
+                 "probe", "reader", "segment", "status_sink", "topic", "uploads", "wake")
+
     def __init__(self, topic: TopicName, env: OffloadEnv, policy: Callable[[], TopicPolicy],
                  fence: Fence, probe: TopicProbe, status: StatusSink | None) -> None:
         self.topic = topic

@@ -50,7 +50,7 @@ STILL_MARGIN_MS = 1000  # LagMonitor.still: how stale a "no change" may be
 MAX_SAMPLES = 2048  # per topic; beyond this the history is thinned (bounds stay safe)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Lag:
     entries: int
     bytes: int

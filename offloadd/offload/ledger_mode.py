@@ -27,6 +27,9 @@ log = logging.getLogger(__name__)
 
 
 class LedgerMode:
+    # one per topic: 10,000 of them (issue 22), no instance dict
+    __slots__ = ("ctx", "streaming")
+
     def __init__(self, ctx: TopicContext, streaming: StreamingMode) -> None:
         self.ctx = ctx
         self.streaming = streaming

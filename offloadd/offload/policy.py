@@ -31,7 +31,14 @@ class SchedulerSettings:
     """``[daemon]`` keys the scheduler reads when it needs them (a reload applies)."""
 
     shutdown_deadline_s: float = 30.0
+    # of the deadline, how long open segments close at a stop (None: half the deadline)
+    stop_close_budget_s: float | None = None
     status_interval_s: float = 30.0
+
+    def stop_close_budget(self) -> float:
+        b = self.stop_close_budget_s
+        return min(b if b is not None else self.shutdown_deadline_s / 2,
+                   self.shutdown_deadline_s)
 
 
 @dataclass(frozen=True)

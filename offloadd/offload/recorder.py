@@ -38,6 +38,11 @@ log = logging.getLogger(__name__)
 
 
 class StatusRecorder:
+    # one per topic: 10,000 of them (issue 22), no instance dict
+    __slots__ = ("_clock", "_close_timeout", "_dirty", "_fence", "_fenced", "_interval", "_kick",
+                 "_known", "_ml", "_multi", "_started", "_store", "_task", "_urgent", "_wall_ms",
+                 "_written", "_written_at", "status", "writes")
+
     def __init__(self, store: MetadataStore, ml_name: str, fence: Fence, owner: str, *,
                  interval_s: float = 30.0, close_timeout_s: float = 5.0,
                  wall_ms: Callable[[], int] = lambda: int(time.time() * 1000),

@@ -86,7 +86,7 @@ class Action(enum.Enum):
     WAIT = "wait"  # wait for entries (or a trigger) at most ``wait_s``
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class OpenSegment:
     """What the roller needs to know of the open segment."""
 
@@ -96,7 +96,7 @@ class OpenSegment:
     close_target: Position | None  # set once a roll was decided: read no further than this
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Decision:
     action: Action
     close_target: Position | None = None  # the open segment's, possibly just decided

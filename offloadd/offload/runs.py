@@ -32,7 +32,7 @@ def _nothing() -> None:
     pass
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Run:
     """A run of entries in buffer memory, and what frees that memory (call ``release`` exactly
     once). ``park``/``unpark`` (before ``release``) mark the run as backing blocks that wait
@@ -46,6 +46,9 @@ class Run:
 
 class RunReader:
     """One topic's reads into a shared :class:`OffloadBuffer`."""
+
+    # one per topic: 10,000 of them (issue 22), no instance dict
+    __slots__ = ("_buffer", "_source", "_topic")
 
     def __init__(self, source: LedgerSource, buffer: OffloadBuffer, topic: TopicName) -> None:
         self._source = source

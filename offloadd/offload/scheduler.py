@@ -35,14 +35,14 @@ __all__ = ["Running", "Scheduler", "SchedulerSettings"]
 
 log = logging.getLogger(__name__)
 
-ABANDON_GRACE_S = 10.0
 # open segments closing at once during a stop (a commit batch's worth)
 STOP_CLOSES_AT_ONCE = 256
-# more segments than this still open at a stop's closing time are left, not abandoned
+# at most this many closes under way at the close budget's end are abandoned (cleaned up);
+# the other unfinished topics are left as a crash leaves them
 LEAVE_OVER = 64
 
 
-@dataclass
+@dataclass(slots=True)
 class Running:
     task: asyncio.Task[None]
     offloader: TopicOffloader
@@ -216,42 +216,46 @@ class Scheduler:
 
     # ---- stopping ------------------------------------------------------------------------
     async def shutdown(self) -> None:
-        """Stop every task within the shutdown deadline, the whole stop included: open
-        segments are closed and committed until ``deadline - reserve``; what is still in
-        flight then is abandoned safely (a later run redoes it) in the reserve, where the
-        status records are written and ownership given back too (``reserve`` = a third of the
-        deadline, at most ``ABANDON_GRACE_S``). 10,000 open segments cannot all close within
-        30 s; they must not make the stop outlast the supervisor's patience."""
-        deadline = self._policies.scheduler_settings().shutdown_deadline_s
+        """Stop every task within the shutdown deadline, the whole stop included.
+
+        The rule (docs/operations.md, "Stopping"): for ``stop_close_budget_s`` (default half
+        the deadline) open segments close and commit, ``STOP_CLOSES_AT_ONCE`` at a time, each
+        topic waiting for its turn before it even reads its ledgers. At the budget's end, of
+        the closes under way at most ``LEAVE_OVER`` are abandoned (upload aborted, objects
+        deleted: a few requests each); every other unfinished topic is left exactly as a
+        crash leaves it: nothing of its open segment recorded (or, ASSIGNED, redone by
+        recovery), its incomplete upload offloadd gc's. The next start commits the rest;
+        nothing is lost or written twice. The rest of the deadline writes the status records
+        and gives ownership back. 10,000 open segments cannot all close within 30 s; they
+        must not make the stop outlast the supervisor's patience."""
+        settings = self._policies.scheduler_settings()
+        deadline = settings.shutdown_deadline_s
         loop = asyncio.get_running_loop()
         end = loop.time() + deadline
-        reserve = min(ABANDON_GRACE_S, deadline / 3)
 
-        def left(floor: float = 0.5) -> float:  # of the reserve, but never nothing at all
+        def left(floor: float = 0.5) -> float:  # of the deadline, but never nothing at all
             return max(end - loop.time(), floor)
 
-        # a few closes at a time (see OffloadEnv.stop_closes): those finish and commit, and
-        # what has not begun by the closing time is left as it is
         self.env.stop_closes = asyncio.Semaphore(STOP_CLOSES_AT_ONCE)
         for r in self.topics.values():
             r.offloader.request_stop()
         tasks = [r.task for r in self.topics.values()]
         if tasks:
-            _, pending = await asyncio.wait(tasks, timeout=deadline - reserve)
-            # Cleaning each one up (abort its upload, read the catalog, delete the objects)
-            # is three or four store requests a topic: 10,000 of them outlast any deadline.
-            # Above LEAVE_OVER they are left as a crash leaves them: nothing of theirs is
-            # recorded (or, ASSIGNED, recovery redoes it), and offloadd gc sweeps the uploads.
-            leave = len(pending) > LEAVE_OVER
+            _, pending = await asyncio.wait(tasks, timeout=settings.stop_close_budget())
+            abandoning = 0
             for r in self.topics.values():
                 if r.task in pending:
-                    r.offloader.leave_open = leave
+                    # a task still waiting for its turn has begun nothing of its close
+                    abandon = r.offloader.in_turn and abandoning < LEAVE_OVER
+                    abandoning += abandon
+                    r.offloader.leave_open = not abandon
                     r.task.cancel()
             if pending:
-                log.warning("shutdown deadline (%.0fs) close to passing: %s %d in-flight "
-                            "segment(s); they are redone on the next start", deadline,
-                            "leaving (offloadd gc sweeps their uploads)" if leave
-                            else "abandoning", len(pending))
+                log.warning("stop: close budget (%.0fs of the %.0fs shutdown deadline) spent: "
+                            "abandoning %d close(s) under way, leaving %d open segment(s) as "
+                            "a crash leaves them; the next start commits them (offloadd gc "
+                            "sweeps left uploads)", settings.stop_close_budget(), deadline,
+                            abandoning, len(pending) - abandoning)
                 # abandoning aborts uploads; a hung store must not hold the exit hostage
                 # (a third of what is left stays for the status records and releases)
                 _, stuck = await asyncio.wait(pending, timeout=left() * 2 / 3)

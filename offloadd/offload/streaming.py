@@ -44,6 +44,9 @@ ABANDON_READ_FOR_S = 5.0
 
 
 class StreamingMode:
+    # one per topic: 10,000 of them (issue 22), no instance dict
+    __slots__ = ("bytes_before", "ctx", "pending_since")
+
     def __init__(self, ctx: TopicContext) -> None:
         self.ctx = ctx
         self.pending_since: float | None = None  # unread entries seen, no segment open yet

@@ -54,7 +54,7 @@ class Thresholds:
         return bool(self.bytes) or bool(self.seconds)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Mark:
     """The tail was ``position``, with ``cum_bytes`` of payload up to and including it, at
     ``wall_ms``."""
@@ -139,6 +139,9 @@ def clip(ledgers: Sequence[LedgerDesc], end: Position | None,
 class TailLog:
     """Marks observed on one topic, thinned to one a second and dropped once behind the
     offloader's position. Holds no clock: the caller passes wall time in."""
+
+    # one per topic: 10,000 of them (issue 22), no instance dict
+    __slots__ = ("_marks",)
 
     def __init__(self) -> None:
         self._marks: list[Mark] = []

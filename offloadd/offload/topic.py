@@ -52,6 +52,10 @@ class TopicOffloader(TopicContext):
     It is the topic's :class:`TopicContext` (position, last commit, failures: what the daemon
     and ``status`` read) with the loop around it; the modes share it."""
 
+    __slots__ = ("_held", "_manual", "_recovery_failures", "_reported_lost", "_stop_fut",
+                 "_stopping", "_turn", "lag", "leave_open", "ledger_mode", "recovered", "state",
+                 "streaming")
+
     def __init__(self, topic: TopicName, env: OffloadEnv, policy: Callable[[], TopicPolicy],
                  fence: Fence, probe: TopicProbe | None = None,
                  status: StatusSink | None = None) -> None:
@@ -68,6 +72,9 @@ class TopicOffloader(TopicContext):
         # a stop out of time: a cancellation leaves the open attempt as a crash would (nothing
         # recorded for it; its incomplete upload is offloadd gc's) instead of cleaning it up
         self.leave_open = False
+        # the stop's turn this task holds (OffloadEnv.stop_closes), from before it reads its
+        # ledgers until it ends: a task holding one is mid-way through its last close
+        self._turn: asyncio.Semaphore | None = None
         self._recovery_failures = 0  # failures since the last good recovery that were its own
         self._reported_lost: set[int] | None = None  # made at the first loss
         self._held = TailLog()  # marks for the offload thresholds
@@ -80,6 +87,11 @@ class TopicOffloader(TopicContext):
     @property
     def running(self) -> bool:
         return self.state is Lifecycle.RUNNING
+
+    @property
+    def in_turn(self) -> bool:
+        """Stopping and past waiting for its turn: it may be closing its open segment."""
+        return self._turn is not None
 
     # ---- control -------------------------------------------------------------------------
     def trigger(self) -> None:
@@ -127,16 +139,28 @@ class TopicOffloader(TopicContext):
                 await self.streaming.abandon()  # runs to its end even when cancelled
             raise
         finally:
+            if self._turn is not None:
+                self._turn.release()
+                self._turn = None
             self.state = self.state.to(Lifecycle.STOPPED)
 
     async def _step(self) -> bool:
         """One turn of the loop; True when the task is finished (stopped)."""
+        gate = self.env.stop_closes
+        if self._stopping and gate is not None and self._turn is None:
+            # A stop's closes take turns (OffloadEnv.stop_closes), and the turn is taken
+            # before the ledgers are read: 10,000 topics reading at once delayed every close.
+            # It is kept until the task ends, so one close is not spread over many turns.
+            await gate.acquire()
+            self._turn = gate
         policy = self.policy()
         # the offload thresholds hide what must stay only in the source for now
         ledgers = self._held.clip(policy.thresholds, await self.ledgers(), self.env.wall_ms(),
                                   self.position)
         pos, desc = self._normalise(ledgers)
         stopping = self._stopping
+        if stopping and self._turn is None and self.env.stop_closes is not None:
+            return False  # the stop came while it read: its turn first, then read again
         if policy.mode is OffloadMode.LEDGER and not stopping:
             target, used = roller.roll(policy.roll, now=self.env.clock(), ledgers=ledgers,
                                        segment=self.streaming.open_segment(),
@@ -152,10 +176,6 @@ class TopicOffloader(TopicContext):
             idle_poll_s=self.idle_poll_s(policy))
         self._apply(d.close_target, d.trigger_used)
         self.streaming.pending_since = d.pending_since
-        gate = self.env.stop_closes
-        if stopping and gate is not None and d.action is roller.Action.CLOSE:
-            async with gate:  # a stop's closes take turns (OffloadEnv.stop_closes)
-                return await self.streaming.act(d, pos, desc)
         return await self.streaming.act(d, pos, desc)
 
     def _apply(self, close_target: Position | None, trigger_used: bool) -> None:

@@ -5,10 +5,12 @@ background duties (retention and gc, the read-back check, lag). The duties' loop
 Lifecycle ``NEW → RUNNING → STOPPING → STOPPED`` (:class:`~offloadd.model.lifecycle.Lifecycle`).
 Signals (installed by :meth:`Daemon.run`): ``SIGUSR1`` closes every open segment now, ``SIGHUP``
 reloads the configuration (throttle, policies) without dropping work, ``SIGTERM``/``SIGINT``
-stop gracefully: no new entries are taken, open segments are closed and committed within
-``shutdown_deadline_s``, and whatever is still in flight then is abandoned safely (nothing
-half-committed; a later run redoes it). Which topics run is the scheduler's
-(:mod:`offloadd.offload.scheduler`); this module reads the configuration for it.
+stop gracefully: no new entries are taken, open segments are closed and committed, a few at a
+time, for ``stop_close_budget_s``; then at most 64 closes under way are abandoned and the other
+open segments are left as a crash leaves them (nothing half-committed; the next start commits
+them), all within ``shutdown_deadline_s`` (:meth:`Scheduler.shutdown` has the rule). Which
+topics run is the scheduler's (:mod:`offloadd.offload.scheduler`); this module reads the
+configuration for it.
 """
 
 from __future__ import annotations
@@ -201,8 +203,9 @@ class Daemon(Duties, Signals):
     def request_stop(self) -> None:
         if self.state in (Lifecycle.NEW, Lifecycle.RUNNING):
             self.state = self.state.to(Lifecycle.STOPPING)
-            log.info("stopping: no new entries; closing open segments within %.0fs",
-                     self.settings.daemon.shutdown_deadline_s)
+            stop = wiring.scheduler_settings(self.settings)
+            log.info("stopping: no new entries; closing open segments for %.0fs, exiting "
+                     "within %.0fs", stop.stop_close_budget(), stop.shutdown_deadline_s)
             if self._on_stopping is not None:
                 self._on_stopping()
         self.scheduler.stopping = True  # a discovery pass under way starts no more topics

@@ -103,3 +103,39 @@ async def test_a_follower_takes_the_topics_changed_since_it_last_asked(tmp_path:
     finally:
         await watcher.close()
     assert take() is None
+
+
+async def test_the_watchers_tick_ends_waits_at_their_deadline(tmp_path: Path) -> None:
+    """A wait's deadline is the watcher's (issue 22: no timer per idle topic): its tick ends
+    the wait at the first tick at or after the deadline; a change ends it sooner; an
+    unregistered wait leaves nothing behind."""
+    import asyncio
+
+    from offloadd.ledger.local.watch import ChangeWatcher
+
+    writer = JournalWriter(tmp_path)
+    writer.record(A)
+    watcher = ChangeWatcher(tmp_path, interval_s=0.02)
+    loop = asyncio.get_running_loop()
+    try:
+        now = loop.time()
+        soon = watcher.register(A, now + 0.1)
+        late = watcher.register(B, now + 30)
+        changed = watcher.register(A, now + 30)
+        await asyncio.sleep(0.05)
+        assert not soon.done() and not late.done()
+        await asyncio.wait_for(asyncio.shield(soon), 2)
+        assert loop.time() - now >= 0.1
+        assert not late.done() and not changed.done()
+        writer.record(A)
+        await asyncio.wait_for(asyncio.shield(changed), 2)  # its topic changed
+        assert not late.done()
+        for topic, fut, deadline in ((A, soon, now + 0.1), (B, late, now + 30),
+                                     (A, changed, now + 30)):
+            watcher.unregister(topic, fut, deadline)
+        assert watcher.waiting == 0 and not watcher._due
+        past = watcher.register(B, now - 5)  # a deadline already past: the next tick
+        await asyncio.wait_for(asyncio.shield(past), 2)
+        watcher.unregister(B, past, now - 5)
+    finally:
+        await watcher.close()

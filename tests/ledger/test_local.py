@@ -465,6 +465,43 @@ class TestWaitAcrossProcesses:
         await asyncio.wait_for(waiter, 5)
         await writer.close()
 
+    async def test_idle_waits_end_at_their_deadline_on_the_watchers_tick(
+            self, tmp_path: Path, metadata: MetadataStore,
+            monkeypatch: pytest.MonkeyPatch) -> None:
+        """Issue 22: 10,000 idle topics each held a timer (handle, timeout object, frames) for
+        its wait's deadline; the watcher's one tick ends them instead."""
+        writer = LocalLedgerWriter(tmp_path, metadata)
+        source = LocalLedgerSource(tmp_path, metadata)
+        topics = [TopicName.parse(f"persistent://public/default/idle-{i}") for i in range(50)]
+        ends = [await writer.append(t, [b"x"]) for t in topics]
+        loop = asyncio.get_running_loop()
+        timers: list[float | None] = []
+        timeout = asyncio.timeout
+
+        def counted(delay: float | None) -> asyncio.Timeout:
+            timers.append(delay)
+            return timeout(delay)
+
+        monkeypatch.setattr(asyncio, "timeout", counted)
+        t0 = loop.time()
+        waits = [asyncio.create_task(source.wait_for_entries(t, p.ledger_id, p.entry_id, 0.3))
+                 for t, p in zip(topics, ends, strict=True)]
+        await asyncio.sleep(0.1)
+        assert not any(w.done() for w in waits)  # waiting: nothing written
+        assert timers == []  # the watcher's tick, not a timer per wait
+        await asyncio.wait_for(asyncio.gather(*waits), 5)  # each ends at its deadline
+        assert loop.time() - t0 >= 0.3
+        assert source._watcher.waiting == 0 and not source._watcher._due
+        # a wait woken by a change leaves nothing behind either
+        waiter = asyncio.create_task(source.wait_for_entries(topics[0], ends[0].ledger_id,
+                                                             ends[0].entry_id, 30))
+        await asyncio.sleep(0.1)
+        await writer.append(topics[0], [b"y"])
+        await asyncio.wait_for(waiter, 5)
+        assert source._watcher.waiting == 0 and not source._watcher._due
+        await writer.close()
+        await source.close()
+
     async def test_wait_at_the_end_of_a_closed_last_ledger_waits_for_a_new_one(
             self, tmp_path: Path, metadata: MetadataStore) -> None:
         writer = LocalLedgerWriter(tmp_path, metadata)

@@ -29,7 +29,7 @@ async def test_pooled_arrays_are_dropped_once_the_buffer_is_quiet() -> None:
     assert trim.due()
     assert buf.pooled == 0
     now[0] += 60.0
-    assert not trim.due()  # nothing pooled: nothing to do
+    assert not trim.due()  # the same quiet spell: trimmed once
     # traffic refills the pool as before, and a read is served from it
     again = buf.lease(4096)
     buf.give_back(again)
@@ -47,3 +47,20 @@ async def test_a_busy_buffer_keeps_its_pool() -> None:
         await buf.reserve(1)  # and bytes taken: the buffer is busy
         assert not trim.due()
     assert buf.pooled == 4096
+
+
+async def test_every_quiet_spell_is_trimmed_once_even_with_nothing_pooled() -> None:
+    """What catching up leaves in the C allocator is not in the pool: an idle daemon whose
+    pool is empty (copied short reads, a capped pool) trims all the same, once a spell."""
+    now = [0.0]
+    buf = OffloadBuffer(1 << 20)
+    trim = MemoryTrim(buf, quiet_s=10.0, clock=lambda: now[0])
+    for _ in range(2):  # two spells of traffic, each followed by quiet
+        await buf.reserve(4096)
+        buf.release(4096)
+        assert buf.pooled == 0
+        assert not trim.due()  # it just moved
+        now[0] += 11.0
+        assert trim.due()  # quiet: trim, nothing pooled or not
+        now[0] += 60.0
+        assert not trim.due()  # once per spell

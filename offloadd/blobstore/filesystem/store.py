@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from pathlib import Path
 from typing import TypeVar
 
+from offloadd import aio
 from offloadd.blobstore.base import (
     PROBE_KEY_PREFIX,
     BlobStore,
@@ -112,7 +113,7 @@ class FilesystemBlobStore(BlobStore, UploadSweeper, WriteFence):
             future = loop.run_in_executor(self._workers, fn, *args)
             try:
                 async with asyncio.timeout(budget):
-                    result = await asyncio.shield(future)
+                    result = await asyncio.shield(aio.retrieved(future))
             except TimeoutError:
                 health.record_stall()
                 said = (f"{what}: no answer from the filesystem within {budget:.1f}s (deadline: "
@@ -143,7 +144,7 @@ class FilesystemBlobStore(BlobStore, UploadSweeper, WriteFence):
         future = loop.run_in_executor(self._workers, os.stat, self.root)
         try:
             async with asyncio.timeout(self.request_timeout_s):
-                await asyncio.shield(future)
+                await asyncio.shield(aio.retrieved(future))
         except FileNotFoundError:
             return  # a root not made yet: the filesystem answered
         except (OSError, TimeoutError) as e:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import time
@@ -231,18 +230,18 @@ class LocalLedgerSource(LedgerSource, LedgerDeleter, LocalCopies, EntryChecksums
         """
         if await self._notifier.wait_past(topic, ledger_id, last_known_entry_id, timeout):
             return
-        # another process writes the topic: its writer's journal says when (watch.py)
-        changed = self._watcher.register(topic)
+        # another process writes the topic: its writer's journal says when (watch.py), and
+        # the watcher's tick ends the wait at its deadline (no timer per waiting topic)
+        deadline = asyncio.get_running_loop().time() + timeout
+        changed = self._watcher.register(topic, deadline)
         try:
             if await self._moved(topic, ledger_id, last_known_entry_id):
                 return
             # awaited as it is (not through asyncio.wait: a waiter future, a set and a
             # callback per idle topic); cancelling this call cancels it, and it is dropped
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(timeout):
-                    await changed
+            await changed
         finally:
-            self._watcher.unregister(topic, changed)
+            self._watcher.unregister(topic, changed, deadline)
 
     def generation(self, topic: TopicName) -> tuple[int, int] | None:
         """Changes the writer recorded for the topic so far, None when unknown: while it is

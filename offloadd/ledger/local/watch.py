@@ -8,6 +8,10 @@ source runs one task that reads the store's change journal (:mod:`.journal`) eve
 waiters of the topics it names (all of them when the journal cannot say). An idle daemon thus
 costs one tiny read per tick whatever its number of topics.
 
+A wait's deadline is the watcher's too: it ends idle waits on its tick (late by at most one
+``interval_s``) rather than each waiting topic holding a timer of its own — at 10,000 idle
+topics that was 10,000 timer handles, timeout objects and the frames around them (issue 22).
+
 It also counts, per topic, the changes it has seen (:meth:`generation`), and hands each
 follower (:meth:`follow`) the topics that changed since it last asked: the daemon's lag loop
 measures only those again, not every topic every interval (``offloadd/shell/daemon.py``).
@@ -18,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 from collections.abc import Callable
 from pathlib import Path
 
@@ -48,7 +53,11 @@ class ChangeWatcher:
     def __init__(self, store: Path, interval_s: float = DEFAULT_INTERVAL_S) -> None:
         self._reader = JournalReader(store)
         self._interval = interval_s
-        self._waiters: dict[int, set[asyncio.Future[None]]] = {}
+        # per journal key, the futures waiting for its next change (a list: one waiter a topic)
+        self._waiters: dict[int, list[asyncio.Future[None]]] = {}
+        # per tick (deadline / interval, rounded up), the futures whose wait ends then
+        self._due: dict[int, list[asyncio.Future[None]]] = {}
+        self._next_tick: int | None = None  # the first tick not yet expired
         self._counts: dict[int, int] = {}
         self._keys: dict[TopicName, int] = {}  # topic -> journal key (a hash: computed once)
         self._names: dict[int, list[TopicName]] = {}  # journal key -> the topics it stands for
@@ -71,22 +80,21 @@ class ChangeWatcher:
         self._task = asyncio.get_running_loop().create_task(self._run(),
                                                             name="ledger change watcher")
 
-    def register(self, topic: TopicName) -> asyncio.Future[None]:
-        """A future done at the topic's next recorded change. Register *before* looking at
-        the topic, so that a change between the look and the wait is not missed; and
-        :meth:`unregister` it afterwards."""
+    def register(self, topic: TopicName, deadline: float) -> asyncio.Future[None]:
+        """A future done at the topic's next recorded change, or at the first tick at or
+        after ``deadline`` (event-loop time). Register *before* looking at the topic, so that
+        a change between the look and the wait is not missed; and :meth:`unregister` it
+        afterwards, with the same deadline."""
         self.start()
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiters.setdefault(self._key(topic), set()).add(fut)
+        self._waiters.setdefault(self._key(topic), []).append(fut)
+        self._due.setdefault(self._tick(deadline), []).append(fut)
         return fut
 
-    def unregister(self, topic: TopicName, fut: asyncio.Future[None]) -> None:
+    def unregister(self, topic: TopicName, fut: asyncio.Future[None], deadline: float) -> None:
         key = self._key(topic)
-        waiting = self._waiters.get(key)
-        if waiting is not None:
-            waiting.discard(fut)
-            if not waiting:
-                del self._waiters[key]
+        _drop(self._waiters, key, fut)
+        _drop(self._due, self._tick(deadline), fut)
 
     def generation(self, topic: TopicName) -> tuple[int, int] | None:
         """Changes seen for the topic so far (with the epoch of changes to unknown topics);
@@ -133,6 +141,8 @@ class ChangeWatcher:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._reader.close()
+        self._due.clear()  # (their waits are woken below)
+        self._next_tick = None
         for follower in self._followers:
             follower.everything = True
         self._wake_all()
@@ -146,19 +156,45 @@ class ChangeWatcher:
             self._names.setdefault(key, []).append(topic)
         return key
 
+    def _tick(self, deadline: float) -> int:
+        tick = math.ceil(deadline / self._interval)
+        first = self._next_tick
+        return tick if first is None or tick >= first else first
+
+    def _expire(self, now: float) -> None:
+        """End the waits whose deadline has passed (their tick has come)."""
+        last = math.floor(now / self._interval)
+        due = self._due
+        first = self._next_tick
+        if first is None:
+            first = min(due, default=last + 1)
+        if first <= last and due:
+            # after a long stall, only the ticks that have waits (not every one in between)
+            ticks = range(first, last + 1) if last - first <= len(due) else \
+                sorted(t for t in due if t <= last)
+            for t in ticks:
+                for fut in due.pop(t, ()):
+                    if not fut.done():
+                        fut.set_result(None)
+        self._next_tick = last + 1
+
     async def _run(self) -> None:
         ticks = 0
+        loop = asyncio.get_running_loop()
         while True:
             await asyncio.sleep(self._interval)
             ticks += 1
+            self._expire(loop.time())
             if ticks % REOPEN_EVERY == 0 and self._reader.replaced():
                 log.info("ledger change journal %s was replaced; following the new one",
                          self._reader.path)
             try:
                 self._look()
-            except OSError as exc:  # the waiters' own timeouts still bound their waits
+            except OSError as exc:  # the tick above still ends the waits at their deadlines
                 log.warning("reading the ledger change journal %s failed: %s",
                             self._reader.path, exc)
+            except Exception:  # the tick must go on: it is every idle wait's deadline
+                log.exception("reading the ledger change journal %s failed", self._reader.path)
 
     def _look(self) -> None:
         changed = self._reader.changes()
@@ -184,3 +220,15 @@ class ChangeWatcher:
             for fut in futs:
                 if not fut.done():
                     fut.set_result(None)
+
+
+def _drop(index: dict[int, list[asyncio.Future[None]]], key: int,
+          fut: asyncio.Future[None]) -> None:
+    """Remove ``fut`` from ``index[key]`` (gone already if it was woken), and an emptied key."""
+    futs = index.get(key)
+    if futs is None:
+        return
+    with contextlib.suppress(ValueError):
+        futs.remove(fut)
+    if not futs:
+        del index[key]
