@@ -162,6 +162,12 @@ class StoreHealth(StoreHealthView):
             log.info("store health: %s accepts %s again", self.name or "the store", op)
         self._record(True)
 
+    def clear_refusal(self, op: str) -> None:
+        """Withdraw ``op``'s refusal without counting a request (the caller's success of another
+        operation proved it lifted)."""
+        if self._refused.pop(op, None) is not None:
+            log.info("store health: %s accepts %s again", self.name or "the store", op)
+
     def record_failure(self, *, answered: bool = False) -> None:
         """A transient failure. ``answered``: the store sent an answer (a 5xx, a throttle);
         otherwise it was silence (a reset, a timeout, a missed deadline)."""

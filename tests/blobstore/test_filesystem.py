@@ -227,6 +227,42 @@ class TestErrors:
         await store.put("obj", [b"y"], {})  # nothing of the failed one in the way
         assert (tmp_path / "obj").read_bytes() == b"y"
 
+    async def test_a_full_volume_is_not_ready_until_an_object_is_written_whole(
+        self, store: FilesystemBlobStore, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        # an aborted upload frees room for a few parts of the next try: those parts must not
+        # make the store ready again while the volume stays full (readiness flapped with them)
+        real_pwritev = os.pwritev
+        full = True
+
+        def pwritev(fd: int, buffers: list[memoryview], offset: int) -> int:
+            if full:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            return real_pwritev(fd, buffers, offset)
+
+        monkeypatch.setattr(os, "pwritev", pwritev)
+        upload = await store.start_upload("obj", {})
+        with pytest.raises(Retriable, match="disk full"):
+            await upload.put_part(1, 0, [b"x"])
+        ok, why = store.health.readiness()
+        assert not ok and "disk full" in why, why
+        await upload.abort()
+
+        full = False
+        upload = await store.start_upload("obj", {})
+        await upload.put_part(1, 0, [b"x"])
+        assert not store.health.readiness()[0]  # a part written is not room for an object
+        await upload.complete()
+        assert store.health.readiness() == (True, "blob store circuit is healthy")
+
+        full = True
+        with pytest.raises(Retriable, match="disk full"):
+            await store.put("other", [b"y"], {})
+        assert not store.health.readiness()[0]
+        full = False
+        await store.put("other", [b"y"], {})
+        assert store.health.readiness()[0]
+
     async def test_a_missing_root_reads_as_not_found(self, tmp_path: Path) -> None:
         store = FilesystemBlobStore(tmp_path / "nowhere")
         with pytest.raises(NotFound):

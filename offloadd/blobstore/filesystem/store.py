@@ -34,6 +34,10 @@ from offloadd.blobstore.parts import check_range
 from offloadd.blobstore.requests import RequestCounts
 from offloadd.errors import ConfigError, Conflict, Fatal, NotFound, OffloaddError, Retriable
 
+# the refusal a full volume records, whatever write met it; cleared by an object written whole
+FULL_REFUSAL = "write"
+WHOLE_OBJECT_WRITES = frozenset({"complete", "put"})
+
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
@@ -122,9 +126,13 @@ class FilesystemBlobStore(BlobStore, UploadSweeper, WriteFence):
                 raise _Unanswered(said) from None
             except OSError as e:
                 err = translate(e, what)
-                if isinstance(err, Fatal) or e.errno in FULL:
+                if e.errno in FULL:
                     # a full volume is retried, but only an operator frees space: not ready
-                    # (/readyz 503 with the reason) until a write of that kind succeeds again
+                    # (/readyz 503 with the reason) until a whole object is written again. Not
+                    # until a write of the same kind succeeds: an aborted upload frees room for
+                    # a few parts of the next try, and readiness flapped with every retry
+                    health.record_refused(FULL_REFUSAL, str(err))
+                elif isinstance(err, Fatal):
                     health.record_refused(op, str(err))
                 elif isinstance(err, Retriable):
                     health.record_failure(answered=True)
@@ -135,6 +143,8 @@ class FilesystemBlobStore(BlobStore, UploadSweeper, WriteFence):
                 health.record_success()
                 raise
             health.record_success(op)
+            if op in WHOLE_OBJECT_WRITES:
+                health.clear_refusal(FULL_REFUSAL)
             return result
         finally:
             health.request_finished(ticket)
