@@ -16,7 +16,7 @@ from offloadd._proto import mldataformats_pb2 as pb
 from offloadd.model import catalog
 from offloadd.model.catalog import LedgerRange, TierUsage
 from offloadd.model.cost import Prices, topic_cost
-from offloadd.shell.status import _tier_text
+from offloadd.shell.status_view import _tier_text
 from tests.ops.support import DaemonProcess, offloadd
 
 DRIVER = catalog.driver_metadata("filesystem", {"managedLedgerOffloadDriver": "filesystem"})
