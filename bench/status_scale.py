@@ -7,7 +7,11 @@ failing status record. Written straight into an embedded store (one transaction)
 The command is run as a user runs it (``offloadd status --config ...``, a new process), in text
 (the summary view) and with ``--json``.
 
-    .venv/bin/python bench/status_scale.py [--topics 10000] [--namespaces 10]
+    .venv/bin/python bench/status_scale.py [--topics 10000] [--namespaces 10] [--before DIR]
+
+``--before DIR``: also run the command of the tree at ``DIR`` (``PYTHONPATH=DIR``) on the same
+catalog, each run alternating with this tree's, so both see the same load (``before`` beside
+the usual keys).
 
 Prints one JSON document.
 """
@@ -110,12 +114,15 @@ enabled = false
 _ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
 
 
-def _timed(args: list[str], cwd: Path) -> tuple[float, float, int, int]:
-    """Wall seconds, CPU seconds (user + system) of the command, its exit code, stdout size."""
+def _timed(args: list[str], cwd: Path, tree: Path | None = None
+           ) -> tuple[float, float, int, int]:
+    """Wall seconds, CPU seconds (user + system) of the command, its exit code, stdout size;
+    ``tree``: the offloadd of that directory instead of this one."""
+    env = _ENV if tree is None else {**_ENV, "PYTHONPATH": str(tree.resolve())}
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     res = subprocess.run([sys.executable, "-m", "offloadd", "status", *args],
-                         capture_output=True, text=True, timeout=900, env=_ENV, cwd=cwd)
+                         capture_output=True, text=True, timeout=900, env=env, cwd=cwd)
     wall = time.perf_counter() - t0
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
@@ -128,23 +135,35 @@ def main() -> None:
     p.add_argument("--topics", type=int, default=10_000)
     p.add_argument("--namespaces", type=int, default=10)
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--before", type=Path, default=None,
+                   help="a tree whose command runs beside this one's, alternating")
     args = p.parse_args()
     out: dict[str, Any] = {"bench": "status_scale", "topics": args.topics,
-                           "namespaces": args.namespaces}
+                           "namespaces": args.namespaces, "loadavg_before": os.getloadavg()}
     with tempfile.TemporaryDirectory(prefix="status-scale-") as tmp:
         root = Path(tmp)
         asyncio.run(synthetic_catalog(root / "metadata", args.topics, args.namespaces))
         cfg = root / "offloadd.toml"
         cfg.write_text(CONFIG.format(root=root))
         one = str(topic_name(1, args.namespaces))
-        _timed(["--config", str(cfg), "--topic", one], root)  # warm-up: writes the bytecode
+        trees: list[Path | None] = [None] if args.before is None else [None, args.before]
+        for tree in trees:  # warm-up: writes the bytecode
+            _timed(["--config", str(cfg), "--topic", one], root, tree)
+        if args.before is not None:
+            out["before"] = {"tree": str(args.before)}
         for label, extra in (("summary_text", []), ("json", ["--json"]),
                              ("namespace", ["--namespace", "tenant-1/ns-1"]),
                              ("one_topic", ["--topic", one])):
-            runs = [_timed(["--config", str(cfg), *extra], root) for _ in range(args.repeats)]
-            out[label] = {"seconds": [round(r[0], 2) for r in runs],
-                          "cpu_seconds": [round(r[1], 2) for r in runs], "exit_code": runs[0][2],
-                          "stdout_bytes": runs[0][3]}
+            runs: dict[Path | None, list[tuple[float, float, int, int]]] = {t: [] for t in trees}
+            for _ in range(args.repeats):
+                for tree in reversed(trees):
+                    runs[tree].append(_timed(["--config", str(cfg), *extra], root, tree))
+            for tree, rs in runs.items():
+                (out if tree is None else out["before"])[label] = {
+                    "seconds": [round(r[0], 2) for r in rs],
+                    "cpu_seconds": [round(r[1], 2) for r in rs], "exit_code": rs[0][2],
+                    "stdout_bytes": rs[0][3]}
+    out["loadavg_after"] = os.getloadavg()
     print(json.dumps(out, indent=2))
 
 

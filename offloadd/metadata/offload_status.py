@@ -70,8 +70,7 @@ class OffloadStatus:
             doc = json.loads(data)
             if not isinstance(doc, dict) or doc.get("state") not in STATES:
                 raise ValueError(f"state must be one of {', '.join(STATES)}")
-            known = {f.name for f in fields(cls)}
-            return cls(**{k: v for k, v in doc.items() if k in known})
+            return cls(**{k: v for k, v in doc.items() if k in _NAMES})
         except (ValueError, TypeError) as exc:
             raise FormatError(where, 0, f"offload status is not the expected JSON ({exc})") \
                 from exc
@@ -83,6 +82,7 @@ class OffloadStatus:
 
 
 _FIELDS = fields(OffloadStatus)
+_NAMES = frozenset(f.name for f in _FIELDS)  # decode's: 10,000 records in one ``status``
 
 
 async def read(store: MetadataStore, ml_name: str,

@@ -309,7 +309,8 @@ def build_parser() -> argparse.ArgumentParser:
              "answers. Exit 0 when all is well, 1 when a topic is failing, 3 when data was "
              "lost to retention.")
     sp.add_argument("--json", action="store_true",
-                    help="one JSON document on stdout instead of text (for scripts)")
+                    help="one JSON document on stdout instead of text (for scripts; above 50 "
+                    "topics written a topic a line)")
     sp.add_argument("--topic", type=_topic, action="append", metavar="TOPIC",
                     help="only this topic (repeatable), e.g. persistent://public/default/orders")
     sp.add_argument("--namespace", action="append", metavar="TENANT/NS",

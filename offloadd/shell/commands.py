@@ -194,10 +194,10 @@ async def _schema_source(md: MetadataStore, topics: list[TopicName],
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from offloadd.shell.status import (
-        SUMMARY_OVER,
-        collect,
+    from offloadd.shell.status import SUMMARY_OVER, collect
+    from offloadd.shell.status_view import (
         exit_code,
+        render_json,
         render_summary,
         render_text,
         summarize,
@@ -205,18 +205,23 @@ def cmd_status(args: argparse.Namespace) -> int:
 
     settings = _settings(args)
     setup_logs(settings, args)
+    summary = getattr(args, "summary", False)
+    # the summary view (asked for, or text over many topics) reads two nodes a topic, not four
+    every = args.json or args.topic or getattr(args, "all_topics", False)
+    lean_over = 0 if summary else None if every else SUMMARY_OVER
 
     async def go() -> int:
-        st = await collect(settings, args.topic, getattr(args, "namespace", None))
+        st = await collect(settings, args.topic, getattr(args, "namespace", None),
+                           lean_over=lean_over)
         code = exit_code(st)
-        summary = getattr(args, "summary", False)
         if args.json:
-            if summary:  # the summary instead of the (long) list
+            if summary:  # the summary instead of the (long) list, and of the daemon's
                 st = {**{k: v for k, v in st.items() if k != "topics"},
                       "summary": summarize(st)}
-            print(json.dumps(st, indent=2))
-        elif summary or (len(st["topics"]) > SUMMARY_OVER and not args.topic
-                         and not getattr(args, "all_topics", False)):
+                if isinstance(st.get("daemon"), dict):
+                    st["daemon"] = {k: v for k, v in st["daemon"].items() if k != "topics"}
+            print(render_json(st))
+        elif summary or (len(st["topics"]) > SUMMARY_OVER and not every):
             print(render_summary(st))
         else:
             print(render_text(st))

@@ -173,3 +173,16 @@ async def test_get_many_reads_every_node_and_none_for_the_absent(store: Metadata
     await store.set("/r/b", b"B2")
     got = await store.get_many(["/r/a", "/r/missing", "/r/b", "/r"])
     assert got == [Versioned(b"A", 0), None, Versioned(b"B2", 1), Versioned(b"", 0)]
+
+
+async def test_get_many_keeps_the_order_across_its_batches(store: MetadataStore) -> None:
+    """More paths than one query or one batch of pipelined reads holds (the embedded store
+    asks 500 a query, ZooKeeper sends 256 at a time), absent ones and repeats among them."""
+    if not isinstance(store, BatchedReads):
+        pytest.skip("this store has no batched reads (status reads one by one)")
+    await store.create("/m", b"")
+    await store.multi([CreateOp(f"/m/{i}", str(i).encode()) for i in range(0, 1200, 3)])
+    paths = [f"/m/{i}" for i in range(1200)] + ["/m/3", "/m/4"]
+    got = await store.get_many(paths)
+    want = [Versioned(str(i).encode(), 0) if i % 3 == 0 else None for i in range(1200)]
+    assert got == [*want, Versioned(b"3", 0), None]

@@ -65,3 +65,43 @@ def test_the_embedded_default_daemon_imports_no_heavy_library(tmp_path: Path) ->
     loaded = set(json.loads(p.stdout.strip().splitlines()[-1]))
     assert "offloadd" in loaded
     assert sorted(loaded & set(HEAVY)) == []
+
+
+STATUS_SCRIPT = textwrap.dedent("""
+    import asyncio, json, sys
+
+    async def main(path):
+        from offloadd import config, wiring
+        from offloadd.shell.status import collect
+
+        settings = config.load(path)
+        md = await wiring.open_metadata(settings)  # status refuses a store that is not there
+        await md.close()
+        await collect(settings)
+
+    asyncio.run(main(sys.argv[1]))
+    print(json.dumps(sorted({m.split(".")[0] for m in sys.modules})))
+""")
+
+
+@pytest.mark.timeout(180)
+def test_status_imports_no_lakehouse_library_while_the_lakehouse_is_off(tmp_path: Path) -> None:
+    """``offloadd status`` with the lakehouse off and no catalog: pyiceberg and its kin were a
+    third of the command's start-up (issue 22, status at 10,000 topics)."""
+    cfg = tmp_path / "offloadd.toml"
+    cfg.write_text(textwrap.dedent(f"""
+        [metadata]
+        url = "embedded:{tmp_path / 'metadata'}"
+        [source]
+        path = "{tmp_path / 'ledgers'}"
+        [lakehouse]
+        path = "{tmp_path / 'lakehouse'}"
+        [metrics]
+        enabled = false
+    """))
+    p = subprocess.run([sys.executable, "-c", STATUS_SCRIPT, str(cfg)], capture_output=True,
+                       text=True, timeout=150, cwd=tmp_path)
+    assert p.returncode == 0, p.stderr[-3000:]
+    loaded = set(json.loads(p.stdout.strip().splitlines()[-1]))
+    assert "offloadd" in loaded
+    assert sorted(loaded & {"pyiceberg", "duckdb", "pyarrow", "sqlalchemy"}) == []

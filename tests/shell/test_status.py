@@ -100,3 +100,28 @@ def test_the_deployment_never_shows_a_credential() -> None:
     assert wiring.deployment(s) == "embedded:/srv/offloadd/metadata"
     s = Settings.model_validate({"metadata": {"url": "zk://zk1:2181,zk2:2181/pulsar"}})
     assert wiring.deployment(s) == "zk://zk1:2181,zk2:2181/pulsar"
+
+
+@pytest.mark.timeout(60)
+async def test_a_daemon_that_never_answers_is_not_waited_for_past_the_timeout() -> None:
+    """A process that accepts on the metrics address but never answers (a wedged daemon):
+    status goes on without its view instead of hanging."""
+    import socket
+
+    from offloadd.shell.status import _daemon_status
+
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        bind = f"127.0.0.1:{listener.getsockname()[1]}"
+        assert await _daemon_status(bind, timeout_s=0.5) is None
+
+
+@pytest.mark.timeout(60)
+async def test_the_daemons_topic_count_is_given(tmp_path: Path, daemon: _Daemon) -> None:
+    settings = await _settings(tmp_path, daemon.bind)
+    daemon.body = {**_live(wiring.deployment(settings)),
+                   "topics": {"persistent://public/default/x": {"failed_attempts": 0}}}
+    st = await collect(settings)
+    assert st["daemon"]["topics_owned"] == 1
+    assert "1 topic(s) owned" in render_text(st)

@@ -116,3 +116,20 @@ async def _both_ways(cfg: Path) -> tuple[list[dict[str, object]], list[dict[str,
         await src.source.close()
         await md.close()
     return batched, one_by_one
+
+
+def test_json_over_many_topics_is_one_document_with_a_topic_a_line(
+        deployment: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Above ``SUMMARY_OVER`` topics ``--json`` is still one JSON document (what scripts
+    load), each topic a line of its own that parses alone once its comma is cut."""
+    code, out = _run(deployment, capsys, "--json")
+    doc = json.loads(out)
+    assert code == status.EXIT_FAILING and len(doc["topics"]) == TOPICS
+    lines = out.splitlines()
+    start = lines.index('  "topics": [')
+    one_a_line = [json.loads(line.rstrip(",")) for line in lines[start + 1:start + 1 + TOPICS]]
+    assert one_a_line == doc["topics"]
+    assert lines[start + 1 + TOPICS:] == ["  ]", "}"]
+    # few topics: indented as before
+    _, few = _run(deployment, capsys, "--json", "--namespace", "tenant-1/ns-1")
+    assert '    "topic": "persistent://tenant-1/ns-1/' in few

@@ -16,7 +16,7 @@ from offloadd._proto import mldataformats_pb2 as pb
 from offloadd.model import catalog
 from offloadd.model.catalog import LedgerRange, TierUsage
 from offloadd.model.cost import Prices, topic_cost
-from offloadd.shell.status import _tier_text
+from offloadd.shell.status_view import _tier_text
 from tests.ops.support import DaemonProcess, offloadd
 
 DRIVER = catalog.driver_metadata("filesystem", {"managedLedgerOffloadDriver": "filesystem"})
@@ -108,6 +108,11 @@ def test_status_of_a_killed_daemon_is_not_ok(tmp_path: Path) -> None:
         j = offloadd(["status", "--config", str(cfg), "--json"], tmp_path, check=False)
         st = json.loads(j.stdout)
         assert j.returncode == 1 and st["members"][0]["alive"] is False
+        # the summary reads no owner node: the dead owner is the one its status record names
+        s = offloadd(["status", "--config", str(cfg), "--json", "--summary"], tmp_path,
+                     check=False)
+        summary = json.loads(s.stdout)["summary"]
+        assert s.returncode == 1 and summary["by_state"] == {"failing": 1}, s.stdout
 
 
 @pytest.mark.integration

@@ -30,6 +30,7 @@ from offloadd.ledger.local.files import (
     Records,
     file_size,
     frame_end,
+    ledger_file,
     ledger_files,
     opened,
     os_error,
@@ -158,13 +159,12 @@ class LocalLedgerSource(LedgerSource, LedgerDeleter, LocalCopies, EntryChecksums
         thread, O(log n) times per segment boundary. ``NotFound`` for a missing ledger or an
         entry past the readable ones.
         """
-        files = ledger_files(self.path, ledger_id)
         try:
-            with opened(files.off) as off_fd:
+            with opened(ledger_file(self.path, ledger_id, ".off")) as off_fd:
                 count = os.fstat(off_fd).st_size // OFF_SIZE
                 if 0 <= entry_id < count:
                     return Records(off_fd, count)[entry_id]
-                with opened(files.log) as log_fd:
+                with opened(ledger_file(self.path, ledger_id, ".log")) as log_fd:
                     readable, end = scan(off_fd, log_fd)
         except FileNotFoundError as exc:
             raise NotFound(f"ledger {ledger_id} does not exist ({exc.filename})") from exc

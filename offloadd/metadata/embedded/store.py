@@ -183,17 +183,19 @@ class EmbeddedMetadataStore(MetadataStore, BatchedMulti, BatchedReads):
         return await self._write(f"multi_batch of {len(groups)} groups", apply_groups)
 
     async def get_many(self, paths: Sequence[str]) -> list[Versioned | None]:
-        """One worker-thread hop and one read transaction (a snapshot) for all ``paths``."""
+        """One worker-thread hop and one read transaction (a snapshot) for all ``paths``, a query
+        per few hundred of them (:func:`tree.rows`)."""
         for path in paths:
             check_path(path)
 
         def op(c: sqlite3.Connection) -> list[Versioned | None]:
             c.execute("BEGIN")
             try:
-                rows = (tree.row(c, p) for p in paths)
-                return [None if r is None else Versioned(r[0], r[1]) for r in rows]
+                found = tree.rows(c, paths)
             finally:
                 c.execute("COMMIT")
+            return [None if (r := found.get(p)) is None else Versioned(r[0], r[1])
+                    for p in paths]
 
         return await self._run(f"get_many of {len(paths)} nodes", op)
 

@@ -9,6 +9,7 @@ function here runs inside a transaction the caller holds (:func:`.database.in_wr
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Sequence
 
 from offloadd.errors import Conflict, Fatal, NotFound
 from offloadd.metadata.base import CheckOp, CreateOp, DeleteOp, Op, SetOp
@@ -23,6 +24,24 @@ def row(c: sqlite3.Connection, path: str) -> Row | None:
         "SELECT data, version, cversion, owner_session FROM nodes WHERE path = ?",
         (path,)).fetchone()
     return found
+
+
+# Paths in one ``IN (...)`` query: under SQLite's oldest limit on bound parameters (999).
+ROWS_PER_QUERY = 500
+
+
+def rows(c: sqlite3.Connection, paths: Sequence[str]) -> dict[str, tuple[bytes, int]]:
+    """Data and version of those of ``paths`` that exist, ``ROWS_PER_QUERY`` a query: at
+    20,000 nodes (``offloadd status`` over 10,000 topics) a statement per node was most of
+    the read's time."""
+    out: dict[str, tuple[bytes, int]] = {}
+    for start in range(0, len(paths), ROWS_PER_QUERY):
+        chunk = paths[start:start + ROWS_PER_QUERY]
+        marks = ",".join("?" * len(chunk))
+        for path, data, version in c.execute(
+                f"SELECT path, data, version FROM nodes WHERE path IN ({marks})", chunk):
+            out[path] = (data, version)
+    return out
 
 
 def children(c: sqlite3.Connection, path: str) -> list[str]:

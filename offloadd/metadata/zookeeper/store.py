@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import contextlib
+import functools
 import logging
 import threading
 from collections.abc import Callable, Sequence
@@ -330,19 +331,23 @@ class ZooKeeperMetadataStore(MetadataStore, Sessions, BatchedMulti, BatchedReads
         return [out[i] for i in range(len(groups))]
 
     async def get_many(self, paths: Sequence[str]) -> list[Versioned | None]:
-        """All the reads sent at once (kazoo pipelines them on the session's connection), at
-        most ``_READS_IN_FLIGHT`` outstanding."""
+        """The reads sent ``_READS_IN_FLIGHT`` at a time (kazoo pipelines them on the session's
+        connection), each batch awaited in order: no task a read."""
         self._check_open()
-        gate = asyncio.Semaphore(_READS_IN_FLIGHT)
-
-        async def one(path: str) -> Versioned | None:
-            async with gate:
-                try:
-                    return await self.get(path)
-                except NotFound:
-                    return None
-
-        return list(await asyncio.gather(*(one(p) for p in paths)))
+        get = self._zk.get_async
+        out: list[Versioned | None] = []
+        for start in range(0, len(paths), _READS_IN_FLIGHT):
+            chunk = paths[start:start + _READS_IN_FLIGHT]
+            starts = [functools.partial(get, self.absolute(p)) for p in chunk]
+            for got in await self.bridge.call_many(starts, "get", chunk):
+                if isinstance(got, NotFound):
+                    out.append(None)
+                elif isinstance(got, OffloaddError):
+                    raise got
+                else:
+                    data, stat = got
+                    out.append(Versioned(bytes(data or b""), stat.version, stat.mzxid))
+        return out
 
     def _transaction(self, ops: Sequence[Op]) -> Any:
         txn = self._zk.transaction()
