@@ -278,6 +278,9 @@ class Scheduler:
         tasks = [r.task for r in self.topics.values()]
         if tasks:
             _, pending = await asyncio.wait(tasks, timeout=settings.stop_close_budget())
+            # the stop's phases, each a line: where a slow stop spent its time
+            log.info("stop: %d of %d topic task(s) ended within the close budget",
+                     len(tasks) - len(pending), len(tasks))
             abandoning = 0
             for r in self.topics.values():
                 if r.task in pending:
@@ -303,9 +306,13 @@ class Scheduler:
         self._background(close_many(recorders, self.env.metadata, stopped=[
             r.recorder for r in self.topics.values() if r.recorder is not None and not r.lost]))
         if self._bg:  # status records are written before ownership is given up
-            await asyncio.wait(list(self._bg), timeout=left() / 2)
+            _, unwritten = await asyncio.wait(list(self._bg), timeout=left() / 2)
+            log.info("stop: %d status record(s) written%s", len(recorders),
+                     f", {len(unwritten)} background write(s) unfinished" if unwritten else "")
         releasing = asyncio.ensure_future(self.ownership.release_many(list(self.topics)))
         _, late = await asyncio.wait({releasing}, timeout=left())
+        if not late:
+            log.info("stop: ownership of %d topic(s) given back", len(self.topics))
         if late:  # the owner nodes are ephemeral: they go when the store's session closes
             releasing.cancel()
             log.warning("ownership not all given back before the shutdown deadline; the "

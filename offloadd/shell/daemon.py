@@ -251,9 +251,11 @@ class Daemon(Duties, Signals):
             for t in duties:
                 t.cancel()
             await asyncio.gather(*duties, return_exceptions=True)
+            log.info("stop: duties ended; stopping %d topic(s)", len(self.topics))
             await self.scheduler.shutdown()
             if self.env.commits is not None:  # the last status records' batch, if in flight
                 await self.env.commits.close(timeout_s=5.0)
+            log.info("stop: done")
         finally:
             for t in (*duties, lag_task):
                 t.cancel()
