@@ -307,14 +307,17 @@ class Scheduler:
             r.recorder for r in self.topics.values() if r.recorder is not None and not r.lost]))
         if self._bg:  # status records are written before ownership is given up
             _, unwritten = await asyncio.wait(list(self._bg), timeout=left() / 2)
-            log.info("stop: %d status record(s) written%s", len(recorders),
-                     f", {len(unwritten)} background write(s) unfinished" if unwritten else "")
+            if unwritten:
+                log.info("stop: status records of %d topic(s): %d write(s) unfinished, going "
+                         "on", len(recorders), len(unwritten))
+            else:
+                log.info("stop: status records of %d topic(s) written", len(recorders))
         releasing = asyncio.ensure_future(self.ownership.release_many(list(self.topics)))
         _, late = await asyncio.wait({releasing}, timeout=left())
-        if not late:
-            log.info("stop: ownership of %d topic(s) given back", len(self.topics))
         if late:  # the owner nodes are ephemeral: they go when the store's session closes
             releasing.cancel()
             log.warning("ownership not all given back before the shutdown deadline; the "
                         "rest goes when the metadata session closes")
+        else:
+            log.info("stop: ownership of %d topic(s) given back", len(self.topics))
         self.topics.clear()
