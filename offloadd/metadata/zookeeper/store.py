@@ -45,8 +45,9 @@ log = logging.getLogger(__name__)
 _ATOMIC_DELETE_LIMIT = 1000
 # Reads get_many keeps outstanding on the session at once.
 _READS_IN_FLIGHT = 256
-# how long closing a session waits for the server (see ZooKeeperMetadataStore.close)
-CLOSE_TIMEOUT_S = 1.0
+# how long closing a session waits for the server (see ZooKeeperMetadataStore.close): a
+# healthy server answers in milliseconds, but on a loaded machine one close took over 1 s
+CLOSE_TIMEOUT_S = 2.0
 
 
 class ZooKeeperMetadataStore(MetadataStore, Sessions, BatchedMulti, BatchedReads):
