@@ -4,9 +4,11 @@ A daemon starting thousands of topics allocates millions of long-lived objects (
 task, offloader, recorder, the source's watches and ledger index) and few cycles. At CPython's
 default thresholds ``(700, 10, 10)`` the collector ran a full collection over all of them again
 and again during start-up: 18–42 s of a 5,000-topic start-up's wall time was collection. Raising
-the thresholds makes young collections rarer (each still cheap) and full ones much rarer, and
-freezing what exists once the daemon is set up (modules, configuration, the runtime) keeps it
-out of every later collection (``gc.freeze``: never scanned again; it is not garbage anyway).
+the thresholds makes young collections rarer (each still cheap) and full ones much rarer: that
+is what took collection from ~30 s to ~6 s (docs/benchmarks.md, "Many topics"). Freezing what
+exists once the daemon is set up (modules, configuration, the runtime; ``gc.freeze``: never
+scanned again, and it is not garbage anyway) saves little beside it, as the topics' objects come
+later, but costs nothing.
 
 Only for the daemon's run (:meth:`offloadd.shell.daemon.Daemon.run`): short CLI commands end
 before the collector matters. Entered and left in pairs; a process running several daemons at
