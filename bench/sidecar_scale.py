@@ -23,13 +23,21 @@ the same ZooKeeper (its own chroot), the filesystem driver, and one daemon ownin
 - ``stop_s``: from the stop request to the daemon's end, and ``close_s`` for closing the
   runtime (the source's watches and sessions) after it.
 
+- ``stop_phases_s``: from the stop request to each of the stop's phase lines in the daemon's
+  log (``stop: ...``: the topic tasks ended, the status records written, ownership given back);
+- ``gc``: the cyclic garbage collector's wall time (``gc.callbacks``) and collections, per phase
+  (``startup``, ``steady``, ``stop``; ``full_s``: the oldest generation's), and
+  ``malloc_trim_s``: the daemon's quiet-time ``malloc_trim`` calls (``shell/memtrim.py``).
+
 ``--tier-dir /dev/shm`` puts the filesystem tier on tmpfs (its fsyncs out of the figures).
+``--dump-after-s N`` writes every thread's Python stack N seconds after the runtime opens to
+``--dump-file`` (faulthandler: where a slow start-up is at that moment).
 
 ``--profile FILE`` writes a cProfile of the daemon's process (start-up and steady state).
 One JSON document on stdout.
 
     .venv/bin/python bench/sidecar_scale.py [--topics 5000] [--steady-s 60] [--settle-s 5]
-        [--open-ledger] [--tier-dir DIR] [--profile FILE]
+        [--open-ledger] [--tier-dir DIR] [--profile FILE] [--dump-after-s N --dump-file F]
 """
 
 from __future__ import annotations
@@ -38,7 +46,10 @@ import argparse
 import asyncio
 import cProfile
 import dataclasses
+import faulthandler
+import gc
 import json
+import logging
 import os
 import resource
 import subprocess
@@ -55,6 +66,7 @@ from offloadd import config  # noqa: E402
 from offloadd.commit.ownership import Ownership  # noqa: E402
 from offloadd.metadata.zookeeper import ZooKeeperMetadataStore  # noqa: E402
 from offloadd.model import Position, TopicName  # noqa: E402
+from offloadd.shell import daemon as daemon_mod  # noqa: E402
 from offloadd.shell.runtime import Runtime  # noqa: E402
 from tests.bookkeeper.cluster import FakePulsar  # noqa: E402
 from tests.bookkeeper.scale import (  # noqa: E402
@@ -118,6 +130,54 @@ def tcp_connections(ports: set[int]) -> dict[int, int]:
     return out
 
 
+class GcClock:
+    """The collector's wall time and collections (all, and of the oldest generation) since the
+    last :meth:`take`, from ``gc.callbacks``."""
+
+    def __init__(self) -> None:
+        self._t0 = 0.0
+        self.reset()
+        gc.callbacks.append(self._cb)
+
+    def reset(self) -> None:
+        self.s = self.full_s = 0.0
+        self.n = self.full_n = 0
+
+    def _cb(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._t0 = time.perf_counter()
+            return
+        d = time.perf_counter() - self._t0
+        self.s += d
+        self.n += 1
+        if info["generation"] == 2:
+            self.full_s += d
+            self.full_n += 1
+
+    def take(self) -> dict[str, float]:
+        out = {"s": round(self.s, 2), "collections": self.n, "full_s": round(self.full_s, 2),
+               "full_collections": self.full_n}
+        self.reset()
+        return out
+
+
+class StopLines(logging.Handler):
+    """The time of each ``stop: ...`` line the daemon logs, from :meth:`start`."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.t0: float | None = None
+        self.lines: list[tuple[float, str]] = []
+
+    def start(self) -> None:
+        self.t0 = time.perf_counter()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        msg = record.getMessage()
+        if self.t0 is not None and msg.startswith("stop"):
+            self.lines.append((round(time.perf_counter() - self.t0, 2), msg))
+
+
 def cpu_s() -> float:
     r = resource.getrusage(resource.RUSAGE_SELF)
     return r.ru_utime + r.ru_stime
@@ -130,6 +190,26 @@ async def run_daemon(args: argparse.Namespace, zk: str, ends: dict[TopicName, Po
     cfg.write_text(CONFIG.format(offloadd_url=f"zk://{zk}/offloadd", tier=tier,
                                  pulsar_url=f"zk://{zk}/pulsar", tmp=tmp))
     ops = ZkOps()
+    gcc = GcClock()
+    stops = StopLines()
+    for name in ("offloadd.shell.daemon", "offloadd.offload.scheduler"):
+        lg = logging.getLogger(name)
+        lg.addHandler(stops)
+        lg.setLevel(logging.INFO)  # the phase lines only; the root's WARNING level stays
+        lg.propagate = False
+    trims: list[float] = []
+    real_trim = getattr(daemon_mod, "malloc_trim")  # noqa: B009 (imported by name there)
+
+    def timed_trim() -> bool:
+        c = time.perf_counter()
+        try:
+            return bool(real_trim())
+        finally:
+            trims.append(time.perf_counter() - c)
+
+    setattr(daemon_mod, "malloc_trim", timed_trim)  # noqa: B010
+    if args.dump_after_s is not None:
+        faulthandler.dump_traceback_later(args.dump_after_s, file=args.dump)
     t0 = time.perf_counter()
     rt = await Runtime.open(config.load(cfg), ownership=Ownership())
     src = await ops.attach_runtime(rt)
@@ -155,6 +235,7 @@ async def run_daemon(args: argparse.Namespace, zk: str, ends: dict[TopicName, Po
         out["startup_s"] = round(time.perf_counter() - t0, 1)
         out["startup_zk_ops"] = ops.snapshot()
         out["startup_cpu_s"] = round(cpu_s(), 1)
+        out["gc"] = {"startup": gcc.take()}
         await asyncio.sleep(args.settle_s)  # the last segments' status writes, the lag loop
         asked = count_ledgers_calls(src)
         ops.reset()
@@ -163,6 +244,7 @@ async def run_daemon(args: argparse.Namespace, zk: str, ends: dict[TopicName, Po
         await asyncio.sleep(args.steady_s)
         wall = time.perf_counter() - w0
         out["idle_cpu"] = round((cpu_s() - c0) / wall, 4)
+        out["gc"]["steady"] = gcc.take()
         out["long_polls_per_s"] = round((src.metrics.long_polls - polls0) / wall, 2)
         out["ledgers_calls_per_topic_per_min"] = round(asked[0] / len(ends) / (wall / 60), 3)
         out["zk_ops"] = ops.snapshot()
@@ -177,10 +259,15 @@ async def run_daemon(args: argparse.Namespace, zk: str, ends: dict[TopicName, Po
         ports = {int(b.rsplit(":", 1)[1]): b for b in bookies}
         out["tcp_per_bookie"] = {ports[p]: n for p, n in tcp_connections(set(ports)).items()}
     finally:
+        gcc.take()
         s0 = time.perf_counter()
+        stops.start()
         rt.daemon.request_stop()
         await daemon
         out["stop_s"] = round(time.perf_counter() - s0, 2)
+        out["stop_phases_s"] = stops.lines
+        out.setdefault("gc", {})["stop"] = gcc.take()
+        out["malloc_trim_s"] = [round(t, 3) for t in trims]
         c0 = time.perf_counter()
         await rt.close()
         out["close_s"] = round(time.perf_counter() - c0, 2)
@@ -203,6 +290,9 @@ def main() -> None:
                     help="put the filesystem tier under this directory (default: the run's "
                          "temporary directory, on the disk): e.g. /dev/shm to take the disk's "
                          "fsyncs out of the measurement")
+    ap.add_argument("--dump-after-s", type=float,
+                    help="dump every thread's stack this long after the runtime opens")
+    ap.add_argument("--dump-file", type=Path, default=Path("sidecar_scale-stacks.txt"))
     ap.add_argument("--serve-cluster", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.serve_cluster:
@@ -229,6 +319,8 @@ def main() -> None:
                                    "tier": str(args.tier_dir or "disk (the run's directory)"),
                                    "open_ledger": args.open_ledger,
                                    "entries": 3 * sum(1 + i % 2 for i in range(args.topics))}
+            # (faulthandler writes to it from its own thread, until the process ends)
+            args.dump = open(args.dump_file, "w") if args.dump_after_s else None  # noqa: SIM115
             prof = cProfile.Profile() if args.profile else None
             if prof is not None:
                 prof.enable()

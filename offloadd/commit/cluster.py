@@ -47,7 +47,6 @@ import hashlib
 import json
 import logging
 import os
-import socket
 import time
 import uuid
 from collections.abc import Callable, Collection, Iterable, Mapping
@@ -56,7 +55,7 @@ from typing import Any
 
 from offloadd.commit import epochs
 from offloadd.commit.fence import EpochFence, Fence
-from offloadd.commit.ownership import Ownership, Revoke
+from offloadd.commit.ownership import Ownership, Revoke, hostname
 from offloadd.errors import ConfigError, Conflict, FormatError, NotFound, OffloaddError, Retriable
 from offloadd.metadata.base import MetadataStore, Sessions
 from offloadd.model import TopicName
@@ -404,7 +403,7 @@ class ClusterOwnership(Ownership):
 
     async def _register(self) -> bool:
         path = member_path(self.owner_id)
-        doc = {"owner": self.owner_id, "host": socket.gethostname(), "pid": os.getpid(),
+        doc = {"owner": self.owner_id, "host": hostname(), "pid": os.getpid(),
                "nonce": self._nonce, "since_ms": self._wall_ms()}
         generation = self._generation
         try:

@@ -27,18 +27,19 @@ Unknown keys are ignored when reading, so later versions may add some.
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
-from offloadd.errors import FormatError
+from offloadd.errors import FormatError, NotFound
 from offloadd.metadata import cas
 from offloadd.metadata.base import MetadataStore, Op
 from offloadd.model.keys import offload_status_path
 
-__all__ = ["OffloadStatus", "read", "write"]
+__all__ = ["OffloadStatus", "absent", "read", "write"]
 
 STATES = ("ok", "failing", "stopped")
+LIST_FROM = 4  # topics of one namespace starting together that :func:`absent` lists for
 _ERROR_CHARS = 2000  # one error message; the node stays small whatever a backend says
 
 
@@ -95,6 +96,29 @@ async def read(store: MetadataStore, ml_name: str,
     if known is not None:
         known.set(node)
     return status
+
+
+async def absent(store: MetadataStore, ml_names: Iterable[str], *,
+                 list_from: int = LIST_FROM) -> set[str]:
+    """Those of ``ml_names`` that have no record, from one listing of each directory at least
+    ``list_from`` of them share (a namespace's; the others are not in the result, for
+    :func:`read`): at start-up every topic's read found nothing, one request each.
+    What is listed as present still needs a :func:`read`; a record created after the listing
+    is the compare-and-set's business (the first write that expected none loses and reads)."""
+    by_dir: dict[str, list[tuple[str, str]]] = {}
+    for ml in ml_names:
+        directory, _, name = offload_status_path(ml).rpartition("/")
+        by_dir.setdefault(directory, []).append((name, ml))
+    out: set[str] = set()
+    for directory, names in by_dir.items():
+        if len(names) < list_from:  # a listing of a big namespace for one or two topics
+            continue
+        try:
+            present = set(await store.children(directory))
+        except NotFound:
+            present = set()
+        out.update(ml for name, ml in names if name not in present)
+    return out
 
 
 async def write(store: MetadataStore, ml_name: str, status: OffloadStatus,

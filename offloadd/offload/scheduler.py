@@ -51,6 +51,9 @@ class Running:
 
 
 STARTS_AT_ONCE = 64  # topics acquired and started concurrently by a discovery pass
+# topics acquired before their namespaces' status records are listed (once per namespace for
+# these): bigger, fewer listings; smaller, an earlier first start
+LISTED_AT_ONCE = 1024
 
 
 class Scheduler:
@@ -138,25 +141,53 @@ class Scheduler:
         else:
             new = [topic for topic in listing
                    if topic not in self.topics and self._wanted(topic)]
-        limit = asyncio.Semaphore(STARTS_AT_ONCE)
-
-        async def start(topic: TopicName) -> None:
-            async with limit:
-                if not self.stopping:
-                    await self._start(topic)
-
-        failed = [r for r in await asyncio.gather(*map(start, new), return_exceptions=True)
-                  if isinstance(r, BaseException)]
+        failed: list[BaseException] = []
+        for i in range(0, len(new), LISTED_AT_ONCE):
+            if self.stopping:
+                break
+            failed += await self._start_some(new[i:i + LISTED_AT_ONCE])
         self._unstarted = [t for t in new if t not in self.topics]
         self._listing, self._listing_version = listing, self.version
         if failed:
             raise failed[0]
 
-    async def _start(self, topic: TopicName) -> None:
-        fence = await self.ownership.acquire(topic)
-        if fence is None:
-            return
-        recorder = await self._recorder(topic, fence)
+    async def _start_some(self, topics: list[TopicName]) -> list[BaseException]:
+        """Acquire ``topics``, then list their namespaces' status records once, then start
+        them; the failures. The listing comes after the acquisitions so that what a previous
+        owner recorded before letting a topic go is in it; only the topics it shows a record
+        for read theirs (a start-up read one per topic, nearly all absent)."""
+        limit = asyncio.Semaphore(STARTS_AT_ONCE)
+
+        async def acquire(topic: TopicName) -> Fence | None:
+            async with limit:
+                return None if self.stopping else await self.ownership.acquire(topic)
+
+        got = await asyncio.gather(*map(acquire, topics), return_exceptions=True)
+        failed = [r for r in got if isinstance(r, BaseException)]
+        held = [(t, f) for t, f in zip(topics, got, strict=True)
+                if f is not None and not isinstance(f, BaseException)]
+        if self.stopping:  # a stop came meanwhile: give them back rather than start them
+            for t, _ in held:
+                self._background(self.ownership.release(t))
+            return failed
+        try:
+            absent = await offload_status.absent(self.env.metadata,
+                                                 (t.managed_ledger for t, _ in held))
+        except OffloaddError as exc:  # each topic reads its own record, as before
+            log.debug("status records not listed (%s): reading them one by one", exc)
+            absent = set()
+
+        async def start(topic: TopicName, fence: Fence) -> None:
+            async with limit:
+                await self._start(topic, fence, topic.managed_ledger in absent)
+
+        failed += [r for r in await asyncio.gather(*(start(t, f) for t, f in held),
+                                                   return_exceptions=True)
+                   if isinstance(r, BaseException)]
+        return failed
+
+    async def _start(self, topic: TopicName, fence: Fence, no_record: bool) -> None:
+        recorder = await self._recorder(topic, fence, no_record)
         if self._prepare is not None:
             await self._prepare(topic)
         off = TopicOffloader(topic, self.env, self._policies.policy_fn(topic), fence,
@@ -169,15 +200,20 @@ class Scheduler:
         self.version += 1
         log.info("offloading topic %s", topic)
 
-    async def _recorder(self, topic: TopicName, fence: Fence) -> StatusRecorder:
-        """The topic's persisted offload status, continued from what its last owner wrote."""
+    async def _recorder(self, topic: TopicName, fence: Fence,
+                        no_record: bool) -> StatusRecorder:
+        """The topic's persisted offload status, continued from what its last owner wrote
+        (``no_record``: a listing showed none)."""
         ml = topic.managed_ledger
         known = cas.Known()  # the record as read: the recorder's first write needs no read
-        try:
-            previous = await offload_status.read(self.env.metadata, ml, known)
-        except OffloaddError as exc:  # unreadable: start afresh rather than not at all
-            log.warning("topic %s: previous offload status unreadable (%s)", topic, exc)
-            previous = None
+        previous: offload_status.OffloadStatus | None = None
+        if no_record:
+            known.set(None)
+        else:
+            try:
+                previous = await offload_status.read(self.env.metadata, ml, known)
+            except OffloaddError as exc:  # unreadable: start afresh rather than not at all
+                log.warning("topic %s: previous offload status unreadable (%s)", topic, exc)
         owner = self.ownership.owner_id or process_owner_id()
         commits = self.env.commits
         recorder = StatusRecorder(self.env.metadata, ml, fence, owner,
@@ -242,6 +278,9 @@ class Scheduler:
         tasks = [r.task for r in self.topics.values()]
         if tasks:
             _, pending = await asyncio.wait(tasks, timeout=settings.stop_close_budget())
+            # the stop's phases, each a line: where a slow stop spent its time
+            log.info("stop: %d of %d topic task(s) ended within the close budget",
+                     len(tasks) - len(pending), len(tasks))
             abandoning = 0
             for r in self.topics.values():
                 if r.task in pending:
@@ -267,11 +306,18 @@ class Scheduler:
         self._background(close_many(recorders, self.env.metadata, stopped=[
             r.recorder for r in self.topics.values() if r.recorder is not None and not r.lost]))
         if self._bg:  # status records are written before ownership is given up
-            await asyncio.wait(list(self._bg), timeout=left() / 2)
+            _, unwritten = await asyncio.wait(list(self._bg), timeout=left() / 2)
+            if unwritten:
+                log.info("stop: status records of %d topic(s): %d write(s) unfinished, going "
+                         "on", len(recorders), len(unwritten))
+            else:
+                log.info("stop: status records of %d topic(s) written", len(recorders))
         releasing = asyncio.ensure_future(self.ownership.release_many(list(self.topics)))
         _, late = await asyncio.wait({releasing}, timeout=left())
         if late:  # the owner nodes are ephemeral: they go when the store's session closes
             releasing.cancel()
             log.warning("ownership not all given back before the shutdown deadline; the "
                         "rest goes when the metadata session closes")
+        else:
+            log.info("stop: ownership of %d topic(s) given back", len(self.topics))
         self.topics.clear()
