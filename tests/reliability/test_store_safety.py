@@ -48,7 +48,9 @@ def test_a_second_writer_or_daemon_on_a_standalones_store_is_refused(
     sections = local_sections(tmp_path)
     sections["daemon"]["pid_file"] = f"{tmp_path}/other.pid"
     other_pid_file = write_config(tmp_path / "other.toml", sections)
-    first = Proc(["standalone", "--json", "--config", str(cfg), "--duration", "6", "--rate",
+    # long enough to outlive the three refused commands, whose start-ups alone took over 6 s
+    # on a loaded machine (the last one then found the store free, and ran)
+    first = Proc(["standalone", "--json", "--config", str(cfg), "--duration", "25", "--rate",
                   "300000",
                   "--topics", "2"], tmp_path, tmp_path / "first.log")
     try:
