@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import threading
-import uuid
 from collections.abc import Callable
 from typing import Protocol, TypeVar
 
@@ -20,6 +19,7 @@ from offloadd.blobstore.base import Buffers, MultipartUpload, ObjectInfo
 from offloadd.blobstore.filesystem.tree import Tree, as_bytes_views, fsync_dir, pwritev_all
 from offloadd.blobstore.parts import check_part, check_parts
 from offloadd.errors import Conflict, Fatal
+from offloadd.model.ids import random_hex
 
 T = TypeVar("T")
 
@@ -41,7 +41,7 @@ class FilesystemUpload(MultipartUpload):
 
     def __init__(self, store: UploadOwner, key: str, metadata: dict[str, str]) -> None:
         self.key = key
-        self.temp_path = store.tree.uploads / uuid.uuid4().hex
+        self.temp_path = store.tree.uploads / random_hex()
         self._store = store
         self._metadata = metadata
         self._parts: dict[int, tuple[int, int]] = {}
