@@ -30,6 +30,7 @@ from offloadd.format.ledger import LedgerObjectBuilder, build_ledger_metadata
 from offloadd.format.streaming import StreamingObjectBuilder
 from offloadd.model import EntryRun, LedgerDesc, Position
 from offloadd.model.catalog import LedgerRange, TierUsage
+from offloadd.model.ids import random_uuid
 from offloadd.model.keys import (
     ledger_data_key,
     ledger_index_key,
@@ -209,7 +210,7 @@ async def open_streaming(uploads: Uploads, *, max_block_size: int, min_block_siz
                          uid: uuid.UUID | None = None, redo_of: uuid.UUID | None = None,
                          opened_at: float | None = None) -> SegmentAttempt:
     """A streaming (PIP-76) pair ``<uuid>`` + ``<uuid>-index``, runs of any ledgers in order."""
-    uid = uid or uuid.uuid4()
+    uid = uid or random_uuid()
     upload = await uploads.start(streaming_data_key(uid))
     builder = StreamingObjectBuilder(max_block_size=max_block_size,
                                      min_block_size=min_block_size)

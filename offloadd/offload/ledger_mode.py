@@ -10,12 +10,12 @@ started is finished as one streaming segment (the rest of it), so no entry is of
 from __future__ import annotations
 
 import logging
-import uuid
 
 from offloadd.aio import to_the_end
 from offloadd.errors import NotFound
 from offloadd.model import LedgerDesc, LedgerState, Position, catalog
 from offloadd.model.catalog import LedgerRange
+from offloadd.model.ids import random_uuid
 from offloadd.model.segment_state import Tracked
 from offloadd.offload.attempt import open_ledger
 from offloadd.offload.context import TopicContext
@@ -63,7 +63,7 @@ class LedgerMode:
         if desc is None or desc.state is not LedgerState.CLOSED:
             raise NotFound(f"topic {ctx.topic}: ledger {ledger_id} is not a closed ledger of "
                            "the source")
-        uid = uuid.uuid4()
+        uid = random_uuid()
         t0 = env.clock()
         driver = ctx.driver()
         segment = segment or Tracked()

@@ -334,3 +334,37 @@ class TestFilesystem:
         finally:
             release.set()
             await store.close()
+
+    async def test_the_deadline_counts_from_when_a_thread_takes_the_call_up(
+            self, tmp_path: Path) -> None:
+        # one thread, three calls of 0.6 budgets each: the third starts 1.2 budgets after it
+        # was queued, past a deadline counted from the submit, well within one from its start
+        budget = 2.0
+        store = FilesystemBlobStore(tmp_path / "tier", request_timeout_s=budget, workers=1)
+
+        def slow(i: int) -> int:
+            time.sleep(0.6 * budget)
+            return i
+
+        try:
+            calls = [store.call("head", f"call {i}", slow, i) for i in range(3)]
+            assert await asyncio.wait_for(asyncio.gather(*calls), GUARD) == [0, 1, 2]
+        finally:
+            await store.close()
+
+    async def test_a_call_queued_behind_a_hung_disk_fails_too(
+            self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        from offloadd.blobstore.filesystem import store as store_module
+        monkeypatch.setattr(store_module, "QUEUED_BUDGETS", 2)
+        store = FilesystemBlobStore(tmp_path / "tier", request_timeout_s=0.5, workers=1)
+        release = threading.Event()
+        try:
+            running = store.call("head", "the hung call", release.wait, 60)
+            queued = store.call("head", "the queued call", os.getpid)
+            results = await asyncio.wait_for(
+                asyncio.gather(running, queued, return_exceptions=True), GUARD)
+            assert [type(r) for r in results] == [store_module._Unanswered] * 2
+            assert "the queued call" in str(results[1])
+        finally:
+            release.set()
+            await store.close()

@@ -502,6 +502,40 @@ class TestWaitAcrossProcesses:
         await writer.close()
         await source.close()
 
+    async def test_a_wait_right_after_a_read_reads_no_metadata_and_still_wakes(
+            self, tmp_path: Path, metadata: MetadataStore,
+            monkeypatch: pytest.MonkeyPatch) -> None:
+        """Issue 22: the topic task reads its ledgers, then waits; on ZooKeeper the wait's own
+        read of the same node was a network round trip per segment."""
+        writer = LocalLedgerWriter(tmp_path, metadata)
+        source = LocalLedgerSource(tmp_path, metadata)
+        pos = await writer.append(A, [b"a"])
+        # the watcher runs once a wait has registered: let one wait end first
+        await source.wait_for_entries(A, pos.ledger_id, pos.entry_id, 0.05)
+        gets: list[str] = []
+        real_get = metadata.get
+
+        async def counted(path: str) -> object:
+            gets.append(path)
+            return await real_get(path)
+
+        await source.ledgers(A)
+        monkeypatch.setattr(metadata, "get", counted)
+        waiter = asyncio.create_task(source.wait_for_entries(A, pos.ledger_id, pos.entry_id, 30))
+        await asyncio.sleep(0.2)
+        assert not waiter.done()
+        assert gets == []  # nothing journaled since the read: no second read
+        await writer.append(A, [b"b"])
+        await asyncio.wait_for(waiter, 5)
+        # a change after the read, before the wait, journaled but perhaps not yet seen by
+        # the watcher: the wait still ends
+        await source.ledgers(A)
+        await writer.roll(A)
+        await asyncio.wait_for(source.wait_for_entries(A, pos.ledger_id, pos.entry_id + 1, 30),
+                               5)
+        await writer.close()
+        await source.close()
+
     async def test_wait_at_the_end_of_a_closed_last_ledger_waits_for_a_new_one(
             self, tmp_path: Path, metadata: MetadataStore) -> None:
         writer = LocalLedgerWriter(tmp_path, metadata)

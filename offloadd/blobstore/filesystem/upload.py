@@ -12,14 +12,14 @@ from __future__ import annotations
 import json
 import os
 import threading
-import uuid
 from collections.abc import Callable
 from typing import Protocol, TypeVar
 
 from offloadd.blobstore.base import Buffers, MultipartUpload, ObjectInfo
-from offloadd.blobstore.filesystem.tree import Tree, as_bytes_views, fsync_dir, pwritev_all
+from offloadd.blobstore.filesystem.tree import Tree, as_bytes_views, pwritev_all
 from offloadd.blobstore.parts import check_part, check_parts
 from offloadd.errors import Conflict, Fatal
+from offloadd.model.ids import random_hex
 
 T = TypeVar("T")
 
@@ -41,7 +41,7 @@ class FilesystemUpload(MultipartUpload):
 
     def __init__(self, store: UploadOwner, key: str, metadata: dict[str, str]) -> None:
         self.key = key
-        self.temp_path = store.tree.uploads / uuid.uuid4().hex
+        self.temp_path = store.tree.uploads / random_hex()
         self._store = store
         self._metadata = metadata
         self._parts: dict[int, tuple[int, int]] = {}
@@ -204,8 +204,9 @@ class FilesystemUpload(MultipartUpload):
             self.temp_path.unlink(missing_ok=True)
         else:
             os.replace(self.temp_path, target)
-        # Make the rename itself durable before reporting the object as written.
-        fsync_dir(target.parent)
+        # Make the rename itself durable before reporting the object as written (a directory
+        # fsync started after the rename; shared with the objects published beside it).
+        self._store.tree.dir_syncs.sync(target.parent)
         st = target.stat()
         return ObjectInfo(self.key, st.st_size, dict(self._metadata), st.st_mtime)
 

@@ -54,6 +54,7 @@ log = logging.getLogger(__name__)
 # How long a topic task waits for news before it looks anyway: the journal wakes it when its
 # topic changes, so this is only a safety net (see OffloadEnv.idle_poll_s).
 IDLE_LOOK_S = 3600.0
+_Seen = tuple[int, int, bool]  # a ledger as last read: id, entries, open
 TOPICS_REFRESH_S = 30.0  # list_topics: the longest a cached listing is reused
 
 
@@ -92,6 +93,9 @@ class LocalLedgerSource(LedgerSource, LedgerDeleter, LocalCopies, EntryChecksums
         self._names: dict[str, TopicName] = {}
         self._listed: tuple[tuple[int, int], tuple[TopicName, ...]] | None = None
         self._listed_at = 0.0
+        # per topic, the ledgers as last read (id, entries, open) and the watcher's generation
+        # of the topic before that read: a wait right after a read needs no second one
+        self._seen: dict[TopicName, tuple[tuple[int, int], tuple[_Seen, ...]]] = {}
 
     async def list_topics(self) -> list[TopicName]:
         """Every managed ledger under ``/managed-ledgers/<tenant>/<ns>/persistent/<topic>``.
@@ -122,7 +126,9 @@ class LocalLedgerSource(LedgerSource, LedgerDeleter, LocalCopies, EntryChecksums
         return topics
 
     async def ledgers(self, topic: TopicName) -> list[LedgerDesc]:
+        gen = self._watcher.generation(topic)  # before the read: a change during it shows
         info = await self._info(topic)
+        self._remember(topic, gen, info.ledgerInfo)
         scans = {li.ledgerId: await asyncio.to_thread(scan_files,
                                                       ledger_files(self.path, li.ledgerId))
                  for li in info.ledgerInfo if is_open(li)}
@@ -271,6 +277,7 @@ class LocalLedgerSource(LedgerSource, LedgerDeleter, LocalCopies, EntryChecksums
                     return True
             raise NotFound(f"{topic}: ledger {ledger_id} is not in the managed ledger")
 
+        self._seen.pop(topic, None)  # an edit of ours, not journaled: read the node again
         try:
             await managed_ledger.update(self._metadata, topic.managed_ledger, edit)
         except NotFound as exc:
@@ -303,6 +310,15 @@ class LocalLedgerSource(LedgerSource, LedgerDeleter, LocalCopies, EntryChecksums
             raise NotFound(f"topic {topic} does not exist (no managed ledger at "
                            f"{managed_ledger_path(topic.managed_ledger)})") from exc
         return info
+
+    def _remember(self, topic: TopicName, gen: tuple[int, int] | None,
+                  infos: Sequence[managed_ledger.LedgerInfo]) -> tuple[_Seen, ...]:
+        lis = tuple((li.ledgerId, li.entries, is_open(li)) for li in infos)
+        if gen is not None:
+            self._seen[topic] = (gen, lis)
+        else:
+            self._seen.pop(topic, None)
+        return lis
 
     def _read_sync(self, topic: TopicName, files: LedgerFiles, ledger_id: int, first: int,
                    last: int, max_bytes: int | None, into: ReadArray | None = None) -> EntryRun:
@@ -349,18 +365,30 @@ class LocalLedgerSource(LedgerSource, LedgerDeleter, LocalCopies, EntryChecksums
     async def _moved(self, topic: TopicName, ledger_id: int, last_known: int) -> bool:
         """Has the topic moved past ``ledger_id:last_known`` (a later ledger, the ledger
         closed past it, or its files hold more entries)? One metadata read, one ``stat``."""
-        path = managed_ledger_path(topic.managed_ledger)
-        try:
-            node = await self._metadata.get(path)
-        except NotFound as exc:
-            raise NotFound(f"topic {topic} does not exist (no managed ledger at {path})") from exc
-        lis = managed_ledger.decode(node.data, path).ledgerInfo
-        if any(li.ledgerId > ledger_id for li in lis):
+        gen = self._watcher.generation(topic)
+        seen = self._seen.get(topic)
+        if gen is not None and seen is not None and seen[0] == gen:
+            # No change of the topic journaled since its ledgers were last read (the topic
+            # task reads them just before it waits): the node as read then is the node now, as
+            # far as a wait can tell. A change journaled but not yet seen by the watcher
+            # wakes the registered wait at the watcher's next tick. On ZooKeeper this is a
+            # network read less per segment.
+            lis = seen[1]
+        else:
+            path = managed_ledger_path(topic.managed_ledger)
+            try:
+                node = await self._metadata.get(path)
+            except NotFound as exc:
+                raise NotFound(f"topic {topic} does not exist (no managed ledger at "
+                               f"{path})") from exc
+            infos = managed_ledger.decode(node.data, path).ledgerInfo
+            lis = self._remember(topic, gen, infos)
+        if any(li[0] > ledger_id for li in lis):
             return True
-        mine = next((li for li in lis if li.ledgerId == ledger_id), None)
-        if mine is None or not is_open(mine):
+        mine = next((li for li in lis if li[0] == ledger_id), None)
+        if mine is None or not mine[2]:
             # a closed (or unknown) ledger never grows: only a metadata change can mean news
-            return mine is not None and mine.entries - 1 > last_known
+            return mine is not None and mine[1] - 1 > last_known
         off = ledger_files(self.path, ledger_id).off
         return await asyncio.to_thread(file_size, off) >= OFF_SIZE * (last_known + 2)
 
