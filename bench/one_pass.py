@@ -30,6 +30,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from offload_throughput import CONFIG, OFFLOAD, _fresh
 
@@ -76,19 +77,72 @@ def _tier(kind: str) -> Iterator[str | None]:
         yield url
 
 
-def _child(cwd: Path, pythonpath: str | None, poll_s: float) -> dict[str, float]:
-    env = dict(os.environ)
-    if pythonpath is not None:
-        env["PYTHONPATH"] = pythonpath
+# Per-thread CPU of the child: the event loop's own (getrusage RUSAGE_THREAD, in it) and every
+# thread's from /proc/self/task/<tid>/stat (utime, stime in clock ticks; grouped by the Python
+# thread's name less its number: Python 3.11 does not name OS threads), as deltas over the
+# measured window; a thread started inside the window counts from zero. A thread that ended
+# inside it is missed, which the process total (RUSAGE_SELF) still holds: "others_*" is that
+# total minus the loop's.
+_THREADS = """
+import os as _os, threading as _threading
+_TICK = _os.sysconf("SC_CLK_TCK")
+def _tasks():
+    out = {}
+    named = {t.native_id: t.name for t in _threading.enumerate()}
+    for tid in _os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        comm = named.get(int(tid), "unnamed")
+        fields = stat[stat.rindex(")") + 2:].split()
+        out[tid] = (comm, int(fields[11]) / _TICK, int(fields[12]) / _TICK)
+    return out
+def _by_name(t0, t1):
+    names = {}
+    for tid, (comm, u, s) in t1.items():
+        _, u0, s0 = t0.get(tid, (comm, 0.0, 0.0))
+        key = comm.rstrip("0123456789").rstrip("_-") or comm
+        acc = names.setdefault(key, [0.0, 0.0])
+        acc[0] += u - u0
+        acc[1] += s - s0
+    return {k: {"user_s": round(v[0], 3), "sys_s": round(v[1], 3)} for k, v in names.items()}
+"""
+_START = "    r0 = resource.getrusage(resource.RUSAGE_SELF)\n"
+_END = "    r1 = resource.getrusage(resource.RUSAGE_SELF)\n"
+_PRINT = '"sys_s": r1.ru_stime - r0.ru_stime}))'
+
+
+def _instrumented(poll_s: float) -> str:
+    """The throughput bench's child, with per-thread CPU in its JSON line."""
     # the child's own loop (is every entry committed yet?) runs in the measured process: its
     # interval is a knob so that its share can be told from the offload path's
     code = OFFLOAD.replace("await asyncio.sleep(0.05)", f"await asyncio.sleep({poll_s})")
     assert code != OFFLOAD or poll_s == 0.05
+    for part in (_START, _END, _PRINT):
+        assert code.count(part) == 1, part
+    code = code.replace("import asyncio,", _THREADS + "import asyncio,", 1)
+    code = code.replace(_START, _START + "    l0 = resource.getrusage(resource.RUSAGE_THREAD)\n"
+                        "    t0s = _tasks()\n")
+    code = code.replace(_END, _END + "    l1 = resource.getrusage(resource.RUSAGE_THREAD)\n"
+                        "    t1s = _tasks()\n")
+    return code.replace(_PRINT, '"sys_s": r1.ru_stime - r0.ru_stime, '
+                        '"loop_user_s": l1.ru_utime - l0.ru_utime, '
+                        '"loop_sys_s": l1.ru_stime - l0.ru_stime, '
+                        '"threads": _by_name(t0s, t1s)}))')
+
+
+def _child(cwd: Path, pythonpath: str | None, poll_s: float) -> dict[str, Any]:
+    env = dict(os.environ)
+    if pythonpath is not None:
+        env["PYTHONPATH"] = pythonpath
+    code = _instrumented(poll_s)
     p = subprocess.run([sys.executable, "-c", code], cwd=cwd, capture_output=True, text=True,
                        timeout=1800, env=env)
     if p.returncode != 0:
         raise SystemExit(f"child failed:\n{p.stderr[-4000:]}")
-    out: dict[str, float] = json.loads(p.stdout.strip().splitlines()[-1])
+    out: dict[str, Any] = json.loads(p.stdout.strip().splitlines()[-1])
     return out
 
 
@@ -121,7 +175,7 @@ def main() -> None:
         data_bytes = sum(f.stat().st_size for f in (cwd / "data" / "ledgers").glob("*.log"))
         pristine = cwd / "pristine"
         (cwd / "data").rename(pristine)
-        samples: dict[str, list[dict[str, float]]] = {k: [] for k in kinds}
+        samples: dict[str, list[dict[str, Any]]] = {k: [] for k in kinds}
         for _ in range(args.repeats):
             for kind, (path, verify) in kinds.items():
                 _fresh(cwd, pristine)
@@ -133,16 +187,27 @@ def main() -> None:
     out: dict[str, object] = {}
     for kind, runs in samples.items():
         user = [r["user_s"] / gib for r in runs]
+        loop = [r["loop_user_s"] / gib for r in runs]
+        others = [(r["user_s"] - r["loop_user_s"]) / gib for r in runs]
         out[kind] = {
             "user_s_per_gib_min": round(min(user), 3),
             "user_s_per_gib_median": round(statistics.median(user), 3),
             "sys_s_per_gib_min": round(min(r["sys_s"] for r in runs) / gib, 3),
+            "sys_s_per_gib_median": round(statistics.median(r["sys_s"] for r in runs) / gib, 3),
+            # the event-loop thread alone, and every other thread (reads, checks, writes)
+            "loop_user_s_per_gib_median": round(statistics.median(loop), 3),
+            "others_user_s_per_gib_median": round(statistics.median(others), 3),
             "mib_s_max": round(max(data_bytes / 2**20 / r["wall_s"] for r in runs), 1),
             "user_s_per_gib": [round(u, 3) for u in user],
+            "loop_user_s_per_gib": [round(u, 3) for u in loop],
+            "threads": [r["threads"] for r in runs],
         }
     before, after = samples["before"], samples["after"]
     out["after_over_before_user_min"] = round(
         min(r["user_s"] for r in after) / max(min(r["user_s"] for r in before), 1e-9), 3)
+    out["after_over_before_user_median"] = round(
+        statistics.median(r["user_s"] for r in after)
+        / max(statistics.median(r["user_s"] for r in before), 1e-9), 3)
     print(json.dumps({"benchmark": "one_pass", "started": started, "baseline": baseline,
                       "mib": args.mib, "poll_s": args.poll_s, "tier": args.tier,
                       "entry_size": args.entry_size, "block_mib": args.block_mib,
