@@ -78,8 +78,10 @@ def _tier(kind: str) -> Iterator[str | None]:
 
 
 # Per-thread CPU of the child: the event loop's own (getrusage RUSAGE_THREAD, in it) and every
-# thread's from /proc/self/task/<tid>/stat (utime, stime in clock ticks; grouped by the Python
-# thread's name less its number: Python 3.11 does not name OS threads), as deltas over the
+# thread's from /proc/self/task/<tid>/stat (utime, stime in clock ticks) and schedstat (cpu_s:
+# the time it ran, in ns: exact, where the user/system split is sampled at each tick), grouped
+# by the Python thread's name less its number (Python 3.11 does not name OS threads), as
+# deltas over the
 # measured window; a thread started inside the window counts from zero. A thread that ended
 # inside it is missed, which the process total (RUSAGE_SELF) still holds: "others_*" is that
 # total minus the loop's.
@@ -96,18 +98,25 @@ def _tasks():
         except OSError:
             continue
         comm = named.get(int(tid), "unnamed")
+        try:
+            with open(f"/proc/self/task/{tid}/schedstat") as f:
+                ran = int(f.read().split()[0]) / 1e9
+        except OSError:
+            ran = 0.0
         fields = stat[stat.rindex(")") + 2:].split()
-        out[tid] = (comm, int(fields[11]) / _TICK, int(fields[12]) / _TICK)
+        out[tid] = (comm, int(fields[11]) / _TICK, int(fields[12]) / _TICK, ran)
     return out
 def _by_name(t0, t1):
     names = {}
-    for tid, (comm, u, s) in t1.items():
-        _, u0, s0 = t0.get(tid, (comm, 0.0, 0.0))
+    for tid, (comm, u, s, c) in t1.items():
+        _, u0, s0, c0 = t0.get(tid, (comm, 0.0, 0.0, 0.0))
         key = comm.rstrip("0123456789").rstrip("_-") or comm
-        acc = names.setdefault(key, [0.0, 0.0])
+        acc = names.setdefault(key, [0.0, 0.0, 0.0])
         acc[0] += u - u0
         acc[1] += s - s0
-    return {k: {"user_s": round(v[0], 3), "sys_s": round(v[1], 3)} for k, v in names.items()}
+        acc[2] += c - c0
+    return {k: {"user_s": round(v[0], 3), "sys_s": round(v[1], 3), "cpu_s": round(v[2], 3)}
+            for k, v in names.items()}
 """
 _START = "    r0 = resource.getrusage(resource.RUSAGE_SELF)\n"
 _END = "    r1 = resource.getrusage(resource.RUSAGE_SELF)\n"
@@ -197,6 +206,13 @@ def main() -> None:
             # the event-loop thread alone, and every other thread (reads, checks, writes)
             "loop_user_s_per_gib_median": round(statistics.median(loop), 3),
             "others_user_s_per_gib_median": round(statistics.median(others), 3),
+            "user_plus_sys_s_per_gib_median": round(
+                statistics.median(r["user_s"] + r["sys_s"] for r in runs) / gib, 3),
+            # each kind of thread's run time (exact, user and system together)
+            "thread_cpu_s_per_gib_median": {
+                name: round(statistics.median(r["threads"].get(name, {}).get("cpu_s", 0.0)
+                                              for r in runs) / gib, 3)
+                for name in sorted({n for r in runs for n in r["threads"]})},
             "mib_s_max": round(max(data_bytes / 2**20 / r["wall_s"] for r in runs), 1),
             "user_s_per_gib": [round(u, 3) for u in user],
             "loop_user_s_per_gib": [round(u, 3) for u in loop],

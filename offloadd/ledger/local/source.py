@@ -24,7 +24,7 @@ from offloadd.ledger.base import (
     ReadArray,
     StoredEntries,
 )
-from offloadd.ledger.local.check import RunCheck
+from offloadd.ledger.local.check import RunCheck, read_summed
 from offloadd.ledger.local.files import (
     LedgerFiles,
     Records,
@@ -330,8 +330,13 @@ class LocalLedgerSource(LedgerSource, LedgerDeleter, LocalCopies, EntryChecksums
             count = last - first + 1
             raw = pread(off_fd, OFF_SIZE * (count + (not tail)), OFF_SIZE * first, files.off)
             offsets = rebased(raw + OFF.pack(end) if tail else raw, base)
+            log_crcs = None
             if into is not None and len(into) >= end - base:
-                data: bytes | memoryview = pread_into(log_fd, into, end - base, base, files.log)
+                data: bytes | memoryview
+                if self._verify_crc:  # checksummed as read, while cache-hot (check.py)
+                    data, log_crcs = read_summed(log_fd, into, end - base, base, files.log)
+                else:
+                    data = pread_into(log_fd, into, end - base, base, files.log)
             else:
                 data = pread(log_fd, end - base, base, files.log)
             with opened(files.crc) as crc_fd:
@@ -341,7 +346,7 @@ class LocalLedgerSource(LedgerSource, LedgerDeleter, LocalCopies, EntryChecksums
                 # here, while the bytes are cache-hot; the whole published range bounds which
                 # chunk records may be used (past it a dead writer's torn bytes may be cut)
                 sums = RunCheck(topic, files, base, run).run(log_fd, memoryview(raw),
-                                                             scan(off_fd, log_fd))
+                                                             scan(off_fd, log_fd), log_crcs)
                 if sums is not None:
                     run = replace(run, sums=sums)
         return run
