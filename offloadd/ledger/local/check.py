@@ -52,23 +52,24 @@ PIECE = 16 * CHUNK
 
 
 def read_summed(fd: int, buf: ReadArray, n: int, offset: int, name: Path,
-                chunk: int = CHUNK) -> tuple[memoryview, array[int]]:
+                chunk: int = CHUNK, piece: int = PIECE) -> tuple[memoryview, array[int]]:
     """Read bytes ``offset .. offset + n`` of the file at ``fd`` into the front of ``buf`` (as
     ``pread_into``) and return a view of them with the CRC32C of each ``chunk`` of the file
     they touch, chunk ``offset // chunk`` first: of the bytes of that chunk that lie before
     ``offset + n``, from the chunk's start (so the first one covers the bytes before
     ``offset`` too, read for it).
 
-    Each piece of at most :data:`PIECE` bytes is checksummed right after its read, while the
-    read has left it in the CPU's cache (see the module docstring)."""
+    Each ``piece`` of the file (any length; a multiple of the chunk cuts no chunk but the first
+    and the last) is checksummed right after its read, while the read has left it in the
+    CPU's cache (see the module docstring)."""
     view = memoryview(buf)[:n]
     k0 = offset // chunk
-    # the chunk in progress: its CRC so far (from its start) and where its bytes end
+    # the CRC32C of the chunk in progress, from its start (the bytes before offset read for it)
     crc = crc32c.crc32c(pread(fd, offset - k0 * chunk, k0 * chunk, name))
     out = array("I")
     at = 0
     while at < n:
-        stop = min(n, ((offset + at) // PIECE + 1) * PIECE - offset)
+        stop = min(n, ((offset + at) // piece + 1) * piece - offset)
         got = at
         while got < stop:
             k = os.preadv(fd, [view[got:stop]], offset + got)
@@ -76,8 +77,8 @@ def read_summed(fd: int, buf: ReadArray, n: int, offset: int, name: Path,
                 raise FormatError(str(name), offset,
                                   f"wanted {n} bytes, file ends after {got}")
             got += k
-        # pieces end on chunk boundaries (PIECE is a multiple of the chunk), or at n: only the
-        # first piece may start inside a chunk, only the last end inside one
+        # the chunk in progress is carried on up to the first boundary, then whole chunks, then
+        # what is left of the piece starts the next chunk
         edge = min(stop, -(-(offset + at) // chunk) * chunk - offset)
         if edge > at:
             crc = crc32c.crc32c(view[at:edge], crc)
