@@ -14,7 +14,7 @@ the figure to compare, with the median beside it. Prints one JSON document.
 
     git archive main offloadd | tar -x -C /tmp/base
     .venv/bin/python bench/one_pass.py --baseline /tmp/base [--mib 512] [--repeats 3]
-        [--tier fs|s3]
+        [--tier fs|s3] [--after DIR]
 """
 
 from __future__ import annotations
@@ -158,6 +158,9 @@ def _child(cwd: Path, pythonpath: str | None, poll_s: float) -> dict[str, Any]:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--baseline", required=True, help="a tree holding the baseline offloadd")
+    ap.add_argument("--after", help="a tree holding the offloadd to measure as after "
+                    "(default: the installed one, this tree), so that editing this tree while "
+                    "the bench runs changes nothing")
     ap.add_argument("--mib", type=int, default=512)
     ap.add_argument("--entry-size", type=int, default=64 * 1024)
     ap.add_argument("--block-mib", type=int, default=64)
@@ -172,8 +175,9 @@ def main() -> None:
         raise SystemExit(f"{baseline} holds no offloadd package")
     block = args.block_mib * 1024 * 1024
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    kinds = {"before": (baseline, True), "after": (None, True),
-             "after_without_source_check": (None, False)}
+    after = str(Path(args.after).resolve()) if args.after else None
+    kinds = {"before": (baseline, True), "after": (after, True),
+             "after_without_source_check": (after, False)}
     with tempfile.TemporaryDirectory(prefix="offloadd-onepass-") as d:
         cwd = Path(d)
         _config(cwd, block, verify=True)
@@ -225,6 +229,7 @@ def main() -> None:
         statistics.median(r["user_s"] for r in after)
         / max(statistics.median(r["user_s"] for r in before), 1e-9), 3)
     print(json.dumps({"benchmark": "one_pass", "started": started, "baseline": baseline,
+                      "after": after,
                       "mib": args.mib, "poll_s": args.poll_s, "tier": args.tier,
                       "entry_size": args.entry_size, "block_mib": args.block_mib,
                       "bytes": data_bytes, "repeats": args.repeats,
