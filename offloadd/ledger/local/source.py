@@ -343,8 +343,9 @@ class LocalLedgerSource(LedgerSource, LedgerDeleter, LocalCopies, EntryChecksums
                 crcs = uint32s(pread(crc_fd, CRC_SIZE * count, CRC_SIZE * first, files.crc))
             run = EntryRun(ledger_id, first, memoryview(data), offsets, crcs)
             if self._verify_crc:
-                # here, while the bytes are cache-hot; the whole published range bounds which
-                # chunk records may be used (past it a dead writer's torn bytes may be cut)
+                # in this thread, from the CRCs read_summed made as it read (or over the bytes
+                # just read); the whole published range bounds which chunk records may be used
+                # (past it a dead writer's torn bytes may be cut)
                 sums = RunCheck(topic, files, base, run).run(log_fd, memoryview(raw),
                                                              scan(off_fd, log_fd), log_crcs)
                 if sums is not None:
