@@ -175,9 +175,9 @@ def main() -> None:
         raise SystemExit(f"{baseline} holds no offloadd package")
     block = args.block_mib * 1024 * 1024
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    after = str(Path(args.after).resolve()) if args.after else None
-    kinds = {"before": (baseline, True), "after": (after, True),
-             "after_without_source_check": (after, False)}
+    after_tree = str(Path(args.after).resolve()) if args.after else None
+    kinds = {"before": (baseline, True), "after": (after_tree, True),
+             "after_without_source_check": (after_tree, False)}
     with tempfile.TemporaryDirectory(prefix="offloadd-onepass-") as d:
         cwd = Path(d)
         _config(cwd, block, verify=True)
@@ -229,7 +229,7 @@ def main() -> None:
         statistics.median(r["user_s"] for r in after)
         / max(statistics.median(r["user_s"] for r in before), 1e-9), 3)
     print(json.dumps({"benchmark": "one_pass", "started": started, "baseline": baseline,
-                      "after": after,
+                      "after": after_tree,
                       "mib": args.mib, "poll_s": args.poll_s, "tier": args.tier,
                       "entry_size": args.entry_size, "block_mib": args.block_mib,
                       "bytes": data_bytes, "repeats": args.repeats,

@@ -73,7 +73,7 @@ def main() -> None:
                             "read_only": read_only}
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     with tempfile.TemporaryDirectory(prefix="offloadd-read-summed-") as d:
-        files = []
+        files: list[Path] = []
         left = args.mib * 2**20
         while left > 0:  # odd sizes: runs start on and off chunk boundaries
             size = min(left, 48 * 2**20 + 12345)

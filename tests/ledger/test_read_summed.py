@@ -61,6 +61,7 @@ def reads(draw: st.DrawFn) -> tuple[bytes, int, int, int, int]:
     return data, chunk, piece, offset, n
 
 
+@pytest.mark.timeout(120)
 @settings(max_examples=300, deadline=None)
 @given(reads())
 def test_the_crcs_are_those_of_each_chunk_up_to_the_reads_end(
@@ -76,6 +77,7 @@ def test_the_crcs_are_those_of_each_chunk_up_to_the_reads_end(
     assert list(crcs) == want
 
 
+@pytest.mark.timeout(120)
 @settings(max_examples=300, deadline=None)
 @given(reads(), st.data())
 def test_comparing_from_them_decides_as_reading_again(
