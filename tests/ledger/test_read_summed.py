@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 
 from offloadd.errors import FormatError
 from offloadd.ledger.local import (
+    CHUNK,
     LocalLedgerSource,
     LocalLedgerWriter,
     RolloverPolicy,
@@ -158,3 +159,31 @@ def test_a_flipped_byte_names_its_entry(ledger: tuple[Path, int], where: float,
         with pytest.raises(FormatError, match=rf"ledger {ledger_id}\) at byte "
                                               rf"{starts[victim]}: entry {victim}: "):
             asyncio.run(read_into_buffers(copy, ledger_id))
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("verify", [True, False])
+def test_reads_into_a_buffer_hand_on_their_whole_chunks_crcs(ledger: tuple[Path, int],
+                                                             verify: bool) -> None:
+    """Checked or not, a read into a buffer hands on the CRC32Cs it made of the whole chunks
+    inside it, for the block stamp to combine."""
+    path, ledger_id = ledger
+
+    async def pieces() -> int:
+        source = LocalLedgerSource(path, MemoryMetadataStore(), verify_crc=verify)
+        into, nxt, count = bytearray(1 << 17), 0, 0
+        while nxt < N:
+            run = await source.read(T, ledger_id, nxt, N - 1, max_bytes=100_000, into=into)
+            if run.sums is not None:
+                starts, crcs = run.sums.starts, run.sums.crcs
+                assert len(starts) == len(crcs) + 1
+                for k, crc in enumerate(crcs):
+                    assert starts[k + 1] - starts[k] == CHUNK
+                    assert crc == crc32c.crc32c(run.data[starts[k]:starts[k + 1]])
+                count += len(crcs)
+            nxt = run.last_entry_id + 1
+        return count
+
+    # 4 whole chunks in the log, runs of ~100 KB: chunk 0 lies inside the first run, chunk 2
+    # (bytes 131,072..196,608) inside the second
+    assert asyncio.run(pieces()) >= 2

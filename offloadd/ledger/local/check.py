@@ -234,10 +234,21 @@ def compare_chunks(fd: int, path: Path, sums: Path, chunk: int, base: int, view:
     # lie in view
     first = 1 if base > k0 * chunk else 0
     last = len(got) - (1 if tail else 0)
-    inside = None
-    if last > first:
-        at = k0 * chunk - base  # where got[0]'s chunk starts, relative to view
-        inside = PieceSums(range(at + first * chunk, at + last * chunk + 1, chunk),
-                           got[first:last])
-    return bad, stop, inside
+    return bad, stop, _inside(got, first, last, k0 * chunk - base, chunk)
+
+
+def whole_chunks(base: int, n: int, crcs: array[int], chunk: int = CHUNK) -> PieceSums | None:
+    """The CRC32Cs of the chunks lying wholly inside bytes ``base .. base + n`` of the file, as
+    :func:`read_summed` returned them for that read (offsets relative to the read)."""
+    first = 1 if base % chunk else 0
+    last = len(crcs) - (1 if (base + n) % chunk else 0)
+    return _inside(crcs, first, last, base // chunk * chunk - base, chunk)
+
+
+def _inside(got: array[int], first: int, last: int, at: int, chunk: int) -> PieceSums | None:
+    """``got[first:last]`` as the sums of their chunks; ``at``: where got[0]'s chunk starts,
+    relative to the view."""
+    if last <= first:
+        return None
+    return PieceSums(range(at + first * chunk, at + last * chunk + 1, chunk), got[first:last])
 

@@ -24,7 +24,7 @@ from offloadd.ledger.base import (
     ReadArray,
     StoredEntries,
 )
-from offloadd.ledger.local.check import RunCheck, read_summed
+from offloadd.ledger.local.check import RunCheck, read_summed, whole_chunks
 from offloadd.ledger.local.files import (
     LedgerFiles,
     Records,
@@ -34,7 +34,6 @@ from offloadd.ledger.local.files import (
     opened,
     os_error,
     pread,
-    pread_into,
     remove_files,
     scan,
     scan_files,
@@ -332,11 +331,10 @@ class LocalLedgerSource(LedgerSource, LedgerDeleter, LocalCopies, EntryChecksums
             offsets = rebased(raw + OFF.pack(end) if tail else raw, base)
             log_crcs = None
             if into is not None and len(into) >= end - base:
+                # checksummed as read, while cache-hot (check.py): the CRCs check the bytes
+                # and make the block checksum, or only make it when nothing is checked
                 data: bytes | memoryview
-                if self._verify_crc:  # checksummed as read, while cache-hot (check.py)
-                    data, log_crcs = read_summed(log_fd, into, end - base, base, files.log)
-                else:
-                    data = pread_into(log_fd, into, end - base, base, files.log)
+                data, log_crcs = read_summed(log_fd, into, end - base, base, files.log)
             else:
                 data = pread(log_fd, end - base, base, files.log)
             with opened(files.crc) as crc_fd:
@@ -348,6 +346,10 @@ class LocalLedgerSource(LedgerSource, LedgerDeleter, LocalCopies, EntryChecksums
                 # (past it a dead writer's torn bytes may be cut)
                 sums = RunCheck(topic, files, base, run).run(log_fd, memoryview(raw),
                                                              scan(off_fd, log_fd), log_crcs)
+                if sums is not None:
+                    run = replace(run, sums=sums)
+            elif log_crcs is not None:
+                sums = whole_chunks(base, len(data), log_crcs)
                 if sums is not None:
                     run = replace(run, sums=sums)
         return run
