@@ -10,7 +10,10 @@ verify_crc``, the default) and this tree without it. ``--tier s3``: to a moto_se
 started for each run, over HTTPS as S3 is reached in production, so bodies go unsigned; its
 own CPU is another process's) instead of the filesystem tier. The figures are ratios taken in
 one run on a shared machine: other tenants only ever add CPU time, so the least of each kind is
-the figure to compare, with the median beside it. Prints one JSON document.
+the figure to compare, with the median beside it. Beside the process's user time, each run
+reports the event loop's thread's own (``loop_user_s``) and every kind of thread's CPU from
+``/proc/self/task`` (``threads``: the reading threads are ``uvloop``'s default executor's).
+Prints one JSON document.
 
     git archive main offloadd | tar -x -C /tmp/base
     .venv/bin/python bench/one_pass.py --baseline /tmp/base [--mib 512] [--repeats 3]
