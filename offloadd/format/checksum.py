@@ -129,14 +129,25 @@ def crc32c_combine(crc1: int, crc2: int, len2: int) -> int:
 
 def _tables(factor: int) -> tuple[tuple[int, ...], ...]:
     """Four byte-indexed tables of ``crc ↦ factor·crc mod P`` (linear in ``crc``), so one
-    product costs four look-ups, not 32 shift-and-add steps."""
-    basis = [_multmodp(factor, 1 << i) for i in range(32)]
+    product costs four look-ups, not 32 shift-and-add steps.
+
+    Built by doubling (a quarter of the time of an entry-by-entry loop): a fresh daemon builds
+    tables for every bit of the block and part lengths it combines over (~25 of them) within
+    the first blocks it stamps."""
+    # basis[i] = factor·(1 << i): bit 31 is x^0, so basis[31] is factor itself and each lower
+    # bit is one more multiplication by x (a shift right, reduced)
+    basis = [0] * 32
+    b = factor
+    for i in range(31, -1, -1):
+        basis[i] = b
+        b = (b >> 1) ^ _POLY if b & 1 else b >> 1
     tables = []
     for j in range(4):
-        t = [0] * 256
-        for v in range(1, 256):
-            low = v & -v
-            t[v] = t[v ^ low] ^ basis[8 * j + low.bit_length() - 1]
+        # by linearity t[v] is the sum of the basis of v's set bits: each bit doubles the table
+        t = [0]
+        for i in range(8 * j, 8 * j + 8):
+            bi = basis[i]
+            t += [x ^ bi for x in t]
         tables.append(tuple(t))
     return tuple(tables)
 
@@ -144,7 +155,7 @@ def _tables(factor: int) -> tuple[tuple[int, ...], ...]:
 @cache
 def _bit_tables(k: int) -> tuple[tuple[int, ...], ...]:
     """The tables of x^(8·2^k): shifting past any length is one step per set bit (built on
-    first use, at most 61 of them, 0.5 ms each)."""
+    first use, at most 61 of them)."""
     return _tables(_X2N[k + 3])
 
 

@@ -24,7 +24,7 @@ from offloadd.ledger.base import (
     ReadArray,
     StoredEntries,
 )
-from offloadd.ledger.local.check import RunCheck
+from offloadd.ledger.local.check import RunCheck, read_summed, whole_chunks
 from offloadd.ledger.local.files import (
     LedgerFiles,
     Records,
@@ -35,7 +35,6 @@ from offloadd.ledger.local.files import (
     opened,
     os_error,
     pread,
-    pread_into,
     remove_files,
     scan,
     scan_files,
@@ -346,18 +345,27 @@ class LocalLedgerSource(LedgerSource, LedgerDeleter, LocalCopies, EntryChecksums
             count = last - first + 1
             raw = pread(off_fd, OFF_SIZE * (count + (not tail)), OFF_SIZE * first, files.off)
             offsets = rebased(raw + OFF.pack(end) if tail else raw, base)
+            log_crcs = None
             if into is not None and len(into) >= end - base:
-                data: bytes | memoryview = pread_into(log_fd, into, end - base, base, files.log)
+                # checksummed as read, while cache-hot (check.py): the CRCs check the bytes
+                # and make the block checksum, or only make it when nothing is checked
+                data: bytes | memoryview
+                data, log_crcs = read_summed(log_fd, into, end - base, base, files.log)
             else:
                 data = pread(log_fd, end - base, base, files.log)
             with opened(files.crc) as crc_fd:
                 crcs = uint32s(pread(crc_fd, CRC_SIZE * count, CRC_SIZE * first, files.crc))
             run = EntryRun(ledger_id, first, memoryview(data), offsets, crcs)
             if self._verify_crc:
-                # here, while the bytes are cache-hot; the whole published range bounds which
-                # chunk records may be used (past it a dead writer's torn bytes may be cut)
+                # in this thread, from the CRCs read_summed made as it read (or over the bytes
+                # just read); the whole published range bounds which chunk records may be used
+                # (past it a dead writer's torn bytes may be cut)
                 sums = RunCheck(topic, files, base, run).run(log_fd, memoryview(raw),
-                                                             scan(off_fd, log_fd))
+                                                             scan(off_fd, log_fd), log_crcs)
+                if sums is not None:
+                    run = replace(run, sums=sums)
+            elif log_crcs is not None:
+                sums = whole_chunks(base, len(data), log_crcs)
                 if sums is not None:
                     run = replace(run, sums=sums)
         return run
