@@ -149,8 +149,8 @@ def block_checks(data: bytes) -> list[bool]:
     return out
 
 
-class Stripped:
-    """A source that hands on no piece CRCs: the stamp reads every byte again."""
+class Rewritten:
+    """A source whose runs pass through :meth:`edit` on their way out."""
 
     def __init__(self, inner: LocalLedgerSource) -> None:
         self.inner = inner
@@ -158,26 +158,26 @@ class Stripped:
     def __getattr__(self, name: str) -> object:
         return getattr(self.inner, name)
 
+    def edit(self, run: EntryRun) -> EntryRun:
+        raise NotImplementedError
+
     async def read(self, topic: TopicName, ledger_id: int, first: int, last: int, *,
                    max_bytes: int | None = None, into: bytearray | None = None) -> EntryRun:
-        run = await self.inner.read(topic, ledger_id, first, last, max_bytes=max_bytes,
-                                    into=into)
+        return self.edit(await self.inner.read(topic, ledger_id, first, last,
+                                               max_bytes=max_bytes, into=into))
+
+
+class Stripped(Rewritten):
+    """A source that hands on no piece CRCs: the stamp reads every byte again."""
+
+    def edit(self, run: EntryRun) -> EntryRun:
         return replace(run, sums=None)
 
 
-class Skewed:
+class Skewed(Rewritten):
     """A source whose piece CRCs are off by one bit: shows which CRCs the stamp is made of."""
 
-    def __init__(self, inner: LocalLedgerSource) -> None:
-        self.inner = inner
-
-    def __getattr__(self, name: str) -> object:
-        return getattr(self.inner, name)
-
-    async def read(self, topic: TopicName, ledger_id: int, first: int, last: int, *,
-                   max_bytes: int | None = None, into: bytearray | None = None) -> EntryRun:
-        run = await self.inner.read(topic, ledger_id, first, last, max_bytes=max_bytes,
-                                    into=into)
+    def edit(self, run: EntryRun) -> EntryRun:
         if run.sums is None:
             return run
         return replace(run, sums=PieceSums(run.sums.starts, [c ^ 1 for c in run.sums.crcs]))
