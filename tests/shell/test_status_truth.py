@@ -109,10 +109,10 @@ def test_status_of_a_killed_daemon_is_not_ok(tmp_path: Path) -> None:
         st = json.loads(j.stdout)
         assert j.returncode == 1 and st["members"][0]["alive"] is False
         # the summary reads no owner node: the dead owner is the one its status record names
-        s = offloadd(["status", "--config", str(cfg), "--json", "--summary"], tmp_path,
-                     check=False)
-        summary = json.loads(s.stdout)["summary"]
-        assert s.returncode == 1 and summary["by_state"] == {"failing": 1}, s.stdout
+        sm = offloadd(["status", "--config", str(cfg), "--json", "--summary"], tmp_path,
+                      check=False)
+        summary = json.loads(sm.stdout)["summary"]
+        assert sm.returncode == 1 and summary["by_state"] == {"failing": 1}, sm.stdout
 
 
 @pytest.mark.integration
