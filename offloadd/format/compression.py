@@ -23,12 +23,20 @@ the size it is given), ``zstandard`` (the frame's declared content size is check
 limit before anything is allocated), ``cramjam`` for raw snappy, the standard library for zlib.
 Each is imported at its first use: a daemon whose entries are never decompressed (the embedded
 default) does not load them (issue 22, "import heavy libraries only where used").
+
+Thread safety: every function here may be called from several threads at once (the lakehouse
+decodes in worker threads, two projectors side by side). A ``zstandard`` compressor or
+decompressor object is *not* safe to share between threads: two calls at once on one object
+mix their streams, and the output is either an error ("Destination buffer is too small") or,
+worse, the right number of bytes with another frame's tail in them. So each thread gets its
+own pair (:func:`_zstd_codecs`).
 """
 
 from __future__ import annotations
 
 import enum
 import functools
+import threading
 import zlib
 from collections.abc import Callable
 from types import ModuleType
@@ -138,11 +146,22 @@ def _cramjam() -> ModuleType:
     return cramjam
 
 
-@functools.cache
-def _zstd_codecs() -> tuple[zstandard.ZstdCompressor, zstandard.ZstdDecompressor]:
-    import zstandard
+class _PerThread(threading.local):
+    zstd: tuple[zstandard.ZstdCompressor, zstandard.ZstdDecompressor] | None = None
 
-    return zstandard.ZstdCompressor(), zstandard.ZstdDecompressor()
+
+_per_thread = _PerThread()
+
+
+def _zstd_codecs() -> tuple[zstandard.ZstdCompressor, zstandard.ZstdDecompressor]:
+    """This thread's zstd compressor and decompressor (created at its first use: they keep a
+    context, reused call after call, that must never be used by two threads at once)."""
+    codecs = _per_thread.zstd
+    if codecs is None:
+        import zstandard
+
+        codecs = _per_thread.zstd = (zstandard.ZstdCompressor(), zstandard.ZstdDecompressor())
+    return codecs
 
 
 def _zstd(data: Buffer, size: int) -> bytes:

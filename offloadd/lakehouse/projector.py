@@ -10,7 +10,9 @@ Exactly once: the rows and the position they end at are one atomic catalog commi
 catalog's compare-and-set on the table's metadata location; the REST catalog's commit
 requirements). A crash before the commit leaves only unreferenced data files; after it, the next
 run starts past the recorded position. A concurrent projector of the same table loses the
-compare-and-set, reloads, and resumes from the winner's position.
+compare-and-set, reloads, and resumes from the winner's position; each append also checks that
+the snapshot it goes on top of records the position its rows follow (another commit through a
+stale table, a schema evolution, brings that table forward without the pass noticing).
 
 Maintenance (every ``compact_interval_s``): per day partition with at least
 ``compact_min_files`` files smaller than ``compact_small_file_bytes``, those files are rewritten
@@ -338,19 +340,20 @@ class Projector:
         rc = ReadCommitted(int(self.settings.lakehouse.transaction_timeout_s * 1000))
         pending: list[tuple[Position, memoryview]] = []
         size = 0
+        at = last  # the table's position each append must still find (see _commit)
         for seg in segs:
             async for e in self.reader.read_segment(seg, start):
                 pending.append((e.position, e.payload))
                 size += len(e.payload)
                 if size >= limit:
-                    table = await self._commit(topic, table, pending, rep, rc, budget)
+                    at = await self._commit(topic, table, pending, rep, rc, budget, at)
                     pending, size = [], 0
                     if max_commits is not None and rep.commits >= max_commits:
                         return
                     if self._stop is not None and self._stop.is_set():
                         return
         if pending:
-            await self._commit(topic, table, pending, rep, rc, budget)
+            await self._commit(topic, table, pending, rep, rc, budget, at)
         # the log up to `newest` is decided: the next pass skips the table until a segment
         # is added (held entries stay held until then: the decisions depend on the log only)
         seen.settled, seen.held = True, rc.held
@@ -361,7 +364,19 @@ class Projector:
 
     async def _commit(self, topic: TopicName, table: Table,
                       entries: list[tuple[Position, memoryview]], rep: TopicReport,
-                      rc: ReadCommitted, budget: CommitBudget | None = None) -> Table:
+                      rc: ReadCommitted, budget: CommitBudget | None, at: Position | None
+                      ) -> Position | None:
+        """Append the rows of ``entries`` (those read-committed releases) and their last
+        position in one commit on top of a snapshot whose position is ``at``, the one the
+        rows follow; the table's position after it (``at`` when nothing was released).
+
+        The catalog's compare-and-set only asserts that the table's current snapshot is the
+        one ``table`` holds. ``table`` may have been brought forward since ``at`` was read
+        from it, behind the pass's back: any other commit through it (a schema evolution, a
+        property fix) answers with the catalog's newest metadata, another projector's
+        appends included. So the position is checked against that snapshot too, in the same
+        view the commit asserts: a table that moved is a lost race (reload, resume from the
+        winner), never rows appended a second time after the winner's."""
         keep_hidden = self.settings.lakehouse.keep_hidden
         name = str(topic)
 
@@ -374,6 +389,9 @@ class Projector:
             counts, rc.counts = rc.counts, Counts()
             if not released:  # everything is held: nothing to commit yet
                 return 0, 0, None, counts
+            now = last_position(table)
+            if now != at:
+                raise _Conflict(f"the table is at {now}, not at {at} where this pass resumed")
             for r in released:
                 if r.hidden is None or keep_hidden:
                     builder.add_decoded(r.position, r.raw, r.entry, txn=r.txn, hidden=r.hidden)
@@ -392,7 +410,7 @@ class Projector:
         rows, undecodable, last, counts = await asyncio.to_thread(work)
         rep.read_committed.add(counts)
         if last is None:
-            return table
+            return at
         rep.rows += rows
         rep.entries += len(entries)
         rep.undecodable += undecodable
@@ -404,7 +422,7 @@ class Projector:
         if seen is not None:
             seen.last = last
         log.debug("lakehouse: %s: committed %d rows up to %s", topic, rows, last)
-        return table
+        return last
 
     # ---- maintenance -----------------------------------------------------------------------
     async def maintain(self, topics: list[TopicName] | None = None) -> list[CompactReport]:

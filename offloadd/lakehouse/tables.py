@@ -16,7 +16,6 @@ calls these from a worker thread).
 
 from __future__ import annotations
 
-import contextlib
 import time
 from pathlib import Path
 from typing import Any
@@ -171,8 +170,7 @@ def open_table(catalog: Catalog, topic: TopicName, json_fields: dict[str, str] |
     except NoSuchTableError:
         if not create:
             raise
-        with contextlib.suppress(NamespaceAlreadyExistsError):
-            catalog.create_namespace((topic.tenant, topic.namespace))
+        _create_namespace(catalog, (topic.tenant, topic.namespace))
         try:
             table = catalog.create_table(
                 ident, schema=table_schema(json_fields),
@@ -202,6 +200,19 @@ def open_table(catalog: Catalog, topic: TopicName, json_fields: dict[str, str] |
                 upd.add_column(name, json_type(kind))
         table = catalog.load_table(ident)
     return table
+
+
+def _create_namespace(catalog: Catalog, namespace: tuple[str, str]) -> None:
+    try:
+        catalog.create_namespace(namespace)
+    except NamespaceAlreadyExistsError:
+        pass
+    except Exception:
+        # two projectors creating it at once: the SQL catalog checks, then inserts, and the
+        # one whose insert comes second gets the database's IntegrityError for what is only
+        # "it exists now"
+        if not catalog.namespace_exists(namespace):
+            raise
 
 
 def last_position(table: Table) -> Position | None:

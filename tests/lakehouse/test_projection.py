@@ -136,6 +136,39 @@ class TestExactlyOnce:
         assert distinct_positions(rows) == rows.num_rows
 
     @pytest.mark.timeout(240)
+    async def test_a_commit_that_refreshes_the_table_does_not_hide_the_winners_rows(
+            self, data: Path, source: tuple[Path, dict[str, Any]]) -> None:
+        """Between reading where to resume and its first append, the loser commits something
+        else to its stale table (what a schema evolution does): that commit succeeds, and its
+        answer brings the table up to the winner's snapshot. The append must still see that
+        the position it read is no longer the table's, or it re-adds the winner's rows."""
+        settings = configure(data, "commit_max_bytes = 300000\n")
+        topic = TopicName.parse(T0)
+        async with projector(settings) as winner:
+
+            class Stale(Projector):
+                raced = False
+
+                async def _typed_decoder(self, topic: TopicName, table: Any) -> None:
+                    if not Stale.raced:
+                        Stale.raced = True
+                        assert (await winner.sync_topic(topic, max_commits=1)).commits == 1
+
+                        def touch() -> None:  # a metadata-only commit, as evolve() makes
+                            with table.transaction() as tx:
+                                tx.set_properties({"offloadd.test": "touched"})
+
+                        await asyncio.to_thread(touch)
+                    await super()._typed_decoder(topic, table)
+
+            async with projector(settings, Stale) as loser:
+                rep = await loser.sync_topic(topic)
+        rows = table_rows(settings, T0)
+        assert distinct_positions(rows) == rows.num_rows
+        assert digest(rows) == sent(source, T0)
+        assert rep.conflicts == 1
+
+    @pytest.mark.timeout(240)
     async def test_two_projectors_at_once(self, data: Path,
                                           source: tuple[Path, dict[str, Any]]) -> None:
         settings = configure(data, "commit_max_bytes = 100000\n")

@@ -64,3 +64,27 @@ def test_what_clients_are_told_holds_no_secret(tmp_path: Path) -> None:
     text = repr(props)
     for secret in ("hunter2", "AK", "SK", "ST"):
         assert secret not in text
+
+
+
+def test_a_namespace_created_meanwhile_by_another_projector_is_not_an_error(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The SQL catalog checks that the namespace is absent, then inserts it: another projector
+    inserting in between made this one's insert fail with the database's IntegrityError."""
+    from offloadd.lakehouse.tables import identifier, open_table
+    from offloadd.model import TopicName
+
+    s = config.load(None, lakehouse__path=str(tmp_path / "lh"))
+    topic = TopicName.parse("persistent://public/default/t")
+    cat = open_catalog(s)
+    cat.create_namespace(("public", "default"))  # the other projector's, done meanwhile
+    real = cat.namespace_exists
+    checks: list[object] = []
+
+    def exists(ns: str | tuple[str, ...]) -> bool:
+        checks.append(ns)
+        return len(checks) > 1 and real(ns)  # the first check ran before the other's insert
+
+    monkeypatch.setattr(cat, "namespace_exists", exists)
+    table = open_table(cat, topic)
+    assert table.name() == identifier(topic)
